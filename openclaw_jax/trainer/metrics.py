@@ -1,0 +1,83 @@
+"""Token-weighted metrics and the TensorBoard writer.
+
+Metrics are carried as (sum, count) pairs so that means are exact across micro-batches,
+devices and hosts (MaxText style): combine by adding sums and counts, divide once at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class MetricAccumulator:
+    """Adds (sum, count) pairs per metric name; `means()` divides once."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = defaultdict(float)
+        self._counts: dict[str, float] = defaultdict(float)
+
+    def add(self, name: str, total: float, count: float = 1.0) -> None:
+        self._sums[name] += float(total)
+        self._counts[name] += float(count)
+
+    def add_mean(self, name: str, value: float) -> None:
+        self.add(name, value, 1.0)
+
+    def merge(self, other: "MetricAccumulator") -> None:
+        for name in other._sums:
+            self.add(name, other._sums[name], other._counts[name])
+
+    def means(self) -> dict[str, float]:
+        return {k: self._sums[k] / self._counts[k] for k in self._sums if self._counts[k] > 0}
+
+    def reset(self) -> None:
+        self._sums.clear()
+        self._counts.clear()
+
+
+class MetricsWriter:
+    """TensorBoard (tensorboardX) writer; only the first JAX process writes."""
+
+    def __init__(self, logdir: str | Path, *, enabled: bool = True):
+        self.logdir = Path(logdir)
+        self._writer = None
+        if enabled:
+            from tensorboardX import SummaryWriter
+
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            self._writer = SummaryWriter(str(self.logdir), flush_secs=5)
+
+    def scalars(self, step: int, values: Mapping[str, float], prefix: str = "") -> None:
+        if self._writer is None:
+            return
+        for name, value in values.items():
+            value = float(value)
+            if np.isfinite(value):
+                self._writer.add_scalar(f"{prefix}{name}", value, step)
+
+    def histogram(self, step: int, name: str, values: Iterable[float]) -> None:
+        if self._writer is None:
+            return
+        arr = np.asarray(list(values), dtype=np.float64)
+        if arr.size:
+            self._writer.add_histogram(name, arr, step)
+
+    def text(self, step: int, name: str, text: str) -> None:
+        if self._writer is not None and text:
+            self._writer.add_text(name, text, step)
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
