@@ -1,0 +1,95 @@
+"""Plain data passed between the HTTP layer (`protocol`, `server`) and the engine.
+
+`SamplingParams` is the validated form of SGLang's `sampling_params`; `GenerationSpec`
+is one sequence to generate (a request with n > 1 becomes n specs); `SequenceOutput` is
+what the engine reports back, cumulatively while streaming and once more when done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# SGLang's default when `max_new_tokens` is absent from /generate's sampling_params.
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    # None = until the context is full (what SGLang does for OpenAI requests without max_tokens)
+    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = whole vocabulary
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    ignore_eos: bool = False
+    n: int = 1
+    sampling_seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-6
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """One sequence for the engine to generate."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    return_logprob: bool = False
+    # -1: output log-probs only; >= 0: also prompt log-probs from this position (the first is None)
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    token_ids_logprob: tuple[int, ...] | None = None
+    rid: str | None = None
+    # which of the request's n samples this is (folded into the PRNG key so samples differ)
+    sample_index: int = 0
+
+
+@dataclass
+class SequenceOutput:
+    """Engine result for one `GenerationSpec` (cumulative)."""
+
+    rid: str
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    # the decoded output: stop string / stop token trimmed unless no_stop_trim
+    text: str = ""
+    # SGLang finish_reason JSON ({"type": "stop", "matched": ...} | {"type": "length", "length": N} |
+    # {"type": "abort", "message": ...}); None while running
+    finish_reason: dict[str, Any] | None = None
+    output_logprobs: list[float] = field(default_factory=list)
+    # per output position [(logprob, token_id), ...] best first
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # prompt positions logprob_start_len.. ; the first entry of a request starting at 0 is None
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
+    weight_version: str | None = None
+    created_time: float = 0.0
+    finished_time: float | None = None
+    cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def snapshot(self) -> "SequenceOutput":
+        """A copy that later engine steps will not mutate (for streaming)."""
+        return SequenceOutput(
+            rid=self.rid, prompt_ids=self.prompt_ids, output_ids=list(self.output_ids), text=self.text,
+            finish_reason=None if self.finish_reason is None else dict(self.finish_reason),
+            output_logprobs=list(self.output_logprobs), output_top_logprobs=list(self.output_top_logprobs),
+            output_token_ids_logprobs=list(self.output_token_ids_logprobs),
+            input_logprobs=None if self.input_logprobs is None else list(self.input_logprobs),
+            input_top_logprobs=None if self.input_top_logprobs is None else list(self.input_top_logprobs),
+            input_token_ids_logprobs=(None if self.input_token_ids_logprobs is None
+                                      else list(self.input_token_ids_logprobs)),
+            weight_version=self.weight_version, created_time=self.created_time,
+            finished_time=self.finished_time, cached_tokens=self.cached_tokens)

@@ -1,0 +1,543 @@
+"""Asyncio client for a pool of SGLang-compatible workers (DESIGN section 8).
+
+The same client drives real SGLang servers, an `sglang_router` in front of them, or our
+embedded JAX server (`openclaw_jax.inference.server`), because all of them speak the
+same wire protocol.
+
+What it does:
+  * one `aiohttp` session (connection pooling) shared by every call;
+  * bounded concurrency (a semaphore of `max_concurrency` in-flight requests);
+  * a per-request timeout;
+  * retries with exponential backoff on connection errors, timeouts, 408/429/5xx and
+    aborted generations, moving to another worker when one is available;
+  * active health checks (`GET /health` every `health_interval_s`) plus passive ones
+    (a refused connection takes a worker out at once); a worker that answers again is
+    put back;
+  * least-outstanding-requests choice among healthy workers (round-robin on ties);
+  * typed results (`GenerateResult`), and weight-update fan-out to *every* worker with
+    per-worker results (a router does not forward weight updates).
+
+Errors are exceptions, never empty results: `RequestRejectedError` (4xx, not retried),
+`WorkerUnavailableError` (retries exhausted), `NoHealthyWorkerError`,
+`MalformedResponseError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import aiohttp
+
+from openclaw_jax.rollout.types import (
+    FinishReason,
+    GenerateResult,
+    MalformedResponseError,
+    NoHealthyWorkerError,
+    PoolError,
+    RequestRejectedError,
+    WeightUpdateResult,
+    WorkerUnavailableError,
+    generate_result_from_json,
+)
+
+__all__ = [
+    "FinishReason",
+    "GenerateResult",
+    "WeightUpdateResult",
+    "PoolError",
+    "NoHealthyWorkerError",
+    "RequestRejectedError",
+    "WorkerUnavailableError",
+    "MalformedResponseError",
+    "PoolClient",
+]
+
+logger = logging.getLogger(__name__)
+
+# Statuses that say "try again (maybe elsewhere)" rather than "your request is wrong".
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_MAX_BACKOFF_S = 5.0
+
+
+class _RetryableFailure(Exception):
+    """Internal: one attempt failed in a way that another attempt may fix."""
+
+    def __init__(self, description: str, *, worker_down: bool = False):
+        super().__init__(description)
+        self.description = description
+        self.worker_down = worker_down
+
+
+@dataclass
+class _Worker:
+    url: str
+    healthy: bool = True
+    outstanding: int = 0
+    last_error: str | None = None
+    last_checked: float = 0.0
+
+
+def _error_message(body: Any, fallback: str) -> str:
+    """The human message out of any SGLang error body shape."""
+    if isinstance(body, Mapping):
+        err = body.get("error")
+        if isinstance(err, Mapping) and err.get("message") is not None:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("message") is not None:
+            return str(body["message"])
+        if body.get("detail") is not None:
+            return str(body["detail"])
+    return fallback
+
+
+class PoolClient:
+    """Client for a pool of SGLang-compatible workers; use as `async with PoolClient(urls) as pool:`."""
+
+    def __init__(self, urls: Sequence[str], *, max_concurrency: int = 64, request_timeout_s: float = 120.0,
+                 max_retries: int = 3, backoff_s: float = 0.2, health_interval_s: float = 2.0,
+                 api_key: str | None = None, health_timeout_s: float = 5.0,
+                 weight_update_timeout_s: float = 900.0):
+        if isinstance(urls, str):
+            urls = [urls]
+        cleaned = [str(u).rstrip("/") for u in urls]
+        if not cleaned:
+            raise ValueError("PoolClient needs at least one worker URL, e.g. ['http://127.0.0.1:30000']")
+        for u in cleaned:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"worker URL {u!r} must start with http:// or https://")
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError(f"worker URLs must be distinct, got {cleaned}")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency={max_concurrency} must be >= 1")
+        if max_retries < 0:
+            raise ValueError(f"max_retries={max_retries} must be >= 0")
+        if request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s={request_timeout_s} must be > 0")
+        self._workers = [_Worker(u) for u in cleaned]
+        self.max_concurrency = int(max_concurrency)
+        self.request_timeout_s = float(request_timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        self.health_interval_s = float(health_interval_s)
+        self.health_timeout_s = float(health_timeout_s)
+        self.weight_update_timeout_s = float(weight_update_timeout_s)
+        self._api_key = api_key
+        self._session: aiohttp.ClientSession | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._health_task: asyncio.Task | None = None
+        self._rr = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> "PoolClient":
+        if self._session is not None:
+            return self
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        connector = aiohttp.TCPConnector(limit=self.max_concurrency + 4 * len(self._workers), limit_per_host=0)
+        self._session = aiohttp.ClientSession(connector=connector, headers=headers)
+        self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        await self.check_health()
+        if self.health_interval_s > 0:
+            self._health_task = asyncio.create_task(self._health_loop(), name="pool-health-check")
+        return self
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            try:
+                await self._health_task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._health_task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> "PoolClient":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def urls(self) -> list[str]:
+        return [w.url for w in self._workers]
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise PoolError("PoolClient is not started; use `async with PoolClient(...)` or `await client.start()`")
+        return self._session
+
+    # ------------------------------------------------------------------ health
+    def healthy_urls(self) -> list[str]:
+        return [w.url for w in self._workers if w.healthy]
+
+    def outstanding(self) -> dict[str, int]:
+        return {w.url: w.outstanding for w in self._workers}
+
+    async def _check_one(self, worker: _Worker) -> bool:
+        session = self._require_session()
+        try:
+            async with session.get(worker.url + "/health",
+                                   timeout=aiohttp.ClientTimeout(total=self.health_timeout_s)) as resp:
+                await resp.read()
+                ok = resp.status == 200
+                err = None if ok else f"/health answered HTTP {resp.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            ok, err = False, f"/health failed: {type(exc).__name__}: {exc}"
+        self._set_health(worker, ok, err)
+        worker.last_checked = time.monotonic()
+        return ok
+
+    def _set_health(self, worker: _Worker, ok: bool, error: str | None) -> None:
+        if ok and not worker.healthy:
+            logger.info("worker %s is healthy again; putting it back in the pool", worker.url)
+        elif not ok and worker.healthy:
+            logger.warning("taking worker %s out of the pool: %s", worker.url, error)
+        worker.healthy = ok
+        if error:
+            worker.last_error = error
+
+    async def check_health(self) -> dict[str, bool]:
+        """Probe every worker now; returns {url: healthy}."""
+        results = await asyncio.gather(*(self._check_one(w) for w in self._workers))
+        return {w.url: ok for w, ok in zip(self._workers, results)}
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.check_health()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a health probe must never kill the loop
+                logger.exception("health check round failed")
+
+    # ------------------------------------------------------------------ worker choice
+    def _pick(self, exclude: set[str]) -> _Worker | None:
+        healthy = [w for w in self._workers if w.healthy]
+        if not healthy:
+            return None
+        candidates = [w for w in healthy if w.url not in exclude] or healthy
+        least = min(w.outstanding for w in candidates)
+        tied = [w for w in candidates if w.outstanding == least]
+        self._rr += 1
+        return tied[self._rr % len(tied)]
+
+    async def _pick_or_wait(self, exclude: set[str]) -> _Worker:
+        worker = self._pick(exclude)
+        if worker is None:
+            # Every worker is marked down: probe once right now (one may be back) before giving up.
+            await self.check_health()
+            worker = self._pick(exclude)
+        if worker is None:
+            details = "; ".join(f"{w.url}: {w.last_error}" for w in self._workers)
+            raise NoHealthyWorkerError(f"no healthy worker among {len(self._workers)} ({details})")
+        return worker
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.backoff_s * (2 ** attempt), _MAX_BACKOFF_S)
+
+    # ------------------------------------------------------------------ low-level request with retries
+    async def _classify_response(self, worker: _Worker, resp: aiohttp.ClientResponse, path: str) -> Any:
+        raw = await resp.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        if resp.status == 200:
+            if body is None:
+                raise MalformedResponseError(f"{worker.url}{path} answered 200 with a non-JSON body: {raw[:200]!r}")
+            return body
+        message = _error_message(body, raw[:500].decode("utf-8", "replace"))
+        if resp.status in RETRYABLE_STATUSES:
+            raise _RetryableFailure(f"{worker.url}{path}: HTTP {resp.status}: {message}")
+        raise RequestRejectedError(resp.status, message, url=worker.url, body=body)
+
+    async def _request_json(self, method: str, path: str, payload: Any | None, *, retry_aborted: bool = False,
+                            parse=None) -> Any:
+        """Send one request to the pool with retries; `parse(body, worker)` turns the body into the result."""
+        session = self._require_session()
+        assert self._semaphore is not None
+        attempts: list[str] = []
+        tried: set[str] = set()
+        async with self._semaphore:
+            for attempt in range(self.max_retries + 1):
+                if attempt:
+                    await asyncio.sleep(self._backoff(attempt - 1))
+                worker = await self._pick_or_wait(tried)
+                tried.add(worker.url)
+                worker.outstanding += 1
+                try:
+                    async with session.request(method, worker.url + path, json=payload,
+                                               timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)) as resp:
+                        body = await self._classify_response(worker, resp, path)
+                    result = parse(body, worker) if parse is not None else body
+                    return result
+                except _RetryableFailure as exc:
+                    attempts.append(exc.description)
+                    if exc.worker_down:
+                        self._set_health(worker, False, exc.description)
+                except asyncio.TimeoutError:
+                    attempts.append(f"{worker.url}{path}: timed out after {self.request_timeout_s:g}s")
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+                    desc = f"{worker.url}{path}: {type(exc).__name__}: {exc}"
+                    attempts.append(desc)
+                    # A refused/reset connection means the process is gone or going: take it out now;
+                    # the health loop puts it back when it answers again.
+                    self._set_health(worker, False, desc)
+                finally:
+                    worker.outstanding -= 1
+        raise WorkerUnavailableError(
+            f"{method} {path} failed after {self.max_retries + 1} attempt(s) on the pool {self.urls}", attempts=attempts)
+
+    # ------------------------------------------------------------------ generate
+    @staticmethod
+    def _generate_payload(input_ids, text, sampling_params, return_logprob, top_logprobs_num, logprob_start_len,
+                          rid, stream) -> dict[str, Any]:
+        if (input_ids is None) == (text is None):
+            raise ValueError("pass exactly one of input_ids (list[int]) or text (str) to generate")
+        payload: dict[str, Any] = {"sampling_params": dict(sampling_params or {})}
+        if input_ids is not None:
+            payload["input_ids"] = [int(t) for t in input_ids]
+        else:
+            payload["text"] = text
+        want_logprob = bool(return_logprob or top_logprobs_num > 0 or logprob_start_len >= 0)
+        if want_logprob:
+            payload["return_logprob"] = True
+            payload["top_logprobs_num"] = int(top_logprobs_num)
+            payload["logprob_start_len"] = int(logprob_start_len)
+        if rid is not None:
+            payload["rid"] = rid
+        if stream:
+            payload["stream"] = True
+        return payload
+
+    @staticmethod
+    def _check_single(sampling_params: Mapping | None) -> None:
+        n = (sampling_params or {}).get("n", 1)
+        if n not in (None, 1):
+            raise ValueError(f"generate() returns one sequence; sampling_params.n={n} needs generate_many()")
+
+    def _parse_generate(self, expect_logprobs: bool, top_logprobs_num: int):
+        def parse(body: Any, worker: _Worker) -> GenerateResult:
+            result = generate_result_from_json(body, worker_url=worker.url, expect_logprobs=expect_logprobs,
+                                               top_logprobs_num=top_logprobs_num)
+            self._raise_if_aborted(result, worker)
+            return result
+        return parse
+
+    @staticmethod
+    def _raise_if_aborted(result: GenerateResult, worker: _Worker) -> None:
+        if result.finish_reason is not None and result.finish_reason.type == "abort":
+            # Aborted by the worker (pause, shutdown, weight reload): retry, possibly elsewhere.
+            raise _RetryableFailure(f"{worker.url}/generate: generation aborted: {result.finish_reason.message}")
+
+    async def generate(self, input_ids: list[int] | None = None, *, text: str | None = None,
+                       sampling_params: Mapping | None = None, return_logprob: bool = False,
+                       top_logprobs_num: int = 0, logprob_start_len: int = -1,
+                       rid: str | None = None) -> GenerateResult:
+        """One `/generate` call; retried on transient failures; returns the finished sequence."""
+        self._check_single(sampling_params)
+        payload = self._generate_payload(input_ids, text, sampling_params, return_logprob, top_logprobs_num,
+                                         logprob_start_len, rid, stream=False)
+        expect = bool(payload.get("return_logprob"))
+        return await self._request_json("POST", "/generate", payload,
+                                         parse=self._parse_generate(expect, int(top_logprobs_num)))
+
+    async def generate_many(self, prompts: Sequence[list[int]] | Sequence[str], *,
+                            sampling_params: Mapping | None = None, return_logprob: bool = False,
+                            top_logprobs_num: int = 0, logprob_start_len: int = -1) -> list[GenerateResult]:
+        """A batch `/generate` (list of prompts, optional n > 1): results prompt-major, n per prompt."""
+        if not prompts:
+            return []
+        is_text = isinstance(prompts[0], str)
+        payload = self._generate_payload(None if is_text else [0], "" if is_text else None, sampling_params,
+                                         return_logprob, top_logprobs_num, logprob_start_len, None, stream=False)
+        if is_text:
+            payload["text"] = [str(p) for p in prompts]
+        else:
+            payload["input_ids"] = [[int(t) for t in p] for p in prompts]
+        n = int((sampling_params or {}).get("n", 1) or 1)
+        expect = bool(payload.get("return_logprob"))
+        single = self._parse_generate(expect, int(top_logprobs_num))
+
+        def parse(body: Any, worker: _Worker) -> list[GenerateResult]:
+            if isinstance(body, Mapping):
+                body = [body]
+            if not isinstance(body, list) or len(body) != len(prompts) * n:
+                raise MalformedResponseError(
+                    f"batch /generate of {len(prompts)} prompt(s) x n={n} answered "
+                    f"{len(body) if isinstance(body, list) else type(body).__name__} result(s) from {worker.url}")
+            return [single(item, worker) for item in body]
+
+        return await self._request_json("POST", "/generate", payload, parse=parse)
+
+    async def generate_stream(self, input_ids: list[int] | None = None, *, text: str | None = None,
+                              sampling_params: Mapping | None = None, return_logprob: bool = False,
+                              top_logprobs_num: int = 0, logprob_start_len: int = -1,
+                              rid: str | None = None) -> AsyncIterator[GenerateResult]:
+        """Streaming `/generate`: yields cumulative partial results; the last one has a finish_reason.
+
+        Failures before the first chunk are retried like `generate`; a failure after chunks were
+        delivered raises `WorkerUnavailableError` (a restart would repeat tokens).
+        """
+        self._check_single(sampling_params)
+        payload = self._generate_payload(input_ids, text, sampling_params, return_logprob, top_logprobs_num,
+                                         logprob_start_len, rid, stream=True)
+        expect = bool(payload.get("return_logprob"))
+        session = self._require_session()
+        assert self._semaphore is not None
+        attempts: list[str] = []
+        tried: set[str] = set()
+        async with self._semaphore:
+            for attempt in range(self.max_retries + 1):
+                if attempt:
+                    await asyncio.sleep(self._backoff(attempt - 1))
+                worker = await self._pick_or_wait(tried)
+                tried.add(worker.url)
+                worker.outstanding += 1
+                delivered = False
+                try:
+                    async with session.post(worker.url + "/generate", json=payload,
+                                            timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)) as resp:
+                        if resp.status != 200:
+                            await self._classify_response(worker, resp, "/generate")
+                            raise MalformedResponseError(f"{worker.url}/generate stream answered HTTP {resp.status}")
+                        finished = False
+                        async for event in _iter_sse(resp):
+                            if event == "[DONE]":
+                                break
+                            try:
+                                body = json.loads(event)
+                            except ValueError as exc:
+                                raise MalformedResponseError(
+                                    f"bad SSE chunk from {worker.url}/generate: {event[:200]!r}") from exc
+                            if isinstance(body, Mapping) and "error" in body and "meta_info" not in body:
+                                raise RequestRejectedError(400, _error_message(body, str(body)), url=worker.url,
+                                                           body=body)
+                            result = generate_result_from_json(body, worker_url=worker.url, expect_logprobs=expect,
+                                                               top_logprobs_num=int(top_logprobs_num))
+                            if result.finish_reason is not None and result.finish_reason.type == "abort":
+                                raise _RetryableFailure(
+                                    f"{worker.url}/generate: generation aborted: {result.finish_reason.message}")
+                            delivered = True
+                            yield result
+                            if result.finish_reason is not None:
+                                finished = True
+                        if not finished:
+                            raise _RetryableFailure(f"{worker.url}/generate: stream ended without a final chunk")
+                        return
+                except _RetryableFailure as exc:
+                    if delivered:
+                        raise WorkerUnavailableError(f"stream from {worker.url} broke after partial output: "
+                                                     f"{exc.description}") from None
+                    attempts.append(exc.description)
+                except asyncio.TimeoutError:
+                    if delivered:
+                        raise WorkerUnavailableError(f"stream from {worker.url} timed out after partial output") \
+                            from None
+                    attempts.append(f"{worker.url}/generate: timed out after {self.request_timeout_s:g}s")
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+                    desc = f"{worker.url}/generate: {type(exc).__name__}: {exc}"
+                    self._set_health(worker, False, desc)
+                    if delivered:
+                        raise WorkerUnavailableError(f"stream broke after partial output: {desc}") from None
+                    attempts.append(desc)
+                finally:
+                    worker.outstanding -= 1
+        raise WorkerUnavailableError(
+            f"streaming /generate failed after {self.max_retries + 1} attempt(s) on the pool {self.urls}",
+            attempts=attempts)
+
+    # ------------------------------------------------------------------ info
+    async def model_info(self) -> dict:
+        """`GET /get_model_info` from one healthy worker."""
+        return await self._request_json("GET", "/get_model_info", None)
+
+    # ------------------------------------------------------------------ fan-out (every worker, not only healthy)
+    async def _fan_out_one(self, worker: _Worker, method: str, path: str, payload: Any,
+                           timeout_s: float) -> tuple[int | None, Any, str | None]:
+        session = self._require_session()
+        try:
+            async with session.request(method, worker.url + path, json=payload,
+                                       timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                raw = await resp.read()
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode("utf-8", "replace")
+                return resp.status, body, None
+        except asyncio.TimeoutError:
+            return None, None, f"timed out after {timeout_s:g}s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return None, None, f"{type(exc).__name__}: {exc}"
+
+    async def update_weights_from_disk(self, model_path: str, *, weight_version: str | None = None,
+                                       load_format: str | None = None,
+                                       flush_cache: bool = True) -> list[WeightUpdateResult]:
+        """POST `/update_weights_from_disk` to every worker; one result per worker, in URL order."""
+        payload: dict[str, Any] = {"model_path": str(model_path), "flush_cache": bool(flush_cache)}
+        if weight_version is not None:
+            payload["weight_version"] = str(weight_version)
+        if load_format is not None:
+            payload["load_format"] = load_format
+        replies = await asyncio.gather(*(self._fan_out_one(w, "POST", "/update_weights_from_disk", payload,
+                                                           self.weight_update_timeout_s) for w in self._workers))
+        results = []
+        for worker, (status, body, err) in zip(self._workers, replies):
+            if err is not None:
+                results.append(WeightUpdateResult(worker.url, False, f"request failed: {err}", 0))
+            elif isinstance(body, Mapping) and "success" in body:
+                results.append(WeightUpdateResult(worker.url, bool(body["success"]) and status == 200,
+                                                  str(body.get("message", "")),
+                                                  int(body.get("num_paused_requests", 0) or 0)))
+            else:
+                results.append(WeightUpdateResult(worker.url, False,
+                                                  f"HTTP {status}: {_error_message(body, str(body)[:300])}", 0))
+        for r in results:
+            if not r.success:
+                logger.warning("weight update on %s failed: %s", r.url, r.message)
+        return results
+
+    async def _fan_out_simple(self, method: str, path: str, payload: Any = None) -> dict[str, Any]:
+        replies = await asyncio.gather(*(self._fan_out_one(w, method, path, payload, self.request_timeout_s)
+                                         for w in self._workers))
+        out: dict[str, Any] = {}
+        for worker, (status, body, err) in zip(self._workers, replies):
+            out[worker.url] = {"status": status, "body": body, "error": err}
+        return out
+
+    async def pause_generation(self, mode: str | None = None) -> dict[str, Any]:
+        """POST `/pause_generation` to every worker; {url: {"status", "body", "error"}}."""
+        return await self._fan_out_simple("POST", "/pause_generation", {"mode": mode} if mode else None)
+
+    async def continue_generation(self) -> dict[str, Any]:
+        return await self._fan_out_simple("POST", "/continue_generation")
+
+    async def flush_cache(self) -> dict[str, Any]:
+        return await self._fan_out_simple("POST", "/flush_cache")
+
+
+async def _iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The `data:` payloads of a server-sent-event stream (events end with a blank line)."""
+    buffer = b""
+    async for piece in resp.content.iter_any():
+        buffer += piece
+        while True:
+            cut = buffer.find(b"\n\n")
+            if cut < 0:
+                break
+            event, buffer = buffer[:cut], buffer[cut + 2:]
+            data_lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+            if data_lines:
+                yield b"\n".join(data_lines).decode("utf-8")
+    tail = buffer.strip()
+    if tail.startswith(b"data:"):
+        yield tail[5:].lstrip().decode("utf-8")
