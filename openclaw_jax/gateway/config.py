@@ -1,0 +1,128 @@
+"""Gateway settings: one frozen dataclass, embeddable in the top-level YAML config.
+
+Every field has a default; `__post_init__` validates and names the key (``gateway.<field>``),
+the value and what is allowed. The CLI (`python -m openclaw_jax.gateway`) builds it from
+flags and/or a YAML file with the same keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from openclaw_jax.configlib import ConfigError
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def _check_url(key: str, url: str) -> None:
+    parsed = urlparse(url)
+    _require(parsed.scheme in ("http", "https") and bool(parsed.netloc),
+             f"{key}={url!r} must be an http(s) URL such as http://127.0.0.1:30000")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Settings of the OpenAI-compatible gateway, its judge and its sample store."""
+
+    # --- serving
+    host: str = "127.0.0.1"                 # bind address; 127.0.0.1 unless told otherwise
+    port: int = 8000                        # 0 = an ephemeral port (printed at start-up)
+    # Bearer key the agent must send ("" or null = no auth). Also read from the environment
+    # variable OPENCLAW_GATEWAY_API_KEY by the CLI, so it need not appear on a command line.
+    api_key: str | None = None
+    max_body_bytes: int = 8 << 20           # larger request bodies get HTTP 413
+    model: str = "smollm2"                  # tokenizer + chat template: an HF dir or "smollm2"
+    model_name: str = ""                    # id shown in /v1/models ("" = derived from `model`)
+
+    # --- policy pool (SGLang workers, a router, or the embedded server)
+    policy_urls: tuple[str, ...] = ()
+    request_timeout_s: float = 300.0        # per pool request
+    pool_max_concurrency: int = 64
+    pool_max_retries: int = 3
+    default_max_tokens: int = 1024          # when the request gives no max_tokens
+    max_tokens_limit: int = 8192            # larger requested max_tokens are capped to this
+    # Sampling of main (trained) turns. The trainer's temperature must equal the rollout's,
+    # so by default a client's temperature/top_p only apply to side turns.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    honor_client_sampling: bool = False
+
+    # --- judge (PRM)
+    judge: Literal["model", "rule"] = "model"
+    judge_urls: tuple[str, ...] = ()        # empty = judge on the policy pool
+    judge_votes: int = 3                    # m: eval votes and hint votes per scored turn
+    judge_temperature: float = 0.6
+    judge_max_new_tokens: int = 1024
+    judge_timeout_s: float = 300.0
+    judge_concurrency: int = 8              # turns judged at once (each runs 2*m pool calls)
+    max_pending_judgements: int = 4096      # beyond this, new pairs are dropped (logged)
+    max_candidates: int = 3                 # hint candidates kept per sample
+    hint_min_chars: int = 10                # an accepted hint is longer than this (stripped)
+
+    # --- sessions and store
+    store_dir: str = "runs/samples"
+    session_idle_timeout_s: float = 6 * 3600.0   # idle sessions are ended (unscored turns dropped)
+    max_sessions: int = 100_000
+    shutdown_grace_s: float = 30.0          # on SIGTERM, wait this long for running judgements
+    segment_max_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        _require(bool(self.host), "gateway.host must be a bind address such as 127.0.0.1")
+        _require(0 <= self.port < 65536, f"gateway.port={self.port} must be in [0, 65535] (0 = ephemeral)")
+        _require(self.max_body_bytes >= 1024,
+                 f"gateway.max_body_bytes={self.max_body_bytes} must be >= 1024 (a chat request needs room)")
+        _require(bool(self.model), "gateway.model must name an HF model directory or 'smollm2'")
+        for i, url in enumerate(self.policy_urls):
+            _check_url(f"gateway.policy_urls[{i}]", url)
+        for i, url in enumerate(self.judge_urls):
+            _check_url(f"gateway.judge_urls[{i}]", url)
+        _require(self.request_timeout_s > 0, f"gateway.request_timeout_s={self.request_timeout_s} must be > 0")
+        _require(self.pool_max_concurrency > 0,
+                 f"gateway.pool_max_concurrency={self.pool_max_concurrency} must be > 0")
+        _require(self.pool_max_retries >= 0, f"gateway.pool_max_retries={self.pool_max_retries} must be >= 0")
+        _require(self.default_max_tokens > 0, f"gateway.default_max_tokens={self.default_max_tokens} must be > 0")
+        _require(self.max_tokens_limit >= self.default_max_tokens,
+                 f"gateway.max_tokens_limit={self.max_tokens_limit} must be >= gateway.default_max_tokens="
+                 f"{self.default_max_tokens}")
+        _require(0 <= self.temperature <= 2, f"gateway.temperature={self.temperature} must be in [0, 2]")
+        _require(0 < self.top_p <= 1, f"gateway.top_p={self.top_p} must be in (0, 1]")
+        _require(self.top_k == -1 or self.top_k > 0, f"gateway.top_k={self.top_k} must be -1 (all) or > 0")
+        _require(self.judge in ("model", "rule"), f"gateway.judge={self.judge!r} must be 'model' or 'rule'")
+        _require(self.judge_votes > 0, f"gateway.judge_votes={self.judge_votes} must be > 0")
+        _require(0 <= self.judge_temperature <= 2,
+                 f"gateway.judge_temperature={self.judge_temperature} must be in [0, 2]")
+        _require(self.judge_max_new_tokens > 0,
+                 f"gateway.judge_max_new_tokens={self.judge_max_new_tokens} must be > 0")
+        _require(self.judge_timeout_s > 0, f"gateway.judge_timeout_s={self.judge_timeout_s} must be > 0")
+        _require(self.judge_concurrency > 0, f"gateway.judge_concurrency={self.judge_concurrency} must be > 0")
+        _require(self.max_pending_judgements > 0,
+                 f"gateway.max_pending_judgements={self.max_pending_judgements} must be > 0")
+        _require(self.max_candidates > 0, f"gateway.max_candidates={self.max_candidates} must be > 0")
+        _require(self.hint_min_chars >= 0, f"gateway.hint_min_chars={self.hint_min_chars} must be >= 0")
+        _require(bool(self.store_dir), "gateway.store_dir must name a directory for the sample store")
+        _require(self.session_idle_timeout_s > 0,
+                 f"gateway.session_idle_timeout_s={self.session_idle_timeout_s} must be > 0")
+        _require(self.max_sessions > 0, f"gateway.max_sessions={self.max_sessions} must be > 0")
+        _require(self.shutdown_grace_s >= 0, f"gateway.shutdown_grace_s={self.shutdown_grace_s} must be >= 0")
+        _require(self.segment_max_bytes >= 1 << 16,
+                 f"gateway.segment_max_bytes={self.segment_max_bytes} must be >= 65536")
+
+    @property
+    def judge_pool_urls(self) -> tuple[str, ...]:
+        return self.judge_urls or self.policy_urls
+
+    @property
+    def served_model_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        return self.model.rstrip("/").rsplit("/", 1)[-1] or self.model
+
+    def replace(self, **changes: Any) -> "GatewayConfig":
+        return dataclasses.replace(self, **changes)
