@@ -235,3 +235,31 @@ def test_reaction_is_a_function_of_the_rng():
     assert a == b
     assert len(v.instructions) == 3
     assert sum(i in a for i in v.instructions) == persona.max_instructions  # at most two hints
+
+
+# ---------------------------------------------------------------- against the gateway's rule judge
+
+
+@pytest.mark.parametrize("name, kwargs, answer", ALL_FAILING)
+def test_rule_judge_reads_corrections_as_minus_one_with_the_instruction_as_hint(name, kwargs, answer):
+    from openclaw_jax.gateway.judge import NextState, RuleJudge
+
+    persona = P.make_persona(name, **kwargs)
+    verdict = persona.check(answer, QUESTION, finish_reason="length")
+    judge = RuleJudge()
+    for seed in range(12):  # every opener / closer combination is reached
+        text = persona.react(QUESTION, answer, verdict, random.Random(seed))
+        j = judge.judge_now(answer, NextState("user", text))
+        assert j.eval_score == -1, text
+        # the hint is exactly the persona's instruction sentence(s), nothing from opener/closer
+        assert j.hints == (" ".join(verdict.instructions[: persona.max_instructions]),), text
+
+
+@pytest.mark.parametrize("name", ["student_prose", "teacher_friendly", "starts_with", "concise", "keyword"])
+def test_rule_judge_reads_thanks_as_plus_one_without_hint(name):
+    from openclaw_jax.gateway.judge import NextState, RuleJudge
+
+    persona = P.make_persona(name)
+    for text in persona.thanks_phrases:
+        j = RuleJudge().judge_now("whatever", NextState("user", text))
+        assert j.eval_score == 1 and j.hints == (), text

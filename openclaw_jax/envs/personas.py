@@ -131,19 +131,23 @@ _THANKS = (
     "Lovely, thank you so much.",
     "Nice, thanks! That's how I like it.",
 )
+# Every opener states the rejection in words a judge reads as a correction ("not", "no"), and
+# no opener or closer contains an instruction word ("please", "should", "use", ...): the only
+# instruction sentences in a correction are the persona's hints, so a judge that extracts
+# instruction sentences as the hint gets exactly those.
 _COMPLAINT_OPENERS = (
     "Hmm, that's not how I wanted it.",
     "That's not quite what I asked for.",
-    "Not like that.",
-    "I don't like the way that's written.",
-    "That isn't the style I need.",
-    "No, that's not what I was looking for.",
+    "No, that is not the style I need.",
+    "That is not what I was looking for.",
+    "Not quite what I asked for.",
+    "No, that's not how I like my answers.",
 )
 _RETRY_CLOSERS = (
     "Can you redo it?",
-    "Could you answer again that way?",
-    "Try it once more.",
-    "Can you rewrite your answer?",
+    "Could you try again?",
+    "Can you redo your answer?",
+    "Could you try again that way?",
 )
 
 
