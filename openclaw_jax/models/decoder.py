@@ -1,0 +1,322 @@
+"""One config-driven decoder for the Llama, Qwen2 and Qwen3 families (Flax NNX).
+
+Differences between families are config flags on `ModelConfig`: `attention_bias` (Qwen2 q/k/v
+bias), `qk_norm` (Qwen3 per-head RMSNorm on q and k before RoPE), `tie_word_embeddings`.
+
+Layout choices
+- Layers are *stacked*: every block param has a leading `num_layers` axis and the forward runs
+  `jax.lax.scan` over it, so a 36-layer model compiles as fast as a 2-layer one. The block code
+  itself sees one layer (the scan body merges the block graph with one slice of the params).
+- Kernels are stored [in, out] with heads kept as their own axis (q: [H, heads, head_dim],
+  o: [heads, head_dim, H]) so sharding rules can split whole heads over `tp`.
+- Norms, RoPE sin/cos, attention scores and softmax run in float32; matmuls and activations in
+  `cfg.dtype`; params are stored in `cfg.param_dtype`.
+- Every param carries its logical axis names as `out_sharding` metadata (see
+  `openclaw_jax.parallel.sharding`); activations are constrained at block boundaries whenever a
+  mesh is active.
+
+KV cache: `KVCache(k, v)` with k, v `[num_layers, B, max_len, kv_heads, head_dim]`. `decode`
+writes this call's k/v at slot `positions[b, l]` of row b (out-of-range slots are dropped) and a
+query at position p attends to slots j <= p, so right-padded prefill and one-token steps share
+one function.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.lora import LoRAConfig, LoRAParam
+from openclaw_jax.parallel.sharding import constrain
+
+_INIT_STDDEV = 0.02  # HF `initializer_range` default for these families.
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys/values: `[num_layers, B, max_len, kv_heads, head_dim]` each."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+def _param(value: jax.Array, axes: Sequence[str | None], kind: type[nnx.Param] = nnx.Param) -> nnx.Param:
+    # eager_sharding=False: the logical names are resolved to mesh axes by the parallel module
+    # (which can fall back to replication for non-divisible dims), not at construction.
+    return kind(value, out_sharding=tuple(axes), eager_sharding=False)
+
+
+def _normal(rngs: nnx.Rngs, shape: Sequence[int], dtype: jnp.dtype, stddev: float = _INIT_STDDEV) -> jax.Array:
+    return (stddev * jax.random.normal(rngs.params(), tuple(shape), jnp.float32)).astype(dtype)
+
+
+class RMSNorm(nnx.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight over the last axis, computed in float32."""
+
+    def __init__(self, dim: int, axis_name: str, *, stack: tuple[int, ...], eps: float, dtype: jnp.dtype,
+                 param_dtype: jnp.dtype):
+        self.eps = eps
+        self.dtype = dtype
+        stack_axes = ("layers",) * len(stack)
+        self.weight = _param(jnp.ones(stack + (dim,), param_dtype), stack_axes + (axis_name,))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        return (normed * self.weight[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class Projection(nnx.Module):
+    """y = x . W (+ b) (+ scale * (x . A) . B): contracts the last len(in_shape) dims of x.
+
+    W is [*stack, *in_shape, *out_shape]. With LoRA, A is [*stack, *in_shape, r] (random) and
+    B is [*stack, r, *out_shape] (zeros), so the adapted model equals the base at init.
+    """
+
+    def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...], in_axes: tuple[str, ...],
+                 out_axes: tuple[str, ...], *, stack: tuple[int, ...], bias: bool, lora: LoRAConfig | None,
+                 dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.in_ndim = len(in_shape)
+        self.dtype = dtype
+        stack_axes = ("layers",) * len(stack)
+        self.kernel = _param(_normal(rngs, stack + in_shape + out_shape, param_dtype), stack_axes + in_axes + out_axes)
+        self.bias = _param(jnp.zeros(stack + out_shape, param_dtype), stack_axes + out_axes) if bias else None
+        if lora is not None:
+            fan_in = 1
+            for d in in_shape:
+                fan_in *= d
+            self.lora_scale = lora.alpha / lora.rank
+            self.lora_a = _param(_normal(rngs, stack + in_shape + (lora.rank,), param_dtype, fan_in ** -0.5),
+                                 stack_axes + in_axes + ("lora_rank",), LoRAParam)
+            self.lora_b = _param(jnp.zeros(stack + (lora.rank,) + out_shape, param_dtype),
+                                 stack_axes + ("lora_rank",) + out_axes, LoRAParam)
+        else:
+            self.lora_scale = None
+            self.lora_a = None
+            self.lora_b = None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(self.dtype)
+        y = jnp.tensordot(x, self.kernel[...].astype(self.dtype), axes=self.in_ndim)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        if self.lora_a is not None:
+            low = jnp.tensordot(x, self.lora_a[...].astype(self.dtype), axes=self.in_ndim)
+            y = y + self.lora_scale * jnp.tensordot(low, self.lora_b[...].astype(self.dtype), axes=1)
+        return y
+
+
+def _targets(lora: LoRAConfig | None, name: str) -> LoRAConfig | None:
+    return lora if lora is not None and name in lora.targets else None
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, stack: tuple[int, ...], lora: LoRAConfig | None, rngs: nnx.Rngs):
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        H, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        common = dict(stack=stack, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.q_proj = Projection((H,), (N, D), ("embed",), ("heads", "head_dim"), bias=cfg.attention_bias,
+                                 lora=_targets(lora, "q"), **common)
+        self.k_proj = Projection((H,), (K, D), ("embed",), ("kv_heads", "head_dim"), bias=cfg.attention_bias,
+                                 lora=_targets(lora, "k"), **common)
+        self.v_proj = Projection((H,), (K, D), ("embed",), ("kv_heads", "head_dim"), bias=cfg.attention_bias,
+                                 lora=_targets(lora, "v"), **common)
+        self.o_proj = Projection((N, D), (H,), ("heads", "head_dim"), ("embed",), bias=False,
+                                 lora=_targets(lora, "o"), **common)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(D, "head_dim", stack=stack, eps=cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+            self.k_norm = RMSNorm(D, "head_dim", stack=stack, eps=cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+        else:
+            self.q_norm = None
+            self.k_norm = None
+        self.dtype = dt
+
+    def __call__(self, x, cos, sin, mask, cache_k, cache_v, write_positions):
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache_k is not None:
+            batch = jnp.broadcast_to(jnp.arange(x.shape[0])[:, None], write_positions.shape)
+            # mode="drop": slots past the cache end (padding beyond max_len) are ignored.
+            cache_k = cache_k.at[batch, write_positions].set(k.astype(cache_k.dtype), mode="drop")
+            cache_v = cache_v.at[batch, write_positions].set(v.astype(cache_v.dtype), mode="drop")
+            k, v = cache_k.astype(self.dtype), cache_v.astype(self.dtype)
+        out = attend(q, k, v, mask, self.dtype)
+        return self.o_proj(out), cache_k, cache_v
+
+
+class MLP(nnx.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, stack: tuple[int, ...], lora: LoRAConfig | None, rngs: nnx.Rngs):
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        H, I = cfg.hidden_size, cfg.intermediate_size
+        common = dict(stack=stack, bias=False, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.gate_proj = Projection((H,), (I,), ("embed",), ("mlp",), lora=_targets(lora, "gate"), **common)
+        self.up_proj = Projection((H,), (I,), ("embed",), ("mlp",), lora=_targets(lora, "up"), **common)
+        self.down_proj = Projection((I,), (H,), ("mlp",), ("embed",), lora=_targets(lora, "down"), **common)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder block; constructed stacked (`stack=(num_layers,)`), called on one layer."""
+
+    def __init__(self, cfg: ModelConfig, *, stack: tuple[int, ...], lora: LoRAConfig | None, rngs: nnx.Rngs):
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        H = cfg.hidden_size
+        self.family = cfg.family
+        self.input_layernorm = RMSNorm(H, "norm", stack=stack, eps=cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+        self.self_attn = Attention(cfg, stack=stack, lora=lora, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(H, "norm", stack=stack, eps=cfg.rms_norm_eps, dtype=dt,
+                                                param_dtype=pdt)
+        self.mlp = MLP(cfg, stack=stack, lora=lora, rngs=rngs)
+
+    def __call__(self, h, cos, sin, mask, cache_k, cache_v, write_positions):
+        attn, cache_k, cache_v = self.self_attn(self.input_layernorm(h), cos, sin, mask, cache_k, cache_v,
+                                                write_positions)
+        h = h + attn
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return constrain(h, ("batch", "seq", "act_embed"), self.family), cache_k, cache_v
+
+
+def rope_sin_cos(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin `[B, L, head_dim]` in float32 for rotate-half RoPE."""
+    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE on x `[B, L, heads, head_dim]` (in float32, result in x's dtype)."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Grouped-query attention. q `[B,L,N,D]`, k/v `[B,S,K,D]`, mask bool `[B,L,S]` -> `[B,L,N,D]`.
+
+    Query head n uses KV head n // (N/K) (HF `repeat_kv` order). Scores and softmax in float32;
+    a fully masked row gets uniform weights instead of NaN.
+    """
+    B, L, N, D = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, L, K, N // K, D)
+    scores = jnp.einsum("blkgd,bskd->bkgls", q, k, preferred_element_type=jnp.float32) * (D ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgls,bskd->blkgd", probs, v.astype(dtype))
+    return out.reshape(B, L, N, D)
+
+
+class Decoder(nnx.Module):
+    """Causal LM. `Decoder(cfg, rngs=nnx.Rngs(0))`; `lora=LoRAConfig(...)` adds adapters (see lora.py)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, lora: LoRAConfig | None = None):
+        self.cfg = cfg
+        self.lora = lora
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        self.embed_tokens = _param(_normal(rngs, (cfg.vocab_size, cfg.hidden_size), pdt), ("vocab", "embed"))
+        self.layers = Block(cfg, stack=(cfg.num_layers,), lora=lora, rngs=rngs)
+        self.norm = RMSNorm(cfg.hidden_size, "norm", stack=(), eps=cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+        if cfg.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Projection((cfg.hidden_size,), (cfg.vocab_size,), ("embed",), ("vocab",), stack=(),
+                                      bias=False, lora=None, dtype=dt, param_dtype=pdt, rngs=rngs)
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None) -> jax.Array:
+        """Logits float32 `[B, L, V]`."""
+        return self.logits(self.hidden_states(input_ids, positions, attention_mask))
+
+    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                      attention_mask: jax.Array | None = None) -> jax.Array:
+        """Final-norm hidden states `[B, L, H]` in cfg.dtype.
+
+        positions default to 0..L-1 per row (as HF does without position_ids). The mask is causal
+        over the sequence index, and `attention_mask[b, j] = False` hides key j from every query.
+        """
+        B, L = input_ids.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+        mask = jnp.tril(jnp.ones((L, L), dtype=bool))[None]
+        if attention_mask is not None:
+            mask = mask & attention_mask.astype(bool)[:, None, :]
+        mask = jnp.broadcast_to(mask, (B, L, L))
+        h, _ = self._run(input_ids, positions, mask, None)
+        return h
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden `[..., H]` -> float32 logits `[..., V]`."""
+        dt = jnp.dtype(self.cfg.dtype)
+        out = jnp.einsum("...h,hv->...v", hidden.astype(dt), self.lm_head_kernel(), preferred_element_type=jnp.float32)
+        if out.ndim == 3:
+            out = constrain(out, ("batch", "seq", "act_vocab"), self.cfg.family)
+        return out
+
+    def lm_head_kernel(self) -> jax.Array:
+        """The LM-head matrix `[H, V]` in cfg.dtype (the transposed embedding when tied)."""
+        dt = jnp.dtype(self.cfg.dtype)
+        if self.lm_head is None:
+            return self.embed_tokens[...].T.astype(dt)
+        return self.lm_head.kernel[...].astype(dt)
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
+        cfg = self.cfg
+        shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+        dt = jnp.dtype(dtype or cfg.dtype)
+        return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
+
+    def decode(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """(logits float32 `[B, L, V]`, new cache); see the module docstring for slot semantics."""
+        hidden, cache = self.decode_hidden(input_ids, positions, cache)
+        return self.logits(hidden), cache
+
+    def decode_hidden(self, input_ids: jax.Array, positions: jax.Array,
+                      cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """Like `decode` but returns final-norm hidden states `[B, L, H]`."""
+        max_len = cache.k.shape[2]
+        positions = positions.astype(jnp.int32)
+        mask = jnp.arange(max_len, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
+        return self._run(input_ids, positions, mask, cache)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _run(self, input_ids, positions, mask, cache: KVCache | None):
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.dtype)
+        h = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dt)
+        h = constrain(h, ("batch", "seq", "act_embed"), cfg.family)
+        cos, sin = rope_sin_cos(positions, cfg.head_dim, cfg.rope_theta)
+        graphdef, stacked = nnx.split(self.layers)
+
+        def layer(h, xs):
+            layer_params, cache_k, cache_v = xs
+            block = nnx.merge(graphdef, layer_params)
+            h, cache_k, cache_v = block(h, cos, sin, mask, cache_k, cache_v, positions)
+            return h, (cache_k, cache_v)
+
+        if cfg.remat:
+            layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+        if cache is None:
+            h, _ = jax.lax.scan(layer, h, (stacked, None, None))
+            new_cache = None
+        else:
+            cache_axes = ("cache_layers", "batch", "cache_seq", "act_kv_heads", "act_head_dim")
+            ck = constrain(cache.k, cache_axes, cfg.family)
+            cv = constrain(cache.v, cache_axes, cfg.family)
+            h, (ck, cv) = jax.lax.scan(layer, h, (stacked, ck, cv))
+            new_cache = KVCache(constrain(ck, cache_axes, cfg.family), constrain(cv, cache_axes, cfg.family))
+        return self.norm(h), new_cache
