@@ -1,0 +1,248 @@
+"""Session and turn bookkeeping: which main turn gets which next state (DESIGN section 9).
+
+Rules:
+* Only **main** turns train. Main turns of a session are numbered 0, 1, 2, ... in the
+  order their requests *arrive*.
+* The **next state** of main turn k is the last message of main request k+1 of the same
+  session, when that message has role ``user`` or ``tool``. If request k+1 ends with
+  another role, turn k has no next state and is dropped.
+* A turn is ready to be judged when both are known: its own response (the turn
+  completed) and its next state (request k+1 arrived). They can happen in either order
+  when a client pipelines requests; both orders pair the same way.
+* A turn whose generation failed (pool error, client gone) is forgotten; its next state,
+  if one arrives, is ignored.
+* **Session end** (``X-Session-Done``, idle timeout, or too many sessions): completed turns
+  still waiting for a next state are dropped; turns in flight that already have their
+  next state are still judged when they complete; other in-flight turns are dropped when
+  they complete. A later request with the same session id starts a fresh session.
+
+Everything here is synchronous and in-memory (the gateway calls it from its event loop,
+one thread); pending turns do not survive a gateway restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from openclaw_jax.gateway.judge import NEXT_STATE_ROLES, NextState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One completed main turn, as the policy server produced it (exact tokens)."""
+
+    session_id: str
+    turn_index: int
+    prompt_messages: list[dict[str, Any]]   # normalised messages the prompt was rendered from
+    tools: list[dict[str, Any]] | None
+    chat_template_kwargs: dict[str, Any]
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    response_text: str
+    weight_version: str | None
+    temperature: float
+    finish_reason: str
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class ScoringJob:
+    """A turn and its next state: ready for the judge."""
+
+    turn: TurnRecord
+    next_state: NextState
+
+
+def next_state_from_messages(messages: Sequence[dict[str, Any]]) -> NextState | None:
+    """The next state a request carries for the previous main turn: its last message if user/tool."""
+    if not messages:
+        return None
+    last = messages[-1]
+    role = last.get("role")
+    if role not in NEXT_STATE_ROLES:
+        return None
+    content = last.get("content")
+    name = last.get("name") if isinstance(last.get("name"), str) else None
+    return NextState(role=role, content=content if isinstance(content, str) else "", name=name)
+
+
+@dataclass(frozen=True)
+class TurnTicket:
+    """Handle of an open main turn; pass it back to complete_turn / fail_turn."""
+
+    session_id: str
+    session_key: int  # which incarnation of the session (ids are reused after a session ends)
+    turn_index: int
+
+
+@dataclass
+class _Session:
+    key: int
+    next_index: int = 0
+    in_flight: set[int] = field(default_factory=set)
+    completed: dict[int, TurnRecord] = field(default_factory=dict)      # waiting for a next state
+    early_next_states: dict[int, NextState] = field(default_factory=dict)  # arrived before the turn completed
+    no_next_state: set[int] = field(default_factory=set)  # in flight, but the next request gave no next state
+    ending: bool = False
+    last_active: float = 0.0
+
+
+@dataclass
+class SessionStats:
+    sessions: int = 0
+    turns_opened: int = 0
+    jobs: int = 0
+    dropped_without_next_state: int = 0
+    dropped_at_session_end: int = 0
+    failed_turns: int = 0
+
+
+class SessionTracker:
+    """In-memory session table; see the module docstring for the pairing rules."""
+
+    def __init__(self, *, idle_timeout_s: float = 6 * 3600.0, max_sessions: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self.max_sessions = max_sessions
+        self._clock = clock
+        self._active: "OrderedDict[str, _Session]" = OrderedDict()  # by id, least recently active first
+        self._by_key: dict[int, _Session] = {}  # every incarnation that is active or has turns in flight
+        self._next_key = 0
+        self.stats = SessionStats()
+
+    # ----------------------------------------------------------------- queries
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._active
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def pending_turns(self) -> int:
+        """Turns in flight or completed and waiting for their next state, over all sessions."""
+        return sum(len(s.in_flight) + len(s.completed) for s in self._by_key.values())
+
+    # ----------------------------------------------------------------- internals
+    def _touch(self, session_id: str) -> _Session:
+        session = self._active.get(session_id)
+        if session is None:
+            session = _Session(key=self._next_key)
+            self._next_key += 1
+            self._active[session_id] = session
+            self._by_key[session.key] = session
+            self.stats.sessions += 1
+        self._active.move_to_end(session_id)
+        session.last_active = self._clock()
+        return session
+
+    def _forget_if_done(self, session: _Session) -> None:
+        if session.ending and not session.in_flight:
+            self._by_key.pop(session.key, None)
+
+    # ----------------------------------------------------------------- main-turn lifecycle
+    def open_main_turn(self, session_id: str, messages: Sequence[dict[str, Any]]) -> tuple[TurnTicket, ScoringJob | None]:
+        """A main request arrived. Returns (its ticket, a job for the previous turn if that is now ready)."""
+        session = self._touch(session_id)
+        index = session.next_index
+        session.next_index += 1
+        session.in_flight.add(index)
+        self.stats.turns_opened += 1
+        job = None
+        prev = index - 1
+        if prev >= 0:
+            next_state = next_state_from_messages(messages)
+            if next_state is None:
+                role = messages[-1].get("role") if messages else None
+                if prev in session.completed:
+                    session.completed.pop(prev)
+                    self.stats.dropped_without_next_state += 1
+                    logger.info("session %s turn %d dropped: the next main request ends with role %r, not user/tool",
+                                session_id, prev, role)
+                elif prev in session.in_flight:
+                    session.no_next_state.add(prev)
+            elif prev in session.completed:
+                job = ScoringJob(session.completed.pop(prev), next_state)
+                self.stats.jobs += 1
+            elif prev in session.in_flight:
+                session.early_next_states[prev] = next_state
+        self._enforce_limits()
+        return TurnTicket(session_id, session.key, index), job
+
+    def complete_turn(self, ticket: TurnTicket, record: TurnRecord) -> ScoringJob | None:
+        """A main turn's response is done. Returns a job if its next state already arrived."""
+        session = self._by_key.get(ticket.session_key)
+        index = ticket.turn_index
+        if session is None or index not in session.in_flight:
+            self.stats.dropped_at_session_end += 1
+            return None
+        session.in_flight.discard(index)
+        session.last_active = self._clock()
+        job = None
+        if index in session.early_next_states:
+            job = ScoringJob(record, session.early_next_states.pop(index))
+            self.stats.jobs += 1
+        elif index in session.no_next_state:
+            session.no_next_state.discard(index)
+            self.stats.dropped_without_next_state += 1
+        elif session.ending:
+            self.stats.dropped_at_session_end += 1
+        else:
+            session.completed[index] = record
+        self._forget_if_done(session)
+        return job
+
+    def fail_turn(self, ticket: TurnTicket) -> None:
+        """The turn's generation failed or was abandoned: it will never be scored."""
+        session = self._by_key.get(ticket.session_key)
+        if session is None:
+            return
+        index = ticket.turn_index
+        if index in session.in_flight:
+            session.in_flight.discard(index)
+            session.early_next_states.pop(index, None)
+            session.no_next_state.discard(index)
+            self.stats.failed_turns += 1
+        self._forget_if_done(session)
+
+    def end_session(self, session_id: str) -> int:
+        """End a session: drop completed turns without a next state. Returns how many were dropped.
+
+        In-flight turns finish under the ended incarnation; a new request with this id
+        starts a fresh session (turn indices from 0 again).
+        """
+        session = self._active.pop(session_id, None)
+        if session is None:
+            return 0
+        dropped = len(session.completed)
+        session.completed.clear()
+        session.ending = True
+        self.stats.dropped_at_session_end += dropped
+        if dropped:
+            logger.info("session %s ended: %d unscored turn(s) dropped", session_id, dropped)
+        self._forget_if_done(session)
+        return dropped
+
+    # ----------------------------------------------------------------- limits
+    def expire_idle(self) -> list[str]:
+        """End sessions idle for longer than idle_timeout_s (no turn in flight). Returns their ids."""
+        now = self._clock()
+        expired = [sid for sid, s in self._active.items()
+                   if not s.in_flight and now - s.last_active > self.idle_timeout_s]
+        for sid in expired:
+            self.end_session(sid)
+        return expired
+
+    def _enforce_limits(self) -> None:
+        while len(self._active) > self.max_sessions:
+            victim = next((sid for sid, s in self._active.items() if not s.in_flight), None)
+            if victim is None:
+                return
+            logger.warning("more than %d sessions: ending the least recently active one (%s)",
+                           self.max_sessions, victim)
+            self.end_session(victim)
