@@ -1,0 +1,503 @@
+"""Simulated users: drive live conversations through an OpenAI-compatible gateway.
+
+A `SimulatedUser` plays a `Persona` against the gateway with the official `openai` client,
+exactly as a real agent would, and sends the session headers of DESIGN section 9:
+
+    X-Session-Id: <id>      one id per conversation
+    X-Turn-Type: main       every request of a training conversation
+    X-Session-Done: 1       on the last request of the conversation
+
+One session:
+    user asks a question -> assistant answers -> user reacts (the persona's thanks or
+    correction is the *next state* of that turn, sent as the last user message of the next main
+    request) -> the assistant answers again (a retry after a correction, or the next question)
+    -> ... -> a closing request that carries the final reaction and `X-Session-Done: 1`.
+
+The closing request exists so that the last answer also gets a next state (turns without one
+are dropped at session end); its own reply is not needed, so it asks for `close_max_tokens`
+tokens only.
+
+`preference_score` measures the persona's preference on held-out questions: greedy first
+answers (temperature 0) sent as side turns (`X-Turn-Type: side`, never trained on), the score
+being the fraction the persona is satisfied with. It is deterministic for a deterministic server.
+
+Everything is bounded: a session makes at most `turns_per_session` answering requests plus one
+closing request; failures end the session and are counted, never retried forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import uuid
+from typing import Any, Iterable, Iterator, Sequence
+
+from openclaw_jax.envs.personas import Persona, PreferenceVerdict
+from openclaw_jax.envs.questions import Question
+
+log = logging.getLogger(__name__)
+
+SESSION_ID_HEADER = "X-Session-Id"
+TURN_TYPE_HEADER = "X-Turn-Type"
+SESSION_DONE_HEADER = "X-Session-Done"
+
+METRIC_PREFERENCE_SCORE = "eval/preference_score"
+METRIC_PREFIX_SIMUSER = "simuser/"
+
+
+def session_headers(session_id: str, *, turn_type: str = "main", done: bool = False) -> dict[str, str]:
+    """Headers of DESIGN section 9 for one request."""
+    if turn_type not in ("main", "side"):
+        raise ValueError(f"turn_type must be 'main' or 'side', got {turn_type!r}")
+    headers = {SESSION_ID_HEADER: session_id, TURN_TYPE_HEADER: turn_type}
+    if done:
+        headers[SESSION_DONE_HEADER] = "1"
+    return headers
+
+
+def make_client(base_url: str, *, api_key: str | None = None, timeout_s: float = 300.0, max_retries: int = 2):
+    """An `openai.AsyncOpenAI` for a server root ("http://127.0.0.1:8000") or its "/v1" URL."""
+    import openai
+
+    url = base_url.rstrip("/")
+    if not url.endswith("/v1"):
+        url += "/v1"
+    # The official client insists on a key; local servers without auth ignore the placeholder.
+    return openai.AsyncOpenAI(base_url=url, api_key=api_key or "EMPTY", timeout=timeout_s, max_retries=max_retries)
+
+
+async def resolve_model(client: Any, model: str | None) -> str:
+    """`model`, or the first model the server lists when None."""
+    if model:
+        return model
+    page = await client.models.list()
+    models = [m.id for m in page.data]
+    if not models:
+        raise RuntimeError(f"the server at {client.base_url} lists no models; pass model= explicitly")
+    return models[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatReply:
+    text: str
+    finish_reason: str | None
+    completion_tokens: int | None
+
+
+async def chat(
+    client: Any,
+    *,
+    model: str,
+    messages: Sequence[dict[str, str]],
+    headers: dict[str, str],
+    max_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int | None = None,
+) -> ChatReply:
+    """One non-streaming chat completion; the reply's text, finish reason and token count."""
+    kwargs: dict[str, Any] = {}
+    if seed is not None:
+        kwargs["seed"] = seed
+    resp = await client.chat.completions.create(
+        model=model,
+        messages=list(messages),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        extra_headers=headers,
+        **kwargs,
+    )
+    if not resp.choices:
+        raise RuntimeError(f"chat completion returned no choices (id={resp.id!r})")
+    choice = resp.choices[0]
+    usage = getattr(resp, "usage", None)
+    return ChatReply(
+        text=choice.message.content or "",
+        finish_reason=choice.finish_reason,
+        completion_tokens=getattr(usage, "completion_tokens", None),
+    )
+
+
+# ----------------------------------------------------------------------------- records and stats
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnRecord:
+    """One assistant answer inside a session and how the persona took it."""
+
+    session_id: str
+    turn_index: int  # position of this answer in the session (0-based)
+    question_id: str
+    attempt: int  # 0 = first answer to this question, 1 = first retry, ...
+    answer: str
+    finish_reason: str | None
+    score: float
+    satisfied: bool
+    reaction: str
+
+
+@dataclasses.dataclass
+class SessionResult:
+    session_id: str
+    index: int
+    turns: list[TurnRecord] = dataclasses.field(default_factory=list)
+    requests: int = 0  # answering requests plus the closing request
+    closed: bool = False  # the request with X-Session-Done was sent and answered
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class UserStats:
+    """Running totals over sessions; `first_answer_satisfaction` is the headline number."""
+
+    sessions: int = 0
+    failed_sessions: int = 0
+    requests: int = 0
+    turns: int = 0
+    satisfied_turns: int = 0
+    first_answers: int = 0
+    first_answers_satisfied: int = 0
+    first_answer_score_sum: float = 0.0
+
+    def add(self, result: SessionResult) -> None:
+        self.sessions += 1
+        self.failed_sessions += result.error is not None
+        self.requests += result.requests
+        for t in result.turns:
+            self.turns += 1
+            self.satisfied_turns += t.satisfied
+            if t.attempt == 0:
+                self.first_answers += 1
+                self.first_answers_satisfied += t.satisfied
+                self.first_answer_score_sum += t.score
+
+    @property
+    def first_answer_satisfaction(self) -> float:
+        """Fraction of first answers (to a question) that satisfied the persona; NaN before any."""
+        return self.first_answers_satisfied / self.first_answers if self.first_answers else float("nan")
+
+    @property
+    def mean_first_answer_score(self) -> float:
+        return self.first_answer_score_sum / self.first_answers if self.first_answers else float("nan")
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "first_answer_satisfaction": self.first_answer_satisfaction,
+            "first_answer_score": self.mean_first_answer_score,
+            "turn_satisfaction": self.satisfied_turns / self.turns if self.turns else float("nan"),
+            "sessions": float(self.sessions),
+            "failed_sessions": float(self.failed_sessions),
+            "requests": float(self.requests),
+        }
+
+
+def log_scalars(writer: Any, step: int, values: dict[str, float], prefix: str = "") -> None:
+    """Write scalars to a tensorboardX `SummaryWriter` (add_scalar) or the trainer's `MetricsWriter`."""
+    if writer is None:
+        return
+    if hasattr(writer, "scalars"):
+        writer.scalars(step, values, prefix=prefix)
+        return
+    for name, value in values.items():
+        if value == value:  # skip NaN (nothing measured yet)
+            writer.add_scalar(f"{prefix}{name}", float(value), step)
+
+
+# ----------------------------------------------------------------------------- the simulated user
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatedUserConfig:
+    """How a simulated user converses.
+
+    turns_per_session: at most this many assistant answers per session (retries included).
+    max_attempts_per_question: answers to one question before moving on (1 = never ask to redo).
+    questions_per_session: questions asked in one session; after the last, the session closes.
+        With more than one, the next question follows the reaction in the same user message; a
+        judge then sees the new question as part of the next state (a rule judge may take
+        instruction-like sentences of the question as hints), so 1 is the default.
+    concurrency: sessions in flight at once (several users in parallel).
+    close_max_tokens: token budget of the closing request (its reply is thrown away).
+    """
+
+    turns_per_session: int = 3
+    max_attempts_per_question: int = 2
+    questions_per_session: int = 1
+    concurrency: int = 2
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    system_prompt: str | None = None
+    model: str | None = None
+    close_max_tokens: int = 1
+    send_seed: bool = True  # pass a per-request `seed` so seeded servers are reproducible
+    next_question_intro: str = "Next question:"
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("turns_per_session", "max_attempts_per_question", "questions_per_session",
+                     "concurrency", "max_tokens", "close_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SimulatedUserConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise ValueError(f"SimulatedUserConfig.temperature must be >= 0, got {self.temperature}")
+
+
+class SimulatedUser:
+    """A persona that converses with a gateway; call `await run(num_sessions)`.
+
+    `questions` is any iterable of `Question` (e.g. `questions.train_questions("gsm", seed)`);
+    it is consumed in session order, so a run is reproducible for a fixed seed and a
+    deterministic server. `client` is an `openai.AsyncOpenAI` (or pass `base_url`).
+    """
+
+    def __init__(
+        self,
+        persona: Persona,
+        questions: Iterable[Question],
+        *,
+        client: Any = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        config: SimulatedUserConfig = SimulatedUserConfig(),
+        session_prefix: str | None = None,
+    ):
+        if (client is None) == (base_url is None):
+            raise ValueError("SimulatedUser needs exactly one of client= or base_url=")
+        self.persona = persona
+        self.config = config
+        self._own_client = client is None
+        self.client = client if client is not None else make_client(base_url, api_key=api_key, timeout_s=config.timeout_s)
+        self._questions: Iterator[Question] = iter(questions)
+        # A random tag keeps session ids unique across runs against the same gateway.
+        self.session_prefix = session_prefix or f"sim-{persona.name}-{uuid.uuid4().hex[:8]}"
+        self.stats = UserStats()
+        self.results: list[SessionResult] = []
+        self._next_index = 0
+        self._model: str | None = config.model
+
+    async def close(self) -> None:
+        if self._own_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> "SimulatedUser":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # ---------------------------------------------------------------- running
+
+    async def run(self, num_sessions: int, *, writer: Any = None, step: int | None = None) -> UserStats:
+        """Run `num_sessions` sessions (at most `config.concurrency` at once).
+
+        Returns the stats of these sessions (`self.stats` keeps the running totals); logs them,
+        and writes them under "simuser/" to `writer` at `step` when given.
+        """
+        if num_sessions < 0:
+            raise ValueError(f"num_sessions must be >= 0, got {num_sessions}")
+        self._model = await resolve_model(self.client, self._model)
+        # Questions are drawn up front, in session order, so concurrency cannot reorder them.
+        plans = []
+        for _ in range(num_sessions):
+            qs = [q for _, q in zip(range(self.config.questions_per_session), self._questions)]
+            if not qs:
+                log.warning("question source exhausted after %d sessions", len(plans))
+                break
+            plans.append((self._next_index, qs))
+            self._next_index += 1
+        sem = asyncio.Semaphore(self.config.concurrency)
+
+        async def bounded(index: int, qs: list[Question]) -> SessionResult:
+            async with sem:
+                return await self.run_session(index, qs)
+
+        results = await asyncio.gather(*(bounded(i, qs) for i, qs in plans))
+        batch = UserStats()
+        for r in results:
+            batch.add(r)
+            self.stats.add(r)
+        self.results.extend(results)
+        log.info(
+            "simulated user %s: %d sessions (%d failed), %d first answers, satisfaction %.3f, score %.3f",
+            self.persona.name, batch.sessions, batch.failed_sessions, batch.first_answers,
+            batch.first_answer_satisfaction, batch.mean_first_answer_score,
+        )
+        if writer is not None:
+            log_scalars(writer, self.stats.sessions if step is None else step, batch.metrics(), METRIC_PREFIX_SIMUSER)
+        return batch
+
+    def _request_seed(self, index: int, request: int) -> int | None:
+        if not self.config.send_seed:
+            return None
+        # A stable 31-bit seed per (user seed, session, request).
+        return random.Random(f"{self.config.seed}:{index}:{request}").getrandbits(31)
+
+    async def run_session(self, index: int, questions: Sequence[Question]) -> SessionResult:
+        """One bounded conversation about `questions`; never raises for server errors."""
+        cfg = self.config
+        session_id = f"{self.session_prefix}-{index}"
+        result = SessionResult(session_id=session_id, index=index)
+        rng = random.Random(f"{cfg.seed}:{self.persona.name}:{index}")
+        model = self._model or await resolve_model(self.client, cfg.model)
+        messages: list[dict[str, str]] = []
+        if cfg.system_prompt:
+            messages.append({"role": "system", "content": cfg.system_prompt})
+        messages.append({"role": "user", "content": questions[0].text})
+
+        async def send(done: bool, max_tokens: int) -> ChatReply:
+            reply = await chat(
+                self.client, model=model, messages=messages,
+                headers=session_headers(session_id, turn_type="main", done=done),
+                max_tokens=max_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                seed=self._request_seed(index, result.requests),
+            )
+            result.requests += 1
+            return reply
+
+        try:
+            q_pos, attempt = 0, 0
+            while True:
+                question = questions[q_pos]
+                reply = await send(False, cfg.max_tokens)
+                verdict: PreferenceVerdict = self.persona.check(reply.text, question.text, finish_reason=reply.finish_reason)
+                reaction = self.persona.react(question.text, reply.text, verdict, rng)
+                result.turns.append(TurnRecord(
+                    session_id, len(result.turns), question.id, attempt, reply.text,
+                    reply.finish_reason, verdict.score, verdict.satisfied, reaction,
+                ))
+                messages.append({"role": "assistant", "content": reply.text})
+                out_of_turns = len(result.turns) >= cfg.turns_per_session
+                move_on = verdict.satisfied or attempt + 1 >= cfg.max_attempts_per_question
+                if out_of_turns or (move_on and q_pos + 1 >= len(questions)):
+                    # The final reaction is the last answer's next state; this request ends the session.
+                    messages.append({"role": "user", "content": reaction})
+                    await send(True, cfg.close_max_tokens)
+                    result.closed = True
+                    break
+                if move_on:
+                    q_pos, attempt = q_pos + 1, 0
+                    content = f"{reaction} {cfg.next_question_intro} {questions[q_pos].text}"
+                else:
+                    attempt += 1
+                    content = reaction
+                messages.append({"role": "user", "content": content})
+        except Exception as e:  # noqa: BLE001 - a failed session is recorded, the run goes on
+            result.error = f"{type(e).__name__}: {e}"
+            log.warning("session %s failed after %d requests: %s", session_id, result.requests, result.error)
+        return result
+
+
+# ----------------------------------------------------------------------------- preference score
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstAnswer:
+    question: Question
+    text: str
+    finish_reason: str | None
+    completion_tokens: int | None
+
+
+async def collect_first_answers(
+    client: Any,
+    questions: Sequence[Question],
+    *,
+    model: str | None = None,
+    max_tokens: int = 256,
+    system_prompt: str | None = None,
+    concurrency: int = 4,
+    session_prefix: str = "heldout",
+) -> list[FirstAnswer]:
+    """Greedy (temperature 0) first answers to `questions`, in order, as side turns (never trained).
+
+    Each question is its own one-request session, marked done so the gateway can forget it.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    model = await resolve_model(client, model)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, q: Question) -> FirstAnswer:
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+            {"role": "user", "content": q.text}
+        ]
+        async with sem:
+            reply = await chat(
+                client, model=model, messages=messages,
+                headers=session_headers(f"{session_prefix}-{i}", turn_type="side", done=True),
+                max_tokens=max_tokens, temperature=0.0,
+            )
+        return FirstAnswer(q, reply.text, reply.finish_reason, reply.completion_tokens)
+
+    return list(await asyncio.gather(*(one(i, q) for i, q in enumerate(questions))))
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceScore:
+    """`score` = fraction of first answers that satisfy the persona; `mean_score` = mean rubric score."""
+
+    persona: str
+    score: float
+    mean_score: float
+    answers: tuple[FirstAnswer, ...]
+    verdicts: tuple[PreferenceVerdict, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.answers)
+
+
+def score_first_answers(persona: Persona, answers: Sequence[FirstAnswer]) -> PreferenceScore:
+    """Pure: the persona's verdicts on collected answers."""
+    if not answers:
+        raise ValueError("no answers to score; pass at least one held-out question")
+    verdicts = tuple(persona.check(a.text, a.question.text, finish_reason=a.finish_reason) for a in answers)
+    return PreferenceScore(
+        persona=persona.name,
+        score=sum(v.satisfied for v in verdicts) / len(verdicts),
+        mean_score=sum(v.score for v in verdicts) / len(verdicts),
+        answers=tuple(answers),
+        verdicts=verdicts,
+    )
+
+
+async def preference_score(
+    client_or_base_url: Any,
+    persona: Persona,
+    heldout_questions: Sequence[Question],
+    *,
+    model: str | None = None,
+    max_tokens: int = 256,
+    system_prompt: str | None = None,
+    concurrency: int = 4,
+    api_key: str | None = None,
+    session_prefix: str | None = None,
+    writer: Any = None,
+    step: int | None = None,
+) -> PreferenceScore:
+    """Fraction of greedy first answers on `heldout_questions` that satisfy `persona`.
+
+    Uses side turns, so measuring never feeds the trainer. Writes `eval/preference_score` to
+    `writer` at `step` when both are given.
+    """
+    own = isinstance(client_or_base_url, str)
+    client = make_client(client_or_base_url, api_key=api_key) if own else client_or_base_url
+    try:
+        answers = await collect_first_answers(
+            client, heldout_questions, model=model, max_tokens=max_tokens, system_prompt=system_prompt,
+            concurrency=concurrency, session_prefix=session_prefix or f"pref-{persona.name}-{uuid.uuid4().hex[:8]}",
+        )
+    finally:
+        if own:
+            await client.close()
+    result = score_first_answers(persona, answers)
+    log.info("preference score %s on %d held-out questions: %.3f (mean rubric %.3f)",
+             persona.name, result.n, result.score, result.mean_score)
+    if writer is not None and step is not None:
+        log_scalars(writer, step, {METRIC_PREFERENCE_SCORE: result.score})
+    return result

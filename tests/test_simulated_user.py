@@ -1,0 +1,205 @@
+"""Simulated user: session protocol against a scripted OpenAI-compatible asyncio server, and
+(when the gateway and inference server exist) end to end through the real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+from aiohttp import web
+
+from openclaw_jax.envs import personas as P
+from openclaw_jax.envs.questions import Question, heldout_questions
+from openclaw_jax.envs.simulated_user import (
+    SimulatedUser,
+    SimulatedUserConfig,
+    preference_score,
+)
+
+QS = [Question(f"q{i}", f"What is {i} + {i}?", str(2 * i), "arithmetic", "train") for i in range(20)]
+
+
+class ScriptedServer:
+    """A real aiohttp server speaking the OpenAI chat shape. It answers "It is N." unless the last
+    user message asks to begin with "Sure", then "Sure, it is N." -- a model that follows hints."""
+
+    def __init__(self):
+        self.requests: list[tuple[dict, dict]] = []
+        self.fail_after: int | None = None
+
+    async def models(self, request):
+        return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "test"}]})
+
+    async def chat(self, request):
+        body = await request.json()
+        self.requests.append((request.headers.copy(), body))  # case-insensitive
+        if self.fail_after is not None and len(self.requests) > self.fail_after:
+            return web.json_response({"object": "error", "message": "boom", "type": "BadRequestError", "param": None, "code": 400}, status=400)
+        last_user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        text = "Sure, it is 7." if 'begin your answer with "Sure"' in last_user else "It is 7."
+        return web.json_response({
+            "id": f"c{len(self.requests)}", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
+        })
+
+
+async def _serve(server: ScriptedServer):
+    app = web.Application()
+    app.router.add_get("/v1/models", server.models)
+    app.router.add_post("/v1/chat/completions", server.chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    server.url = f"http://127.0.0.1:{port}"
+    return runner
+
+
+def with_scripted(test):
+    """Run `async test(server)` with a live scripted server on an ephemeral port."""
+
+    async def main():
+        server = ScriptedServer()
+        runner = await _serve(server)
+        try:
+            return await test(server)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+def _messages(req):
+    return [(m["role"], m["content"]) for m in req[1]["messages"]]
+
+
+def test_session_protocol_correction_retry_and_close():
+    persona = P.make_persona("starts_with", prefix="Sure")
+    cfg = SimulatedUserConfig(turns_per_session=3, max_attempts_per_question=2, concurrency=1, max_tokens=17,
+                              temperature=0.7, seed=3, system_prompt="Be brief.")
+
+    async def test(server):
+        async with SimulatedUser(persona, QS, base_url=server.url, config=cfg, session_prefix="s") as user:
+            stats = await user.run(1)
+        return server, user, stats
+
+    server, user, stats = with_scripted(test)
+    reqs = server.requests
+    assert len(reqs) == 3  # first answer, retry after the correction, closing request
+    for h, body in reqs:
+        assert h["X-Session-Id"] == "s-0" and h["X-Turn-Type"] == "main"
+        assert body["model"] == "scripted"  # resolved from /v1/models
+        assert body["temperature"] == 0.7
+    assert "X-Session-Done" not in reqs[0][0] and "X-Session-Done" not in reqs[1][0]
+    assert reqs[2][0]["X-Session-Done"] == "1"
+    assert [b["max_tokens"] for _, b in reqs] == [17, 17, 1]
+    assert _messages(reqs[0]) == [("system", "Be brief."), ("user", QS[0].text)]
+    # the correction is the next state of the first answer: the last user message of request 2
+    m1 = _messages(reqs[1])
+    assert m1[:3] == [("system", "Be brief."), ("user", QS[0].text), ("assistant", "It is 7.")]
+    assert m1[3][0] == "user" and 'Please begin your answer with "Sure".' in m1[3][1]
+    # the closing request carries the reaction to the retry (thanks) as the last message
+    m2 = _messages(reqs[2])
+    assert m2[:4] == m1 and m2[4] == ("assistant", "Sure, it is 7.")
+    assert m2[5][0] == "user" and "thank" in m2[5][1].lower()
+    r = user.results[0]
+    assert [(t.attempt, t.satisfied) for t in r.turns] == [(0, False), (1, True)]
+    assert r.closed and r.error is None and r.requests == 3
+    assert stats.first_answers == 1 and stats.first_answer_satisfaction == 0.0
+    assert stats.turns == 2 and stats.satisfied_turns == 1
+
+
+def test_turn_budget_and_questions_per_session():
+    # keyword persona: the scripted model never says "banana", so every answer is corrected.
+    persona = P.make_persona("keyword", word="banana")
+    cfg = SimulatedUserConfig(turns_per_session=5, max_attempts_per_question=2, questions_per_session=2,
+                              concurrency=1, seed=0)
+
+    async def test(server):
+        async with SimulatedUser(persona, QS, base_url=server.url, config=cfg, session_prefix="t") as user:
+            await user.run(1)
+        return server, user
+
+    server, user = with_scripted(test)
+    r = user.results[0]
+    # q0 twice (attempt limit), q1 twice, then the question list is used up: 4 answers + close
+    assert [(t.question_id, t.attempt) for t in r.turns] == [("q0", 0), ("q0", 1), ("q1", 0), ("q1", 1)]
+    assert r.requests == 5 and r.closed
+    third = _messages(server.requests[2])[-1][1]
+    assert third.endswith("Next question: " + QS[1].text) and 'word "banana"' in third
+    assert server.requests[-1][0]["X-Session-Done"] == "1"
+
+    cfg = SimulatedUserConfig(turns_per_session=3, max_attempts_per_question=10, concurrency=1)
+
+    async def test2(server):
+        async with SimulatedUser(persona, QS, base_url=server.url, config=cfg) as user:
+            await user.run(1)
+        return server, user
+
+    server, user = with_scripted(test2)
+    assert len(user.results[0].turns) == 3 and len(server.requests) == 4  # bounded by turns_per_session
+
+
+def test_concurrent_sessions_are_reproducible_by_seed():
+    persona = P.make_persona("starts_with", prefix="Sure")
+    cfg = SimulatedUserConfig(turns_per_session=2, concurrency=4, seed=11)
+
+    async def test(server):
+        async with SimulatedUser(persona, QS, base_url=server.url, config=cfg, session_prefix="c") as user:
+            await user.run(6)
+        return sorted((h["X-Session-Id"], json.dumps(b, sort_keys=True)) for h, b in server.requests)
+
+    a, b = with_scripted(test), with_scripted(test)
+    assert a == b
+    assert len({sid for sid, _ in a}) == 6
+    # questions are handed out in session order whatever the interleaving
+    firsts = {sid: json.loads(body)["messages"][0]["content"] for sid, body in a}
+    assert [firsts[f"c-{i}"] for i in range(6)] == [q.text for q in QS[:6]]
+    cfg2 = SimulatedUserConfig(turns_per_session=2, concurrency=4, seed=12)
+
+    async def test_other_seed(server):
+        async with SimulatedUser(persona, QS, base_url=server.url, config=cfg2, session_prefix="c") as user:
+            await user.run(6)
+        return sorted((h["X-Session-Id"], json.dumps(b, sort_keys=True)) for h, b in server.requests)
+
+    assert with_scripted(test_other_seed) != a  # reactions and request seeds follow the seed
+
+
+def test_server_errors_end_the_session_and_are_counted():
+    persona = P.make_persona("starts_with", prefix="Sure")
+
+    async def test(server):
+        server.fail_after = 1
+        async with SimulatedUser(persona, QS, base_url=server.url, config=SimulatedUserConfig(concurrency=1)) as user:
+            stats = await user.run(2)
+        return user, stats
+
+    user, stats = with_scripted(test)
+    assert stats.failed_sessions == 2 and stats.sessions == 2
+    assert "400" in user.results[0].error or "boom" in user.results[0].error
+    assert stats.first_answers == 1  # the one answer that came back before the failures
+
+
+def test_preference_score_uses_greedy_side_turns():
+    async def test(server):
+        sure = await preference_score(server.url, P.make_persona("starts_with", prefix="Sure"), QS[:5], max_tokens=9)
+        it = await preference_score(server.url, P.make_persona("starts_with", prefix="It"), QS[:5], max_tokens=9)
+        return server, sure, it
+
+    server, sure, it = with_scripted(test)
+    assert sure.score == 0.0 and it.score == 1.0 and it.n == 5
+    for h, body in server.requests:
+        assert h["X-Turn-Type"] == "side" and h["X-Session-Done"] == "1"
+        assert body["temperature"] == 0.0 and body["max_tokens"] == 9
+        assert len(body["messages"]) == 1
+    assert len({h["X-Session-Id"] for h, _ in server.requests}) == 10
+
+
+def test_stats_nan_before_answers():
+    from openclaw_jax.envs.simulated_user import UserStats
+
+    assert math.isnan(UserStats().first_answer_satisfaction)
