@@ -1,1 +1,77 @@
+"""The hybrid GRPO + top-K OPD loss family (DESIGN section 6).
 
+Pinned API: ``overlap_counts``, ``select_hint``, ``hybrid_loss``, ``HybridBatch``, ``LossConfig``.
+Extras: the chunked path (``chunked_hybrid_loss``), stats variants for micro-batch/host
+averaging, the legacy token combine and tail-KL losses via the registry, and the building
+blocks.
+"""
+
+from openclaw_jax.losses.hybrid import (
+    LOSS_KINDS,
+    GatherPlan,
+    HybridBatch,
+    LossConfig,
+    chunked_hybrid_loss,
+    chunked_loss_with_stats,
+    dense_loss_with_stats,
+    hybrid_loss,
+    hybrid_loss_with_stats,
+    make_gather_plan,
+)
+from openclaw_jax.losses.opd import SUBSET_MODES, topk_opd_token_loss, topk_tail_kl
+from openclaw_jax.losses.policy import (
+    LOSS_METRIC_NAMES,
+    METRIC_NAMES,
+    MetricStat,
+    finalize_metrics,
+    low_var_kl,
+    merge_metric_stats,
+    ppo_clip_loss,
+)
+from openclaw_jax.losses.registry import RegisteredLoss, available_losses, get_loss, register_loss
+from openclaw_jax.losses.selection import HINT_SELECTION_MODES, overlap_counts, select_hint
+
+
+def token_combine_loss(logits, batch, cfg=LossConfig(), *, sample_count=None):
+    """Legacy token-level combine loss from logits (see ``registry``): ``(loss, metrics)``."""
+    return get_loss("token_combine").dense(logits, batch, cfg, sample_count=sample_count)
+
+
+def tail_kl_loss(logits, batch, cfg=LossConfig(), *, sample_count=None):
+    """GRPO + top-K tail reverse-KL distillation loss from logits: ``(loss, metrics)``."""
+    return get_loss("tail_kl").dense(logits, batch, cfg, sample_count=sample_count)
+
+
+__all__ = [
+    # pinned (DESIGN section 6)
+    "overlap_counts",
+    "select_hint",
+    "hybrid_loss",
+    "HybridBatch",
+    "LossConfig",
+    # extras
+    "chunked_hybrid_loss",
+    "hybrid_loss_with_stats",
+    "dense_loss_with_stats",
+    "chunked_loss_with_stats",
+    "token_combine_loss",
+    "tail_kl_loss",
+    "make_gather_plan",
+    "GatherPlan",
+    "LOSS_KINDS",
+    "SUBSET_MODES",
+    "HINT_SELECTION_MODES",
+    "METRIC_NAMES",
+    "LOSS_METRIC_NAMES",
+    "MetricStat",
+    "finalize_metrics",
+    "merge_metric_stats",
+    "ppo_clip_loss",
+    "low_var_kl",
+    "topk_opd_token_loss",
+    "topk_tail_kl",
+    "RegisteredLoss",
+    "register_loss",
+    "get_loss",
+    "available_losses",
+]

@@ -1,0 +1,415 @@
+"""The hybrid GRPO + top-K OPD loss (DESIGN section 6) and its siblings, dense and chunked.
+
+Two entry points compute the same numbers:
+
+* :func:`hybrid_loss` ``(logits [B,T,V], batch, cfg)`` -- the readable definition, from
+  full current logits (already divided by the temperature);
+* :func:`chunked_hybrid_loss` ``(hidden [B,T,H], lm_head [H,V], batch, cfg)`` -- the
+  production path: logits ``hidden @ lm_head / temperature`` are formed a chunk of
+  positions at a time (:mod:`openclaw_jax.ops.logprobs`), so ``[B*T, V]`` float32 never
+  exists. ``hidden[b, t]`` must be the state that *predicts* ``tokens[b, t]``.
+
+Both first build a *gather plan* from the batch alone (hint selection, the OPD id subset),
+then ask the vocabulary for the current log-probs at a few ids per position plus the
+entropy, and finally combine those with the batch data in :func:`_loss_terms`. Only the
+middle step differs between the paths.
+
+What counts where (``m`` = ``loss_mask``, real = ``sample_mask``, hint = any
+``candidate_mask``):
+
+* every loss term is a per-sample masked token mean ``sum_t m_t x_t / max(sum_t m_t, 1)``
+  averaged over real samples (padding samples excluded, real all-masked samples count);
+* ``loss = w_rl * grpo_pg_loss + w_opd * opd_loss - entropy_coef * entropy_loss
+  + kl_coef * kl_loss``; the entropy term only carries a gradient when ``entropy_coef != 0``;
+* a sample without a hint candidate has ``opd_loss`` 0 (and still counts);
+* ``stop_gradient`` sits on everything except the current log-probs: advantages, the OPD
+  weights ``w_v``, diffs ``d_v``, old/teacher/reference/rollout log-probs are data.
+
+Masked positions, padding samples and padding candidates may hold any values (even NaN):
+they are replaced by zeros before use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from openclaw_jax.losses.opd import (
+    SUBSET_MODES,
+    OpdSubset,
+    opd_subset,
+    take_candidate,
+    token_combine_advantages,
+    topk_opd_token_loss,
+    topk_tail_kl,
+)
+from openclaw_jax.losses.policy import (
+    MetricStat,
+    batch_mean,
+    entropy_from_logits,
+    finalize_metrics,
+    low_var_kl,
+    masked_token_mean,
+    ppo_clip_loss,
+    sample_stat,
+    token_stat,
+)
+from openclaw_jax.losses.selection import HINT_SELECTION_MODES, overlap_counts, select_hint
+from openclaw_jax.ops.logprobs import DEFAULT_CHUNK_SIZE, lse_logprobs_entropy
+
+# What the loss combines; the registry maps user-facing names onto these.
+LOSS_KINDS: tuple[str, ...] = ("hybrid", "token_combine", "tail_kl")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Hyper-parameters of the loss family (DESIGN section 6). Static under jit (no leaves).
+
+    ``adv_diff_clip <= 0`` disables the OPD diff clip; ``ppo_kl_clamp`` None or ``<= 0``
+    disables the +-clamp of ``l_old - l_cur`` in the GRPO and top-K OPD branches.
+    """
+
+    w_rl: float = 1.0
+    w_opd: float = 1.0
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    adv_diff_clip: float = 1.0
+    hint_selection: str = "sequence_optimal"
+    subset_mode: str = "student"
+    ppo_kl_clamp: float | None = 20.0
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.hint_selection not in HINT_SELECTION_MODES:
+            raise ValueError(
+                f"loss.hint_selection={self.hint_selection!r} is not supported; use one of {HINT_SELECTION_MODES}"
+            )
+        if self.subset_mode not in SUBSET_MODES:
+            raise ValueError(f"loss.subset_mode={self.subset_mode!r} is not supported; use one of {SUBSET_MODES}")
+        for name in ("eps_clip", "eps_clip_high"):
+            value = getattr(self, name)
+            if not 0.0 <= value:
+                raise ValueError(f"loss.{name}={value!r} must be >= 0")
+        if self.eps_clip >= 1.0:
+            raise ValueError(f"loss.eps_clip={self.eps_clip!r} must be < 1 (the ratio's lower bound is 1 - eps_clip)")
+
+    @property
+    def kl_clamp(self) -> float | None:
+        return self.ppo_kl_clamp if self.ppo_kl_clamp is not None and self.ppo_kl_clamp > 0 else None
+
+
+jax.tree_util.register_static(LossConfig)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class HybridBatch:
+    """One padded training batch for the loss family (B samples, T response positions).
+
+    Pinned fields (DESIGN section 6):
+      tokens ``[B,T]`` int: the sampled response tokens y_t.
+      loss_mask ``[B,T]``: 1 where the token is trained.
+      old_logprobs ``[B,T]``: ``l_old(y_t)`` from the old-policy pass.
+      advantages ``[B,T]``: the GRPO advantage (the turn's reward broadcast over tokens).
+      student_topk_ids / student_topk_logprobs ``[B,T,K]``: S^q_t and ``l_old`` there.
+      teacher_topk_ids / teacher_topk_logprobs ``[B,C,T,K]``: each candidate's own top-K.
+      teacher_logprobs_at_student_ids ``[B,C,T,K]``: candidate c's log-probs at S^q_t.
+      old_logprobs_at_teacher_ids ``[B,C,T,K]``: ``l_old`` at candidate c's top-K ids.
+      candidate_mask ``[B,C]``: 1 for real hint candidates (sorted shortest-first).
+      sample_mask ``[B]``: 1 for real samples, 0 for batch padding.
+    Optional fields (None = absent):
+      segment_ids ``[B,T]`` int in ``[0, T]``: per-segment ``sequence_optimal`` selection.
+      rollout_logprobs ``[B,T]``: the serving engine's log-probs (metric
+        ``train_rollout_logprob_abs_diff``).
+      ref_logprobs ``[B,T]``: reference-policy log-probs of y_t (the low-variance KL term).
+      teacher_logprobs_at_tokens ``[B,C,T]``: candidate c's log-prob of y_t (``token_combine``).
+    """
+
+    tokens: jax.Array
+    loss_mask: jax.Array
+    old_logprobs: jax.Array
+    advantages: jax.Array
+    student_topk_ids: jax.Array
+    student_topk_logprobs: jax.Array
+    teacher_topk_ids: jax.Array
+    teacher_topk_logprobs: jax.Array
+    teacher_logprobs_at_student_ids: jax.Array
+    old_logprobs_at_teacher_ids: jax.Array
+    candidate_mask: jax.Array
+    sample_mask: jax.Array
+    segment_ids: jax.Array | None = None
+    rollout_logprobs: jax.Array | None = None
+    ref_logprobs: jax.Array | None = None
+    teacher_logprobs_at_tokens: jax.Array | None = None
+
+    def replace(self, **changes: Any) -> "HybridBatch":
+        return dataclasses.replace(self, **changes)
+
+    def dims(self) -> tuple[int, int, int, int]:
+        """Validate every field's shape and return ``(B, T, K, C)``."""
+        if jnp.ndim(self.tokens) != 2:
+            raise ValueError(f"HybridBatch.tokens must be [B,T], got shape {jnp.shape(self.tokens)}")
+        b, t = jnp.shape(self.tokens)
+        if jnp.ndim(self.student_topk_ids) != 3:
+            raise ValueError(f"HybridBatch.student_topk_ids must be [B,T,K], got shape {jnp.shape(self.student_topk_ids)}")
+        k = jnp.shape(self.student_topk_ids)[-1]
+        c = jnp.shape(self.candidate_mask)[-1] if jnp.ndim(self.candidate_mask) == 2 else None
+        if c is None:
+            raise ValueError(f"HybridBatch.candidate_mask must be [B,C], got shape {jnp.shape(self.candidate_mask)}")
+        expected = {
+            "loss_mask": (b, t),
+            "old_logprobs": (b, t),
+            "advantages": (b, t),
+            "student_topk_ids": (b, t, k),
+            "student_topk_logprobs": (b, t, k),
+            "teacher_topk_ids": (b, c, t, None),
+            "teacher_topk_logprobs": (b, c, t, None),
+            "teacher_logprobs_at_student_ids": (b, c, t, k),
+            "old_logprobs_at_teacher_ids": (b, c, t, None),
+            "candidate_mask": (b, c),
+            "sample_mask": (b,),
+            "segment_ids": (b, t),
+            "rollout_logprobs": (b, t),
+            "ref_logprobs": (b, t),
+            "teacher_logprobs_at_tokens": (b, c, t),
+        }
+        teacher_k = jnp.shape(self.teacher_topk_ids)[-1] if jnp.ndim(self.teacher_topk_ids) == 4 else None
+        for name, shape in expected.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            shape = tuple(teacher_k if s is None else s for s in shape)
+            if tuple(jnp.shape(value)) != shape:
+                raise ValueError(
+                    f"HybridBatch.{name} has shape {tuple(jnp.shape(value))}, expected {shape} "
+                    f"(B={b}, T={t}, K={k}, C={c}, teacher K={teacher_k})"
+                )
+        return b, t, k, c
+
+
+class GatherPlan(NamedTuple):
+    """Everything the loss needs from the batch before touching the vocabulary.
+
+    ids ``[B,T,J]``: where the current log-probs are needed; column 0 is the sampled token,
+      columns 1.. are the OPD subset (``hybrid``) or the teacher's top-K at k* (``tail_kl``).
+    trained ``[B,T]``: trained token of a real sample. active ``[B,T]``: trained and the
+      sample has a hint candidate. sample_mask ``[B]``, kstar / overlap_at_kstar ``[B,T]``.
+    """
+
+    ids: jax.Array
+    trained: jax.Array
+    active: jax.Array
+    sample_mask: jax.Array
+    kstar: jax.Array
+    overlap_at_kstar: jax.Array
+    subset: OpdSubset | None
+    teacher_topk_logprobs: jax.Array | None
+
+
+def _masked(x: jax.Array | None, mask: jax.Array, dtype=jnp.float32) -> jax.Array | None:
+    return None if x is None else jnp.where(mask, jnp.asarray(x), 0).astype(dtype)
+
+
+def make_gather_plan(batch: HybridBatch, cfg: LossConfig, kind: str = "hybrid") -> GatherPlan:
+    """Hint selection and the id sets to gather, from the batch alone (no logits needed)."""
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"loss kind {kind!r} is not known; use one of {LOSS_KINDS}")
+    batch.dims()
+    sample_mask = jnp.asarray(batch.sample_mask) > 0
+    trained = (jnp.asarray(batch.loss_mask) > 0) & sample_mask[:, None]
+    has_hint = jnp.any(jnp.asarray(batch.candidate_mask) > 0, axis=1)
+    active = trained & has_hint[:, None]
+
+    overlap = overlap_counts(batch.student_topk_ids, batch.teacher_topk_ids)
+    kstar = select_hint(overlap, batch.candidate_mask, batch.loss_mask, cfg.hint_selection, batch.segment_ids)
+    overlap_at_kstar = take_candidate(overlap, kstar)
+    tokens = _masked(batch.tokens, trained, jnp.int32)[..., None]
+
+    subset = None
+    teacher_lp = None
+    if kind == "hybrid":
+        subset = opd_subset(
+            student_topk_ids=batch.student_topk_ids,
+            student_topk_logprobs=batch.student_topk_logprobs,
+            teacher_topk_ids=batch.teacher_topk_ids,
+            teacher_topk_logprobs=batch.teacher_topk_logprobs,
+            teacher_logprobs_at_student_ids=batch.teacher_logprobs_at_student_ids,
+            old_logprobs_at_teacher_ids=batch.old_logprobs_at_teacher_ids,
+            kstar=kstar,
+            active=active,
+            mode=cfg.subset_mode,
+        )
+        ids = jnp.concatenate([tokens, subset.ids], axis=-1)
+    elif kind == "tail_kl":
+        teacher_ids = _masked(take_candidate(batch.teacher_topk_ids, kstar), active[..., None], jnp.int32)
+        teacher_lp = _masked(take_candidate(batch.teacher_topk_logprobs, kstar), active[..., None])
+        ids = jnp.concatenate([tokens, teacher_ids], axis=-1)
+    else:
+        if batch.teacher_logprobs_at_tokens is None:
+            raise ValueError(
+                "the token_combine loss needs HybridBatch.teacher_logprobs_at_tokens [B,C,T] "
+                "(each candidate's log-prob of the sampled token); the teacher pass must provide it"
+            )
+        ids = tokens
+    return GatherPlan(ids, trained, active, sample_mask, kstar, overlap_at_kstar, subset, teacher_lp)
+
+
+def _loss_terms(
+    kind: str,
+    cur_logprobs: jax.Array,
+    entropy: jax.Array,
+    batch: HybridBatch,
+    cfg: LossConfig,
+    plan: GatherPlan,
+    sample_count: jax.Array | float | None,
+) -> tuple[jax.Array, dict[str, MetricStat]]:
+    """Combine current log-probs at ``plan.ids`` (``[B,T,J]``) and entropy ``[B,T]`` into the loss."""
+    trained, active, smask = plan.trained, plan.active, plan.sample_mask
+    old = _masked(batch.old_logprobs, trained)
+    rewards = _masked(batch.advantages, trained)
+    cur_token = cur_logprobs[..., 0]
+    raw_kl = old - cur_token
+
+    stats: dict[str, MetricStat] = {}
+    per_sample_total = jnp.zeros(smask.shape, jnp.float32)
+    if kind == "token_combine":
+        teacher_token = _masked(take_candidate(batch.teacher_logprobs_at_tokens, plan.kstar), active)
+        advantages = token_combine_advantages(teacher_token, old, rewards, active, w_opd=cfg.w_opd, w_rl=cfg.w_rl)
+        pg, clipped = ppo_clip_loss(raw_kl, advantages, cfg.eps_clip, cfg.eps_clip_high, kl_clamp=None)
+        pg_sample = masked_token_mean(pg, trained)
+        per_sample_total = per_sample_total + pg_sample
+        stats["grpo_pg_loss"] = sample_stat(pg_sample, smask)
+        stats["grpo_pg_clipfrac"] = token_stat(clipped, trained)
+    else:
+        pg, clipped = ppo_clip_loss(raw_kl, rewards, cfg.eps_clip, cfg.eps_clip_high, cfg.kl_clamp)
+        grpo_sample = masked_token_mean(pg, trained)
+        stats["grpo_pg_loss"] = sample_stat(grpo_sample, smask)
+        stats["grpo_pg_clipfrac"] = token_stat(clipped, trained)
+        if kind == "hybrid":
+            terms = topk_opd_token_loss(
+                cur_logprobs[..., 1:], plan.subset, adv_diff_clip=cfg.adv_diff_clip, eps_clip=cfg.eps_clip,
+                eps_clip_high=cfg.eps_clip_high, kl_clamp=cfg.kl_clamp,
+            )
+            opd_token = terms.loss
+            member = plan.subset.member
+            stats["opd_pg_clipfrac"] = token_stat(terms.clipped, member)
+            stats["opd_subset_size"] = token_stat(jnp.sum(member, axis=-1), active)
+            stats["opd_teacher_student_logp_topk_abs_mean"] = token_stat(terms.abs_diff, member)
+        else:  # tail_kl
+            opd_token = jnp.where(active, topk_tail_kl(cur_logprobs[..., 1:], plan.teacher_topk_logprobs), 0.0)
+        opd_sample = masked_token_mean(opd_token, trained)
+        stats["opd_loss"] = sample_stat(opd_sample, smask)
+        per_sample_total = per_sample_total + cfg.w_rl * grpo_sample + cfg.w_opd * opd_sample
+
+    entropy_sample = masked_token_mean(entropy, trained)
+    stats["entropy_loss"] = sample_stat(entropy_sample, smask)
+    if cfg.entropy_coef != 0:
+        per_sample_total = per_sample_total - cfg.entropy_coef * entropy_sample
+    if cfg.kl_coef != 0 and batch.ref_logprobs is None:
+        raise ValueError(
+            f"loss.kl_coef={cfg.kl_coef} needs HybridBatch.ref_logprobs [B,T] (reference log-probs of the "
+            "sampled tokens); pass them or set kl_coef to 0"
+        )
+    if batch.ref_logprobs is not None:
+        kl_sample = masked_token_mean(low_var_kl(cur_token, _masked(batch.ref_logprobs, trained)), trained)
+        stats["kl_loss"] = sample_stat(kl_sample, smask)
+        if cfg.kl_coef != 0:
+            per_sample_total = per_sample_total + cfg.kl_coef * kl_sample
+
+    stats["ppo_kl"] = token_stat(raw_kl, trained)
+    if batch.rollout_logprobs is not None:
+        stats["train_rollout_logprob_abs_diff"] = token_stat(
+            jnp.abs(old - _masked(batch.rollout_logprobs, trained)), trained
+        )
+    stats["sel_overlap_at_k_star"] = token_stat(plan.overlap_at_kstar, active)
+    stats["sel_k_star_mean"] = token_stat(plan.kstar, active)
+    stats["loss"] = sample_stat(per_sample_total, smask)
+    loss = batch_mean(per_sample_total, smask, sample_count)
+    return loss, stats
+
+
+def dense_current_logprobs(logits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Global log-softmax of ``logits [B,T,V]`` at ``ids [B,T,J]``, and the full entropy ``[B,T]``."""
+    logits = jnp.asarray(logits, jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    ids = jnp.clip(ids, 0, logits.shape[-1] - 1)
+    return jnp.take_along_axis(logp, ids, axis=-1), entropy_from_logits(logits)
+
+
+def _check_logits(logits: jax.Array, batch: HybridBatch) -> None:
+    b, t, _, _ = batch.dims()
+    if jnp.ndim(logits) != 3 or tuple(jnp.shape(logits)[:2]) != (b, t):
+        raise ValueError(f"logits must be [B,T,V] = [{b},{t},V] to match the batch, got shape {jnp.shape(logits)}")
+
+
+def dense_loss_with_stats(logits, batch: HybridBatch, cfg: LossConfig, *, kind: str = "hybrid",
+                          sample_count=None) -> tuple[jax.Array, dict[str, MetricStat]]:
+    """Any loss kind from full logits; metrics as ``(sum, count)`` :class:`MetricStat`."""
+    _check_logits(logits, batch)
+    plan = make_gather_plan(batch, cfg, kind)
+    cur, entropy = dense_current_logprobs(logits, plan.ids)
+    if cfg.entropy_coef == 0:
+        entropy = jax.lax.stop_gradient(entropy)
+    return _loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count)
+
+
+def chunked_loss_with_stats(hidden, lm_head, batch: HybridBatch, cfg: LossConfig, *, kind: str = "hybrid",
+                            temperature=1.0, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                            sample_count=None) -> tuple[jax.Array, dict[str, MetricStat]]:
+    """Any loss kind from ``hidden [B,T,H]`` and ``lm_head [H,V]``; metrics as :class:`MetricStat`."""
+    b, t, _, _ = batch.dims()
+    if jnp.ndim(hidden) != 3 or tuple(jnp.shape(hidden)[:2]) != (b, t):
+        raise ValueError(f"hidden must be [B,T,H] = [{b},{t},H] to match the batch, got shape {jnp.shape(hidden)}")
+    plan = make_gather_plan(batch, cfg, kind)
+    _, cur, entropy = lse_logprobs_entropy(
+        hidden, lm_head, plan.ids, temperature=temperature, chunk_size=chunk_size,
+        with_entropy=True, entropy_grad=cfg.entropy_coef != 0,
+    )
+    if cfg.entropy_coef == 0:
+        entropy = jax.lax.stop_gradient(entropy)
+    return _loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count)
+
+
+def hybrid_loss_with_stats(logits, batch: HybridBatch, cfg: LossConfig = LossConfig(), *,
+                           sample_count=None) -> tuple[jax.Array, dict[str, MetricStat]]:
+    """:func:`hybrid_loss` with metrics as ``(sum, count)`` pairs for cross-batch averaging."""
+    return dense_loss_with_stats(logits, batch, cfg, kind="hybrid", sample_count=sample_count)
+
+
+def hybrid_loss(logits, batch: HybridBatch, cfg: LossConfig = LossConfig(), *,
+                sample_count=None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The hybrid GRPO + top-K OPD loss from current logits ``[B,T,V]`` (already / tau).
+
+    Returns ``(loss, metrics)``; metrics are float32 scalars named as in
+    :data:`openclaw_jax.losses.METRIC_NAMES` (plus ``kl_loss`` when ``ref_logprobs`` is
+    given; ``train_rollout_logprob_abs_diff`` only when ``rollout_logprobs`` is given).
+    Loss terms are sample-weighted (mean over real samples of per-sample token means); the
+    diagnostics are token-weighted: ``grpo_pg_clipfrac``, ``ppo_kl`` (raw ``l_old - l_cur``)
+    and ``train_rollout_logprob_abs_diff`` over trained tokens of real samples;
+    ``opd_pg_clipfrac`` and ``opd_teacher_student_logp_topk_abs_mean`` over the (token, id)
+    pairs of S_t; ``opd_subset_size``, ``sel_overlap_at_k_star`` and ``sel_k_star_mean`` over
+    trained tokens of real samples that have a hint candidate.
+
+    ``sample_count`` replaces the number of real samples in the denominator (use the total
+    over all micro-batches of a step when accumulating gradients).
+    """
+    loss, stats = hybrid_loss_with_stats(logits, batch, cfg, sample_count=sample_count)
+    return loss, finalize_metrics(stats)
+
+
+def chunked_hybrid_loss(hidden, lm_head, batch: HybridBatch, cfg: LossConfig = LossConfig(), *,
+                        temperature=1.0, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                        sample_count=None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """:func:`hybrid_loss` on logits ``hidden @ lm_head / temperature``, never materialising them.
+
+    Differentiable w.r.t. ``hidden [B,T,H]`` and ``lm_head [H,V]``; ``chunk_size`` positions
+    of every sample go through the vocabulary at once (peak ~ ``B * chunk_size * V`` floats).
+    """
+    loss, stats = chunked_loss_with_stats(hidden, lm_head, batch, cfg, kind="hybrid", temperature=temperature,
+                                          chunk_size=chunk_size, sample_count=sample_count)
+    return loss, finalize_metrics(stats)
