@@ -203,3 +203,28 @@ def test_stats_nan_before_answers():
     from openclaw_jax.envs.simulated_user import UserStats
 
     assert math.isnan(UserStats().first_answer_satisfaction)
+
+
+def test_stats_and_preference_score_reach_tensorboard(tmp_path):
+    from tensorboardX import SummaryWriter
+
+    from tb_events import read_event_tags
+
+    persona = P.make_persona("starts_with", prefix="Sure")
+
+    async def test(server):
+        writer = SummaryWriter(str(tmp_path))
+        async with SimulatedUser(persona, QS, base_url=server.url, config=SimulatedUserConfig(concurrency=2)) as user:
+            await user.run(4, writer=writer, step=7)
+        await preference_score(server.url, persona, QS[:4], writer=writer, step=9)
+        writer.close()
+
+    with_scripted(test)
+    tags = read_event_tags(tmp_path)
+    # the scripted model never starts with "Sure" unprompted: every first answer fails
+    assert [(s, v.simple_value) for s, v in tags["simuser/first_answer_satisfaction"]] == [(7, 0.0)]
+    assert [(s, v.simple_value) for s, v in tags["simuser/sessions"]] == [(7, 4.0)]
+    # retries follow the hint and satisfy: 4 of 8 answers
+    assert [(s, v.simple_value) for s, v in tags["simuser/turn_satisfaction"]] == [(7, 0.5)]
+    assert [(s, v.simple_value) for s, v in tags["eval/satisfied_fraction"]] == [(9, 0.0)]
+    assert [(s, v.simple_value) for s, v in tags["eval/preference_score"]] == [(9, 0.0)]

@@ -43,7 +43,10 @@ SESSION_ID_HEADER = "X-Session-Id"
 TURN_TYPE_HEADER = "X-Turn-Type"
 SESSION_DONE_HEADER = "X-Session-Done"
 
+# The same tags as the benchmark CLI (`python -m openclaw_jax.eval`): the mean rubric grade of
+# first answers, and the fraction of first answers that fully satisfy the persona.
 METRIC_PREFERENCE_SCORE = "eval/preference_score"
+METRIC_SATISFIED_FRACTION = "eval/satisfied_fraction"
 METRIC_PREFIX_SIMUSER = "simuser/"
 
 
@@ -482,8 +485,9 @@ async def preference_score(
 ) -> PreferenceScore:
     """Fraction of greedy first answers on `heldout_questions` that satisfy `persona`.
 
-    Uses side turns, so measuring never feeds the trainer. Writes `eval/preference_score` to
-    `writer` at `step` when both are given.
+    Uses side turns, so measuring never feeds the trainer. When `writer` and `step` are given,
+    writes `eval/satisfied_fraction` (= `.score`, the fraction satisfied) and
+    `eval/preference_score` (= `.mean_score`, the mean rubric grade, as the benchmark CLI does).
     """
     own = isinstance(client_or_base_url, str)
     client = make_client(client_or_base_url, api_key=api_key) if own else client_or_base_url
@@ -499,5 +503,5 @@ async def preference_score(
     log.info("preference score %s on %d held-out questions: %.3f (mean rubric %.3f)",
              persona.name, result.n, result.score, result.mean_score)
     if writer is not None and step is not None:
-        log_scalars(writer, step, {METRIC_PREFERENCE_SCORE: result.score})
+        log_scalars(writer, step, {METRIC_SATISFIED_FRACTION: result.score, METRIC_PREFERENCE_SCORE: result.mean_score})
     return result
