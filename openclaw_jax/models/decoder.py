@@ -27,6 +27,7 @@ from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from openclaw_jax.models.config import ModelConfig
@@ -49,8 +50,16 @@ def _param(value: jax.Array, axes: Sequence[str | None], kind: type[nnx.Param] =
     return kind(value, out_sharding=tuple(axes), eager_sharding=False)
 
 
-def _normal(rngs: nnx.Rngs, shape: Sequence[int], dtype: jnp.dtype, stddev: float = _INIT_STDDEV) -> jax.Array:
-    return (stddev * jax.random.normal(rngs.params(), tuple(shape), jnp.float32)).astype(dtype)
+def init_normal(rngs: nnx.Rngs, shape: Sequence[int], dtype: jnp.dtype, stddev: float = _INIT_STDDEV) -> jax.Array:
+    key = rngs.params()
+    if isinstance(key, jax.core.Tracer):  # under jit / eval_shape: stay symbolic
+        return (stddev * jax.random.normal(key, tuple(shape), jnp.float32)).astype(dtype)
+    # Eager construction: draw on the host from a generator seeded by the key. Eager
+    # jax.random.normal compiles one XLA program per distinct shape, which dominated the start-up
+    # of small models on CPU; the values are still a deterministic function of the Rngs seed.
+    seed = np.asarray(jax.random.key_data(key)).astype(np.uint64).ravel().tolist()
+    draw = np.random.default_rng(seed).standard_normal(tuple(shape), dtype=np.float32)
+    return jnp.asarray((stddev * draw).astype(dtype))
 
 
 class RMSNorm(nnx.Module):
@@ -82,14 +91,14 @@ class Projection(nnx.Module):
         self.in_ndim = len(in_shape)
         self.dtype = dtype
         stack_axes = ("layers",) * len(stack)
-        self.kernel = _param(_normal(rngs, stack + in_shape + out_shape, param_dtype), stack_axes + in_axes + out_axes)
+        self.kernel = _param(init_normal(rngs, stack + in_shape + out_shape, param_dtype), stack_axes + in_axes + out_axes)
         self.bias = _param(jnp.zeros(stack + out_shape, param_dtype), stack_axes + out_axes) if bias else None
         if lora is not None:
             fan_in = 1
             for d in in_shape:
                 fan_in *= d
             self.lora_scale = lora.alpha / lora.rank
-            self.lora_a = _param(_normal(rngs, stack + in_shape + (lora.rank,), param_dtype, fan_in ** -0.5),
+            self.lora_a = _param(init_normal(rngs, stack + in_shape + (lora.rank,), param_dtype, fan_in ** -0.5),
                                  stack_axes + in_axes + ("lora_rank",), LoRAParam)
             self.lora_b = _param(jnp.zeros(stack + (lora.rank,) + out_shape, param_dtype),
                                  stack_axes + ("lora_rank",) + out_axes, LoRAParam)
@@ -225,7 +234,7 @@ class Decoder(nnx.Module):
         self.cfg = cfg
         self.lora = lora
         dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-        self.embed_tokens = _param(_normal(rngs, (cfg.vocab_size, cfg.hidden_size), pdt), ("vocab", "embed"))
+        self.embed_tokens = _param(init_normal(rngs, (cfg.vocab_size, cfg.hidden_size), pdt), ("vocab", "embed"))
         self.layers = Block(cfg, stack=(cfg.num_layers,), lora=lora, rngs=rngs)
         self.norm = RMSNorm(cfg.hidden_size, "norm", stack=(), eps=cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
         if cfg.tie_word_embeddings:

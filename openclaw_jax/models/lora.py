@@ -80,7 +80,7 @@ def add_lora(model: "Decoder", lora: LoRAConfig, *, rngs: nnx.Rngs) -> "Decoder"
     The adapters are initialised fresh (A ~ N(0, 1/fan_in), B = 0); when the base is sharded on a
     mesh, the adapters are placed on the same mesh.
     """
-    from openclaw_jax.models.decoder import Decoder
+    from openclaw_jax.models.decoder import Decoder, init_normal
 
     if model.lora is not None:
         raise ValueError("model already has LoRA adapters; merge_lora() it first to stack another set")
@@ -90,7 +90,6 @@ def add_lora(model: "Decoder", lora: LoRAConfig, *, rngs: nnx.Rngs) -> "Decoder"
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), lora=lora)))
     base = _flat(nnx.state(model))
     flat = _flat(abstract)
-    keys = iter(jax.random.split(rngs.params(), len(flat)))
     out = []
     mesh = _mesh_of(model.embed_tokens.get_value())
     for path, var in flat.items():
@@ -98,10 +97,9 @@ def add_lora(model: "Decoder", lora: LoRAConfig, *, rngs: nnx.Rngs) -> "Decoder"
             out.append((path, var.replace(base[path].get_value())))
             continue
         shape, dtype = var.get_value().shape, var.get_value().dtype
-        key = next(keys)
         if path[-1] == "lora_a":
             fan_in = int(np.prod(shape[1:-1]))
-            value = (jax.random.normal(key, shape, jnp.float32) * fan_in ** -0.5).astype(dtype)
+            value = init_normal(rngs, shape, dtype, fan_in ** -0.5)
         else:
             value = jnp.zeros(shape, dtype)
         out.append((path, var.replace(value)))
