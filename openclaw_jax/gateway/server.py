@@ -1,0 +1,680 @@
+"""The OpenAI-compatible gateway: live conversations in, training samples out (DESIGN section 9).
+
+Request path (never waits for the judge):
+  validate -> render the chat template (exact prompt ids) -> policy pool ``/generate`` with
+  log-probs -> answer the client (JSON or SSE) -> record the main turn.
+Background path:
+  when a main turn has its next state, a judge worker scores it (m eval votes + m hint
+  votes, concurrently on the judge pool) -> three-case rule -> hint-augmented prompts ->
+  ``SampleStore.append`` (fsync) in a dedicated thread.
+
+What is durable and what is not:
+  * an appended sample is never lost (the store fsyncs before ``append`` returns);
+  * turns waiting for their next state, and scored pairs queued or being judged, live in
+    memory only: a SIGKILL loses them (they produce no sample, and nothing is written
+    half-way). A graceful stop (SIGTERM/SIGINT) stops taking requests and waits up to
+    ``shutdown_grace_s`` for queued judgements to finish and be stored.
+
+Errors: bad input -> 400/401/404/405/413 with an OpenAI-shaped JSON body; pool trouble ->
+502 (worker error), 503 (no healthy worker), 504 (timed out), with no turn recorded; a
+judge failure is no vote. A 500 would be a bug (it is logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import json
+import logging
+import os
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from aiohttp import web
+
+from openclaw_jax.gateway.config import GatewayConfig
+from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge, hint_augmented_messages
+from openclaw_jax.gateway.protocol import (
+    ChatCompletionRequest,
+    GatewayHTTPError,
+    bad_request,
+    chat_chunk,
+    chat_completion,
+    error_body,
+    logprobs_content,
+    model_list,
+    new_completion_id,
+    now_s,
+    parse_chat_request,
+    parse_json_body,
+    parse_session_info,
+    sse,
+    usage,
+)
+from openclaw_jax.gateway.samples import Sample, SampleStore
+from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
+from openclaw_jax.inference.tool_calls import openai_tool_calls, parse_tool_calls, safe_stream_prefix
+from openclaw_jax.rollout.client import (
+    GenerateResult,
+    NoHealthyWorkerError,
+    PoolClient,
+    PoolError,
+    RequestRejectedError,
+    WorkerUnavailableError,
+)
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "OPENCLAW_GATEWAY_API_KEY"
+
+
+def load_tokenizer_for(name_or_dir: str):
+    """The tokenizer + chat template of a model, without loading any weights.
+
+    ``smollm2`` = the packaged SmolLM2-135M-Instruct; ``qwen3`` = the Qwen3 vocabulary;
+    ``tiny`` = the small test tokenizer; anything else is an HF model directory.
+    """
+    from openclaw_jax.models import tokenizer as tok
+
+    named: dict[str, Callable[[], Any]] = {"smollm2": tok.smollm2_tokenizer, "qwen3": tok.qwen3_tokenizer}
+    if hasattr(tok, "tiny_test_tokenizer"):
+        named["tiny"] = tok.tiny_test_tokenizer
+    if name_or_dir in named:
+        return named[name_or_dir]()
+    if not os.path.isdir(name_or_dir):
+        raise FileNotFoundError(f"--model {name_or_dir!r} is neither an HF model directory nor one of "
+                                f"{sorted(named)}")
+    return tok.load_tokenizer(name_or_dir)
+
+
+def pool_error_to_http(err: BaseException, what: str = "policy pool") -> GatewayHTTPError:
+    """Map a pool failure to the status the agent sees (no sample is recorded for it)."""
+    if isinstance(err, NoHealthyWorkerError):
+        return GatewayHTTPError(503, f"no healthy worker in the {what}: {err}", headers={"Retry-After": "1"})
+    if isinstance(err, RequestRejectedError):
+        if err.status in (400, 413, 422):
+            # The worker refused this request itself (e.g. the prompt exceeds the context length).
+            return GatewayHTTPError(400, f"the {what} rejected the request: {err.message}")
+        return GatewayHTTPError(502, f"the {what} answered HTTP {err.status}: {err.message}")
+    if isinstance(err, WorkerUnavailableError):
+        attempts = err.attempts
+        if attempts and all("timed out" in a for a in attempts):
+            return GatewayHTTPError(504, f"the {what} timed out: {err}")
+        return GatewayHTTPError(502, f"the {what} failed: {err}")
+    if isinstance(err, asyncio.TimeoutError):
+        return GatewayHTTPError(504, f"the {what} timed out")
+    return GatewayHTTPError(502, f"the {what} failed: {type(err).__name__}: {err}")
+
+
+@dataclass
+class GatewayStats:
+    requests: int = 0
+    main_turns: int = 0
+    side_turns: int = 0
+    client_errors: int = 0
+    pool_errors: int = 0
+    turns_recorded: int = 0
+    jobs_queued: int = 0
+    jobs_dropped_queue_full: int = 0
+    judgements: int = 0
+    judge_errors: int = 0
+    no_sample: int = 0
+    samples: int = 0
+    store_errors: int = 0
+
+
+class _ClientGone(Exception):
+    """The agent closed the connection mid-response."""
+
+
+class Gateway:
+    """The gateway's state and handlers; ``make_app()`` gives the aiohttp application.
+
+    Pass ready-made ``tokenizer``/``policy``/``judge``/``store`` to embed it (tests, the
+    train entry point); anything left out is built from ``cfg`` on ``start()``.
+    """
+
+    def __init__(self, cfg: GatewayConfig, *, tokenizer: Any = None, policy: PoolClient | None = None,
+                 judge: Judge | None = None, judge_pool: PoolClient | None = None,
+                 store: SampleStore | None = None) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.judge = judge
+        self.judge_pool = judge_pool
+        self.store = store
+        self._owned: list[Any] = []
+        self.sessions = SessionTracker(idle_timeout_s=cfg.session_idle_timeout_s, max_sessions=cfg.max_sessions)
+        self.stats = GatewayStats()
+        self.started_at = now_s()
+        self._queue: asyncio.Queue[ScoringJob] | None = None
+        self._workers: list[asyncio.Task] = []
+        self._housekeeping: asyncio.Task | None = None
+        self._active_jobs = 0
+        self._store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sample-store")
+        self._cpu_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="gateway-render")
+        self._api_key = cfg.api_key.encode("utf-8") if cfg.api_key else None
+        self._stop_ids: list[int] = []
+        self._sample_listeners: list[Callable[[int, Sample], None]] = []
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        cfg = self.cfg
+        if self.tokenizer is None:
+            self.tokenizer = await asyncio.get_running_loop().run_in_executor(None, load_tokenizer_for, cfg.model)
+        self._stop_ids = sorted({int(t) for t in (getattr(self.tokenizer, "eos_token_ids", ()) or ())})
+        if self.policy is None:
+            if not cfg.policy_urls:
+                raise ValueError("gateway.policy_urls is empty: give at least one --policy-url (an SGLang worker, "
+                                 "a router, or the embedded server)")
+            self.policy = PoolClient(list(cfg.policy_urls), max_concurrency=cfg.pool_max_concurrency,
+                                     request_timeout_s=cfg.request_timeout_s, max_retries=cfg.pool_max_retries)
+            self._owned.append(self.policy)
+            await self.policy.start()
+        if self.judge is None:
+            if cfg.judge == "rule":
+                self.judge = RuleJudge(max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars)
+            else:
+                if self.judge_pool is None:
+                    # Its own client (own concurrency limit), even on the policy's URLs, so that
+                    # votes never take a user request's slot.
+                    self.judge_pool = PoolClient(list(cfg.judge_pool_urls),
+                                                 max_concurrency=max(1, cfg.judge_concurrency * cfg.judge_votes * 2),
+                                                 request_timeout_s=cfg.judge_timeout_s,
+                                                 max_retries=cfg.pool_max_retries)
+                    self._owned.append(self.judge_pool)
+                    await self.judge_pool.start()
+                self.judge = ModelJudge(self.judge_pool, self.tokenizer, votes=cfg.judge_votes,
+                                        temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens,
+                                        max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars,
+                                        timeout_s=cfg.judge_timeout_s, name=f"model:{cfg.served_model_name}")
+        if self.store is None:
+            self.store = SampleStore(cfg.store_dir, segment_max_bytes=cfg.segment_max_bytes)
+            self._owned.append(self.store)
+        self._queue = asyncio.Queue(maxsize=cfg.max_pending_judgements)
+        self._workers = [asyncio.create_task(self._judge_worker(i), name=f"judge-worker-{i}")
+                         for i in range(cfg.judge_concurrency)]
+        self._housekeeping = asyncio.create_task(self._housekeeping_loop(), name="gateway-housekeeping")
+        logger.info("gateway ready: policy %s, judge %s, store %s (%d samples)", self.policy.urls,
+                    getattr(self.judge, "name", type(self.judge).__name__), self.store.directory, len(self.store))
+
+    async def close(self, grace_s: float | None = None) -> None:
+        """Finish queued judgements (up to ``grace_s``), then stop workers and close what we own."""
+        grace_s = self.cfg.shutdown_grace_s if grace_s is None else grace_s
+        if self._queue is not None and (self._queue.qsize() or self._active_jobs):
+            logger.info("waiting up to %.0fs for %d queued and %d running judgement(s)", grace_s,
+                        self._queue.qsize(), self._active_jobs)
+            try:
+                await asyncio.wait_for(self._queue.join(), timeout=grace_s)
+            except asyncio.TimeoutError:
+                logger.warning("shutdown: %d judgement(s) not finished; their turns produce no sample",
+                               self._queue.qsize() + self._active_jobs)
+        for task in [*self._workers, self._housekeeping]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*[t for t in [*self._workers, self._housekeeping] if t is not None],
+                             return_exceptions=True)
+        self._workers = []
+        self._housekeeping = None
+        for owned in reversed(self._owned):
+            if isinstance(owned, PoolClient):
+                await owned.close()
+        self._store_executor.shutdown(wait=True)
+        self._cpu_executor.shutdown(wait=False)
+        for owned in self._owned:
+            if isinstance(owned, SampleStore):
+                owned.close()
+        self._owned = []
+
+    def add_sample_listener(self, listener: Callable[[int, Sample], None]) -> None:
+        """Call ``listener(offset, sample)`` (on the event loop) after each durable append."""
+        self._sample_listeners.append(listener)
+
+    # ----------------------------------------------------------------- app
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self._error_middleware])
+        app.router.add_post("/v1/chat/completions", self.handle_chat)
+        app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/healthz", self.handle_healthz)
+        return app
+
+    @web.middleware
+    async def _error_middleware(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except GatewayHTTPError as err:
+            if err.status < 500:
+                self.stats.client_errors += 1
+            return web.json_response(err.body(), status=err.status, headers=err.headers)
+        except web.HTTPException as err:
+            if err.status < 400:
+                raise
+            # Router 404/405, aiohttp's 413 for an oversize body, ...: same JSON shape as ours.
+            self.stats.client_errors += 1
+            message = err.text or err.reason
+            if err.status == 413:
+                message = (f"the request body exceeds the gateway's limit of {self.cfg.max_body_bytes} bytes "
+                           "(gateway.max_body_bytes)")
+            headers = {k: v for k, v in err.headers.items() if k.lower() in ("allow",)}
+            return web.json_response(error_body(message, err_type="invalid_request_error"
+                                                if err.status != 413 else "request_too_large"),
+                                     status=err.status, headers=headers)
+        except (ConnectionResetError, _ClientGone):
+            # Nobody is listening any more; 499 = "client closed request" (never actually sent).
+            return web.Response(status=499)
+        except Exception:  # noqa: BLE001 - a bug: log it with its traceback and answer JSON
+            logger.exception("internal error while handling %s %s", request.method, request.path)
+            return web.json_response(error_body("internal gateway error (see the gateway log)", err_type="api_error"),
+                                     status=500)
+
+    def _check_auth(self, request: web.Request) -> None:
+        if self._api_key is None:
+            return
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        given = token.strip().encode("utf-8", "surrogateescape") if scheme.lower() == "bearer" else b""
+        # compare_digest on both branches: the time taken does not depend on where the key differs.
+        if not hmac.compare_digest(given, self._api_key):
+            raise GatewayHTTPError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    # ----------------------------------------------------------------- small handlers
+    async def handle_models(self, request: web.Request) -> web.Response:
+        self._check_auth(request)
+        return web.json_response(model_list(self.cfg.served_model_name, self.started_at))
+
+    async def handle_healthz(self, request: web.Request) -> web.Response:
+        policy_healthy = self.policy.healthy_urls() if self.policy is not None else []
+        body = {
+            "status": "ok",
+            "policy": {"urls": self.policy.urls if self.policy else [], "healthy": policy_healthy},
+            "judge": getattr(self.judge, "name", None),
+            "store": {"directory": self.store.directory if self.store else None,
+                      "samples": len(self.store) if self.store else 0},
+            "sessions": len(self.sessions),
+            "pending_turns": self.sessions.pending_turns(),
+            "queued_judgements": self._queue.qsize() if self._queue else 0,
+            "running_judgements": self._active_jobs,
+            "stats": asdict(self.stats),
+        }
+        return web.json_response(body)
+
+    # ----------------------------------------------------------------- chat completions
+    async def _read_body(self, request: web.Request) -> bytes:
+        length = request.content_length
+        if length is not None and length > self.cfg.max_body_bytes:
+            raise GatewayHTTPError(413, f"the request body ({length} bytes) exceeds the gateway's limit of "
+                                        f"{self.cfg.max_body_bytes} bytes (gateway.max_body_bytes)")
+        return await request.read()
+
+    def _render(self, messages, tools, template_kwargs) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                 **template_kwargs)
+        return [int(t) for t in ids]
+
+    async def _render_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        loop = asyncio.get_running_loop()
+        try:
+            ids = await loop.run_in_executor(self._cpu_executor, self._render, req.messages, req.tools,
+                                             req.chat_template_kwargs)
+        except GatewayHTTPError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a template may raise anything for odd conversations
+            raise bad_request(f"the chat template could not render these messages: {type(err).__name__}: {err}",
+                              param="messages") from None
+        if not ids:
+            raise bad_request("the chat template rendered an empty prompt", param="messages")
+        return ids
+
+    def _sampling_params(self, req: ChatCompletionRequest, main: bool) -> dict[str, Any]:
+        cfg = self.cfg
+        use_client = cfg.honor_client_sampling or not main
+        temperature = req.temperature if (use_client and req.temperature is not None) else cfg.temperature
+        top_p = req.top_p if (use_client and req.top_p is not None) else cfg.top_p
+        max_tokens = min(req.max_tokens or cfg.default_max_tokens, cfg.max_tokens_limit)
+        params: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+                                  "top_k": cfg.top_k, "skip_special_tokens": True}
+        if self._stop_ids:
+            params["stop_token_ids"] = list(self._stop_ids)
+        if req.stop:
+            params["stop"] = list(req.stop)
+        if req.seed is not None:
+            params["sampling_seed"] = req.seed
+        return params
+
+    async def handle_chat(self, request: web.Request) -> web.StreamResponse:
+        self.stats.requests += 1
+        self._check_auth(request)
+        raw = await self._read_body(request)
+        body = parse_json_body(raw)
+        if not isinstance(body, dict):
+            raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+        session = parse_session_info(request.headers, body)
+        req = parse_chat_request(body)
+        prompt_ids = await self._render_prompt(req)
+        main = session.turn_type == "main"
+        params = self._sampling_params(req, main)
+
+        ticket: TurnTicket | None = None
+        if main:
+            self.stats.main_turns += 1
+            ticket, job = self.sessions.open_main_turn(session.session_id, req.messages)
+            if job is not None:
+                self._submit(job)
+        else:
+            self.stats.side_turns += 1
+        if session.done:
+            # The previous turn was scored above; this request's own turn never gets a next state.
+            self.sessions.end_session(session.session_id)
+
+        try:
+            if req.stream:
+                return await self._stream_chat(request, req, prompt_ids, params, ticket)
+            return await self._complete_chat(request, req, prompt_ids, params, ticket)
+        except BaseException:
+            if ticket is not None:
+                self.sessions.fail_turn(ticket)  # no-op if the turn was recorded
+            raise
+
+    async def _generate(self, prompt_ids: list[int], params: dict[str, Any], top_logprobs: int) -> GenerateResult:
+        try:
+            return await self.policy.generate(prompt_ids, sampling_params=params, return_logprob=True,
+                                              top_logprobs_num=top_logprobs)
+        except (PoolError, asyncio.TimeoutError) as err:
+            self.stats.pool_errors += 1
+            logger.warning("policy pool error: %s", err)
+            raise pool_error_to_http(err) from None
+
+    def _record_turn(self, ticket: TurnTicket | None, req: ChatCompletionRequest, prompt_ids: list[int],
+                     result: GenerateResult, params: dict[str, Any]) -> None:
+        if ticket is None:
+            return
+        if not result.output_ids or len(result.output_logprobs) != len(result.output_ids):
+            logger.warning("session %s turn %d not recorded: %d output ids with %d log-probs", ticket.session_id,
+                           ticket.turn_index, len(result.output_ids), len(result.output_logprobs))
+            self.sessions.fail_turn(ticket)
+            return
+        record = TurnRecord(
+            session_id=ticket.session_id, turn_index=ticket.turn_index, prompt_messages=req.messages,
+            tools=req.tools, chat_template_kwargs=req.chat_template_kwargs, prompt_ids=prompt_ids,
+            response_ids=list(result.output_ids), response_logprobs=list(result.output_logprobs),
+            response_text=result.text, weight_version=result.weight_version,
+            temperature=float(params["temperature"]),
+            finish_reason=result.finish_reason.type if result.finish_reason else "")
+        self.stats.turns_recorded += 1
+        job = self.sessions.complete_turn(ticket, record)
+        if job is not None:
+            self._submit(job)
+
+    def _token_texts(self, ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([int(t)]) for t in ids]
+
+    def _logprobs_block(self, result: GenerateResult, start: int, stop: int, top: int) -> list[dict[str, Any]]:
+        ids = result.output_ids[start:stop]
+        tops = None
+        if top:
+            tops = [[(lp, self.tokenizer.decode([tid])) for lp, tid in pos[:top]]
+                    for pos in result.output_top_logprobs[start:stop]]
+        return logprobs_content(self._token_texts(ids), result.output_logprobs[start:stop], tops)
+
+    def _split_tool_calls(self, req: ChatCompletionRequest, text: str) -> tuple[str, list[dict[str, Any]]]:
+        if not req.tools:
+            return text, []
+        content, calls = parse_tool_calls(text, req.tools)
+        if not calls:
+            return text, []
+        return content, openai_tool_calls(calls)
+
+    @staticmethod
+    def _finish_reason(result: GenerateResult, has_calls: bool) -> str:
+        if has_calls:
+            return "tool_calls"
+        if result.finish_reason is not None and result.finish_reason.type == "length":
+            return "length"
+        return "stop"
+
+    def _metadata(self, result: GenerateResult, ticket: TurnTicket | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"weight_version": result.weight_version}
+        if ticket is not None:
+            meta.update(session_id=ticket.session_id, turn_index=ticket.turn_index)
+        return meta
+
+    async def _complete_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
+                             params: dict[str, Any], ticket: TurnTicket | None) -> web.Response:
+        result = await self._generate(prompt_ids, params, req.top_logprobs)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            # The agent hung up: it never saw this reply, so the turn must not be trained on.
+            if ticket is not None:
+                self.sessions.fail_turn(ticket)
+            raise _ClientGone()
+        self._record_turn(ticket, req, prompt_ids, result, params)
+        content, calls = self._split_tool_calls(req, result.text)
+        body = chat_completion(
+            completion_id=new_completion_id(), created=now_s(), model=req.model or self.cfg.served_model_name,
+            content=(content or None) if calls else content, tool_calls=calls,
+            finish_reason=self._finish_reason(result, bool(calls)), prompt_tokens=len(prompt_ids),
+            completion_tokens=len(result.output_ids),
+            logprobs=self._logprobs_block(result, 0, len(result.output_ids), req.top_logprobs) if req.logprobs else None,
+            metadata=self._metadata(result, ticket))
+        return web.json_response(body, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+
+    async def _stream_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
+                           params: dict[str, Any], ticket: TurnTicket | None) -> web.StreamResponse:
+        stream = self.policy.generate_stream(prompt_ids, sampling_params=params, return_logprob=True,
+                                             top_logprobs_num=req.top_logprobs)
+        # Wait for the first chunk before answering 200, so that pool trouble is still a JSON error status.
+        try:
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            self.stats.pool_errors += 1
+            raise GatewayHTTPError(502, "the policy pool ended the stream without output") from None
+        except (PoolError, asyncio.TimeoutError) as err:
+            self.stats.pool_errors += 1
+            logger.warning("policy pool error: %s", err)
+            raise pool_error_to_http(err) from None
+
+        completion_id, created = new_completion_id(), now_s()
+        model = req.model or self.cfg.served_model_name
+        response = web.StreamResponse(status=200, headers={
+            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+
+        async def send(obj: Any) -> None:
+            try:
+                await response.write(sse(obj))
+            except (ConnectionResetError, RuntimeError) as err:
+                raise _ClientGone() from err
+
+        # Text held back until it is final: a possible tool-call start, or a possible stop string
+        # that the server will trim from the final text.
+        holdback = max((len(s) for s in req.stop), default=1) - 1
+        emitted = ""
+        sent_tokens = 0
+        result = first
+        try:
+            await send(chat_chunk(completion_id=completion_id, created=created, model=model,
+                                  delta={"role": "assistant", "content": ""}))
+            pending: GenerateResult | None = first
+            while True:
+                if pending is None:
+                    try:
+                        pending = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                result, pending = pending, None
+                if result.finished:
+                    break
+                text = result.text
+                safe = safe_stream_prefix(text) if req.tools else len(text)
+                safe = min(safe, max(len(text) - holdback, 0))
+                while safe > 0 and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 character so far
+                    safe -= 1
+                delta_text = text[len(emitted):safe] if text.startswith(emitted) and safe > len(emitted) else ""
+                new_tokens = len(result.output_ids)
+                lp = (self._logprobs_block(result, sent_tokens, new_tokens, req.top_logprobs)
+                      if req.logprobs and new_tokens > sent_tokens else None)
+                if delta_text or lp:
+                    await send(chat_chunk(completion_id=completion_id, created=created, model=model,
+                                          delta={"content": delta_text} if delta_text else {}, logprobs=lp))
+                    emitted += delta_text
+                    if lp:
+                        sent_tokens = new_tokens
+            if not result.finished:
+                raise PoolError("the policy stream ended without a final chunk")
+            # Final chunk: the rest of the content, then any tool calls, then the finish reason.
+            text = result.text
+            content, calls = self._split_tool_calls(req, text)
+            final_content = content if calls else text
+            if not final_content.startswith(emitted):
+                logger.warning("streamed content %r is not a prefix of the final text %r", emitted[-40:],
+                               final_content[-40:])
+            rest = final_content[len(emitted):] if final_content.startswith(emitted) else ""
+            lp = (self._logprobs_block(result, sent_tokens, len(result.output_ids), req.top_logprobs)
+                  if req.logprobs and len(result.output_ids) > sent_tokens else None)
+            if rest or lp:
+                await send(chat_chunk(completion_id=completion_id, created=created, model=model,
+                                      delta={"content": rest} if rest else {}, logprobs=lp))
+            if calls:
+                await send(chat_chunk(completion_id=completion_id, created=created, model=model,
+                                      delta={"tool_calls": calls}))
+            # Record before the last chunk: once the client has the finish reason it may send the next turn.
+            self._record_turn(ticket, req, prompt_ids, result, params)
+            await send(chat_chunk(completion_id=completion_id, created=created, model=model, delta={},
+                                  finish_reason=self._finish_reason(result, bool(calls))))
+            if req.include_usage:
+                await send(chat_chunk(completion_id=completion_id, created=created, model=model, delta=None,
+                                      usage_block=usage(len(prompt_ids), len(result.output_ids)), no_choices=True))
+            await send("[DONE]")
+            await response.write_eof()
+        except _ClientGone:
+            logger.info("client closed the stream early; turn not recorded")
+            if ticket is not None:
+                self.sessions.fail_turn(ticket)
+        except (PoolError, asyncio.TimeoutError) as err:
+            # Too late for an error status: tell the client in-band, record nothing.
+            self.stats.pool_errors += 1
+            logger.warning("policy stream failed mid-way: %s", err)
+            if ticket is not None:
+                self.sessions.fail_turn(ticket)
+            http = pool_error_to_http(err)
+            try:
+                await send({"error": http.body()["error"] | {"code": http.status}})
+                await send("[DONE]")
+                await response.write_eof()
+            except _ClientGone:
+                pass
+        finally:
+            await stream.aclose()
+        return response
+
+    # ----------------------------------------------------------------- judge pipeline
+    def _submit(self, job: ScoringJob) -> None:
+        assert self._queue is not None
+        try:
+            self._queue.put_nowait(job)
+            self.stats.jobs_queued += 1
+        except asyncio.QueueFull:
+            self.stats.jobs_dropped_queue_full += 1
+            logger.warning("judge queue full (%d): session %s turn %d is dropped unscored",
+                           self.cfg.max_pending_judgements, job.turn.session_id, job.turn.turn_index)
+
+    async def _judge_worker(self, worker_index: int) -> None:
+        assert self._queue is not None
+        while True:
+            job = await self._queue.get()
+            self._active_jobs += 1
+            try:
+                await self._score_and_store(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one bad job must not stop the worker
+                self.stats.judge_errors += 1
+                logger.exception("judging session %s turn %d failed; no sample", job.turn.session_id,
+                                 job.turn.turn_index)
+            finally:
+                self._active_jobs -= 1
+                self._queue.task_done()
+
+    @staticmethod
+    def _judge_seed(turn: TurnRecord) -> int:
+        return zlib.crc32(f"{turn.session_id}\x00{turn.turn_index}\x00{turn.created_at}".encode()) * 1000
+
+    def _render_hint_prompts(self, turn: TurnRecord, hints: tuple[str, ...]) -> list[list[int]]:
+        return [self._render(hint_augmented_messages(turn.prompt_messages, hint), turn.tools,
+                             turn.chat_template_kwargs) for hint in hints]
+
+    async def _score_and_store(self, job: ScoringJob) -> int | None:
+        turn = job.turn
+        judgement = await self.judge.judge(turn.response_text, job.next_state, seed=self._judge_seed(turn))
+        self.stats.judgements += 1
+        kind = judgement.kind
+        if kind is None:
+            self.stats.no_sample += 1
+            logger.debug("session %s turn %d: eval 0 and no hint -> no sample", turn.session_id, turn.turn_index)
+            return None
+        loop = asyncio.get_running_loop()
+        hint_prompts = await loop.run_in_executor(self._cpu_executor, self._render_hint_prompts, turn,
+                                                  judgement.hints)
+        sample = Sample(
+            session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
+            reward=judgement.eval_score if kind != "opd" else 0,
+            prompt_ids=turn.prompt_ids, response_ids=turn.response_ids, rollout_logprobs=turn.response_logprobs,
+            hints=list(judgement.hints), hint_prompt_ids=hint_prompts, weight_version=turn.weight_version,
+            temperature=turn.temperature, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),
+            hint_votes=list(judgement.hint_votes), judge_raw=judgement.raw, judge=judgement.judge,
+            next_state=job.next_state.to_dict(), response_text=turn.response_text,
+            finish_reason=turn.finish_reason)
+        try:
+            offset = await loop.run_in_executor(self._store_executor, self.store.append, sample)
+        except Exception:
+            self.stats.store_errors += 1
+            raise
+        self.stats.samples += 1
+        logger.info("sample %d: session %s turn %d kind %s reward %s, %d hint(s)", offset, turn.session_id,
+                    turn.turn_index, kind, sample.reward, len(sample.hints))
+        for listener in self._sample_listeners:
+            try:
+                listener(offset, sample)
+            except Exception:  # noqa: BLE001
+                logger.exception("sample listener failed")
+        return offset
+
+    async def drain(self, timeout_s: float = 60.0) -> None:
+        """Wait until every queued judgement is done (tests, benchmarks, shutdown)."""
+        assert self._queue is not None
+        await asyncio.wait_for(self._queue.join(), timeout=timeout_s)
+
+    async def _housekeeping_loop(self) -> None:
+        interval = max(1.0, min(60.0, self.cfg.session_idle_timeout_s / 10))
+        while True:
+            await asyncio.sleep(interval)
+            expired = self.sessions.expire_idle()
+            if expired:
+                logger.info("ended %d idle session(s)", len(expired))
+
+
+async def start_gateway(cfg: GatewayConfig, **components: Any) -> tuple[Gateway, web.AppRunner, str]:
+    """Start a gateway on cfg.host:cfg.port; returns (gateway, runner, base URL). Stop with ``stop_gateway``."""
+    gateway = Gateway(cfg, **components)
+    await gateway.start()
+    runner = web.AppRunner(gateway.make_app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        await gateway.close(grace_s=0)
+        raise
+    port = runner.addresses[0][1]
+    return gateway, runner, f"http://{cfg.host}:{port}"
+
+
+async def stop_gateway(gateway: Gateway, runner: web.AppRunner, grace_s: float | None = None) -> None:
+    await runner.cleanup()
+    await gateway.close(grace_s)
