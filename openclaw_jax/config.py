@@ -1,0 +1,217 @@
+"""The experiment config: one typed tree of frozen dataclasses for `python -m openclaw_jax.train`.
+
+Loaded from YAML (`configs/*.yaml`), gin files/bindings, and dotted `key=value` overrides
+(see `openclaw_jax.configlib`). Every section validates its own values in `__post_init__`;
+the messages name the dotted key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from openclaw_jax.configlib import ConfigError, load_config
+from openclaw_jax.gateway.config import GatewayConfig
+from openclaw_jax.losses import LossConfig
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class RandomModelConfig:
+    """Shape of a randomly initialised model (tests, `tiny_cpu`): Qwen3-shaped by default."""
+
+    family: Literal["llama", "qwen2", "qwen3"] = "qwen3"
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    max_position_embeddings: int = 1024
+    tie_word_embeddings: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            _require(getattr(self, name) > 0, f"model.random.{name}={getattr(self, name)} must be > 0")
+        _require(self.num_heads % self.num_kv_heads == 0,
+                 f"model.random.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    enabled: bool = False
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def __post_init__(self):
+        _require(self.rank > 0, f"model.lora.rank={self.rank} must be > 0")
+        allowed = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+        bad = [t for t in self.targets if t not in allowed]
+        _require(not bad, f"model.lora.targets has {bad}; allowed: {sorted(allowed)}")
+
+
+@dataclass(frozen=True)
+class ModelSourceConfig:
+    """Where the student comes from.
+
+    `path`: an HF checkpoint directory, `smollm2` (the packaged SmolLM2-135M-Instruct GGUF), or
+    `random` (a fresh model of shape `random`, with the tokenizer named by `tokenizer`).
+    """
+
+    path: str = "smollm2"
+    tokenizer: str = "auto"  # auto (from path) | tiny | qwen3 | smollm2 | an HF dir
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: bool = False
+    random: RandomModelConfig = field(default_factory=RandomModelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+    def __post_init__(self):
+        _require(bool(self.path), "model.path must name an HF directory, 'smollm2' or 'random'")
+        if self.path == "random":
+            _require(self.tokenizer != "auto",
+                     "model.tokenizer='auto' cannot be used with model.path=random; use tiny, qwen3, smollm2 or a dir")
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh ("data", "fsdp", "tp"); -1 takes the remaining devices."""
+
+    data: int = 1
+    fsdp: int = -1
+    tp: int = 1
+
+    def __post_init__(self):
+        dims = (self.data, self.fsdp, self.tp)
+        _require(all(d == -1 or d > 0 for d in dims), f"mesh={dims} entries must be positive or -1")
+        _require(sum(d == -1 for d in dims) <= 1, f"mesh={dims} may contain at most one -1")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The serving pool: the embedded JAX server (in-process) or external SGLang workers."""
+
+    mode: Literal["embedded", "external"] = "embedded"
+    urls: tuple[str, ...] = ()          # pool entry points (workers or a router)
+    worker_urls: tuple[str, ...] = ()   # every worker, for weight updates (a router does not forward them)
+    host: str = "127.0.0.1"             # embedded server bind address
+    port: int = 0                       # 0 = ephemeral
+    max_batch_size: int = 16
+    context_length: int = 0             # 0 = from the model config
+    weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
+    request_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        if self.mode == "external":
+            _require(bool(self.urls), "policy.urls must list at least one worker or router URL when policy.mode=external")
+        _require(0 <= self.port < 65536, f"policy.port={self.port} must be in [0, 65535]")
+        _require(self.max_batch_size > 0, f"policy.max_batch_size={self.max_batch_size} must be > 0")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 1e-5
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        _require(self.lr > 0, f"trainer.optimizer.lr={self.lr} must be > 0")
+        _require(self.warmup_steps >= 0, f"trainer.optimizer.warmup_steps={self.warmup_steps} must be >= 0")
+        _require(0 <= self.b1 < 1 and 0 <= self.b2 < 1, f"trainer.optimizer betas ({self.b1}, {self.b2}) must be in [0, 1)")
+        _require(self.grad_clip > 0, f"trainer.optimizer.grad_clip={self.grad_clip} must be > 0")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The background trainer (DESIGN section 7)."""
+
+    max_steps: int = 100
+    method: Literal["combine", "rl", "opd", "token_combine", "tail_kl"] = "combine"
+    rollout_batch_size: int = 4          # samples per step
+    top_k: int = 4                       # K of the top-K OPD branch
+    temperature: float = 1.0             # tau; must equal the rollout sampling temperature
+    chunk_size: int = 128                # response positions per LM-head chunk
+    max_seq_len: int = 2048              # longest prompt+response (teacher prompts included)
+    min_seq_bucket: int = 64
+    min_response_bucket: int = 32
+    teacher: str = "initial"             # "initial" (frozen initial student) or an HF checkpoint dir
+    rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
+    max_staleness: int = 4               # weight versions; older samples are dropped or corrected
+    staleness_mode: Literal["drop", "importance"] = "drop"
+    importance_cap: float = 2.0
+    sync_every: int = 1                  # push weights to the pool every N steps
+    checkpoint_every: int = 1            # orbax checkpoint every N steps (0 = only at the end)
+    keep_checkpoints: int = 3
+    export_every: int = 0                # HF safetensors export every N steps (0 = only at the end)
+    log_every: int = 1
+    wait_timeout_s: float = 0.0          # stop when no new sample arrives for this long (0 = wait forever)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self):
+        _require(self.max_steps >= 0, f"trainer.max_steps={self.max_steps} must be >= 0")
+        _require(self.rollout_batch_size > 0, f"trainer.rollout_batch_size={self.rollout_batch_size} must be > 0")
+        _require(self.top_k > 0, f"trainer.top_k={self.top_k} must be > 0")
+        _require(self.temperature > 0, f"trainer.temperature={self.temperature} must be > 0 (it divides the logits)")
+        _require(self.chunk_size > 0, f"trainer.chunk_size={self.chunk_size} must be > 0")
+        _require(self.max_seq_len >= self.min_seq_bucket > 0,
+                 f"trainer.max_seq_len={self.max_seq_len} must be >= trainer.min_seq_bucket={self.min_seq_bucket} > 0")
+        _require(self.importance_cap > 0, f"trainer.importance_cap={self.importance_cap} must be > 0")
+        _require(self.sync_every > 0, f"trainer.sync_every={self.sync_every} must be > 0")
+        _require(self.max_staleness >= 0, f"trainer.max_staleness={self.max_staleness} must be >= 0")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Simulated users driving live sessions through the gateway (`openclaw_jax.envs`)."""
+
+    enabled: bool = True
+    persona: str = "student_prose"
+    questions: str = "gsm"               # gsm (reasoning-gym) | arithmetic
+    concurrency: int = 2                 # simulated users at once
+    turns_per_session: int = 2
+    max_tokens: int = 256
+    seed: int = 0
+    heldout_questions: int = 16
+    eval_every: int = 5                  # trainer steps between held-out preference scores (0 = start/end only)
+
+    def __post_init__(self):
+        _require(self.concurrency > 0, f"env.concurrency={self.concurrency} must be > 0")
+        _require(self.turns_per_session > 0, f"env.turns_per_session={self.turns_per_session} must be > 0")
+        _require(self.max_tokens > 0, f"env.max_tokens={self.max_tokens} must be > 0")
+        _require(self.heldout_questions >= 0, f"env.heldout_questions={self.heldout_questions} must be >= 0")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything `python -m openclaw_jax.train` runs: see configs/*.yaml for examples."""
+
+    run_dir: str = "runs/default"
+    seed: int = 0
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    progress: bool = True                # console progress line
+    model: ModelSourceConfig = field(default_factory=ModelSourceConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+
+    def __post_init__(self):
+        _require(bool(self.run_dir), "run_dir must be a directory path")
+
+
+def load_experiment_config(config_files=(), overrides=(), gin_files=(), gin_bindings=()) -> ExperimentConfig:
+    """YAML file(s), then gin, then dotted overrides -> a validated ExperimentConfig."""
+    return load_config(ExperimentConfig, yaml_files=config_files, gin_files=gin_files,
+                       gin_bindings=gin_bindings, overrides=overrides)

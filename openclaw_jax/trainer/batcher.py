@@ -1,0 +1,177 @@
+"""From stored samples to padded, bucketed training batches (host side, NumPy).
+
+`SampleBatcher.batches(start, stop)` is a grain pipeline over the sample store: read the
+samples in `[start, stop)`, drop those that cannot train (too stale, too long), and pack
+`batch_size` of them per batch. `pack` turns a list of samples into the padded arrays of
+`StudentInputs` / `TeacherInputs`, with every length rounded up to a bucket so each shape
+compiles once.
+
+Staleness: a sample generated with weight version v is `current - v` versions old. With
+`staleness_mode="drop"` samples older than `max_staleness` are dropped; with `"importance"`
+they are kept and the trainer weights their GRPO advantages by the truncated importance
+ratio min(pi_old / pi_rollout, cap).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Iterator, Literal, Sequence
+
+import numpy as np
+
+from openclaw_jax.gateway.samples import Sample, SampleStoreDataSource
+
+log = logging.getLogger(__name__)
+
+
+def bucket_length(n: int, minimum: int, maximum: int | None = None) -> int:
+    """Smallest power of two >= max(n, minimum); error if it exceeds `maximum`."""
+    size = max(int(minimum), 1)
+    while size < n:
+        size *= 2
+    if maximum is not None and size > maximum:
+        if n > maximum:
+            raise ValueError(f"length {n} exceeds the largest bucket {maximum}")
+        size = maximum
+    return size
+
+
+def parse_version(version: str | int | None) -> int | None:
+    """Weight versions are step numbers written as strings; anything else has no age."""
+    if version is None:
+        return None
+    try:
+        return int(str(version).split("-")[-1])
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    batch_size: int = 4
+    max_candidates: int = 3
+    min_seq_bucket: int = 32
+    max_seq_len: int = 2048
+    min_response_bucket: int = 16
+    rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
+    max_staleness: int = 2
+    staleness_mode: Literal["drop", "importance"] = "drop"
+    pad_id: int = 0
+
+
+@dataclass
+class PackedBatch:
+    """NumPy arrays for one step plus host-side bookkeeping."""
+
+    student: dict[str, np.ndarray]
+    teacher: dict[str, np.ndarray]
+    samples: list[Sample]
+    staleness: np.ndarray                 # [n_real] versions behind the trainer
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.student["response_mask"].sum())
+
+
+def teacher_prompts(sample: Sample, spec: BatchSpec) -> list[list[int]]:
+    """The teacher candidates of a sample: its hint prompts, or the un-hinted prompt for RL-only samples."""
+    if sample.hint_prompt_ids:
+        return [list(p) for p in sample.hint_prompt_ids[: spec.max_candidates]]
+    if spec.rl_only_teacher == "unhinted":
+        return [list(sample.prompt_ids)]
+    return []
+
+
+def sample_length(sample: Sample, spec: BatchSpec) -> int:
+    """Longest sequence (student or any teacher candidate) this sample needs."""
+    response = len(sample.response_ids)
+    longest_prompt = max([len(sample.prompt_ids)] + [len(p) for p in teacher_prompts(sample, spec)])
+    return longest_prompt + response
+
+
+def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | None = None) -> PackedBatch:
+    """Pad `samples` (<= batch_size) into bucketed arrays; missing rows are padding (sample_mask 0)."""
+    if not samples:
+        raise ValueError("pack needs at least one sample")
+    if len(samples) > spec.batch_size:
+        raise ValueError(f"{len(samples)} samples do not fit batch_size={spec.batch_size}")
+    b, c = spec.batch_size, spec.max_candidates
+    t = bucket_length(max(len(s.response_ids) for s in samples), spec.min_response_bucket, spec.max_seq_len)
+    ls = bucket_length(max(len(s.prompt_ids) + len(s.response_ids) for s in samples), spec.min_seq_bucket,
+                       spec.max_seq_len)
+    lt = bucket_length(max(sample_length(s, spec) for s in samples), spec.min_seq_bucket, spec.max_seq_len)
+
+    student = {
+        "input_ids": np.full((b, ls), spec.pad_id, np.int32),
+        "response_start": np.ones((b,), np.int32),
+        "response_ids": np.full((b, t), spec.pad_id, np.int32),
+        "response_mask": np.zeros((b, t), np.float32),
+        "advantages": np.zeros((b, t), np.float32),
+        "rollout_logprobs": np.zeros((b, t), np.float32),
+        "sample_mask": np.zeros((b,), np.float32),
+    }
+    teacher = {
+        "input_ids": np.full((b, c, lt), spec.pad_id, np.int32),
+        "response_start": np.ones((b, c), np.int32),
+        "candidate_mask": np.zeros((b, c), np.float32),
+    }
+    kinds: dict[str, int] = {}
+    staleness = []
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        if p < 1:
+            raise ValueError(f"sample {s.sample_id} has an empty prompt")
+        student["input_ids"][i, :p] = s.prompt_ids
+        student["input_ids"][i, p:p + r] = s.response_ids
+        student["response_start"][i] = p
+        student["response_ids"][i, :r] = s.response_ids
+        student["response_mask"][i, :r] = 1.0
+        student["advantages"][i, :r] = float(s.reward)
+        student["rollout_logprobs"][i, :r] = np.maximum(np.asarray(s.rollout_logprobs, np.float32), -1e4)
+        student["sample_mask"][i] = 1.0
+        for j, prompt in enumerate(teacher_prompts(s, spec)):
+            q = len(prompt)
+            teacher["input_ids"][i, j, :q] = prompt
+            teacher["input_ids"][i, j, q:q + r] = s.response_ids
+            teacher["response_start"][i, j] = q
+            teacher["candidate_mask"][i, j] = 1.0
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        v = parse_version(s.weight_version)
+        staleness.append(0 if current_version is None or v is None else max(current_version - v, 0))
+    return PackedBatch(student, teacher, list(samples), np.asarray(staleness, np.int64), kinds)
+
+
+class SampleBatcher:
+    """A grain pipeline over the store: filter samples that cannot train, batch the rest."""
+
+    def __init__(self, store_dir: str, spec: BatchSpec):
+        self.store_dir = store_dir
+        self.spec = spec
+        self.dropped: dict[str, int] = {"stale": 0, "too_long": 0}
+
+    def _keep(self, sample: Sample, current_version: int | None) -> bool:
+        if sample_length(sample, self.spec) > self.spec.max_seq_len:
+            self.dropped["too_long"] += 1
+            log.warning("dropping sample %s: %d tokens exceed max_seq_len=%d", sample.sample_id,
+                        sample_length(sample, self.spec), self.spec.max_seq_len)
+            return False
+        v = parse_version(sample.weight_version)
+        if (self.spec.staleness_mode == "drop" and current_version is not None and v is not None
+                and current_version - v > self.spec.max_staleness):
+            self.dropped["stale"] += 1
+            return False
+        return True
+
+    def batches(self, start: int, stop: int, *, current_version: int | None = None) -> Iterator[PackedBatch]:
+        """Batches from store offsets `[start, stop)`; the last one may be partial (padded rows)."""
+        import grain
+
+        source = SampleStoreDataSource(self.store_dir, start=start, stop=stop)
+        dataset = (grain.MapDataset.source(source)
+                   .filter(lambda s: self._keep(s, current_version))
+                   .to_iter_dataset()
+                   .batch(self.spec.batch_size, drop_remainder=False, batch_fn=list))
+        for group in dataset:
+            yield pack(group, self.spec, current_version=current_version)
