@@ -35,6 +35,7 @@ class ScriptedPool:
     weight_version: str = "7"
     requests: list[dict] = field(default_factory=list)
     answers: list[dict] = field(default_factory=list)   # the final body of each answered /generate
+    exchanges: list[tuple[dict, dict]] = field(default_factory=list)  # (request payload, final body) pairs
     queue: list[Reply] = field(default_factory=list)     # consumed first-in-first-out
     default: Reply = field(default_factory=Reply)
     healthy: bool = True
@@ -96,6 +97,7 @@ class ScriptedPool:
         if not payload.get("stream"):
             body = self._body(payload, ids, logprobs, text, finish)
             self.answers.append(body)
+            self.exchanges.append((payload, body))
             return web.json_response(body)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -107,6 +109,7 @@ class ScriptedPool:
             body = self._body(payload, ids[:n], logprobs[:n], part_text, finish if last else None)
             if last:
                 self.answers.append(body)
+                self.exchanges.append((payload, body))
             await resp.write(f"data: {json.dumps(body)}\n\n".encode())
             if reply.break_after is not None and n >= reply.break_after:
                 request.transport.close()  # the worker dies mid-stream

@@ -89,8 +89,7 @@ class Env:
 
     def answer_for(self, prompt_ids):
         """The pool's final answer to the request whose input_ids were prompt_ids."""
-        hits = [a for r, a in zip([r for r in self.pool.requests], self.pool.answers)
-                if r.get("input_ids") == prompt_ids]
+        hits = [a for r, a in self.pool.exchanges if r.get("input_ids") == prompt_ids]
         assert len(hits) == 1, f"expected exactly one pool request with these prompt ids, found {len(hits)}"
         return hits[0]
 
