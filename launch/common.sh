@@ -387,34 +387,38 @@ check_trainer_model_path() {
     MISSING+=("TRAINER_MODEL_PATH=$TRAINER_MODEL_PATH is not a local directory; the trainer reads HF checkpoints from disk: download the model first (e.g. huggingface-cli download $TRAINER_MODEL_PATH --local-dir DIR) and set MODEL_PATH=DIR")
 }
 
-# check_ports_free "PORT:NAME" ...: every port must be bindable on this host.
+# check_ports_free "PORT:NAME@HOST" ...: every port must be bindable on its bind address.
 check_ports_free() {
     ((PYTHON_OK)) || return 0
     local busy
     busy=$("$PYTHON" - "$@" <<'PY'
 import socket, sys
 for spec in sys.argv[1:]:
-    port, name = spec.split(":", 1)
+    port, rest = spec.split(":", 1)
+    name, _, host = rest.partition("@")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind(("0.0.0.0", int(port)))
+        sock.bind((host or "0.0.0.0", int(port)))
     except OSError as err:
-        print(f"port {port} ({name}) is already in use ({err.strerror}); stop what holds it or choose another port")
+        print(f"port {port} ({name}) cannot be bound on {host or '0.0.0.0'}: {err.strerror}; stop what holds it or choose another port")
     finally:
         sock.close()
 PY
     ) || true
     local line
-    while IFS= read -r line; do [[ -n $line ]] && MISSING+=("$line"); done <<<"$busy"
+    while IFS= read -r line; do
+        if [[ -n $line ]]; then MISSING+=("$line"); fi
+    done <<<"$busy"
 }
 
-# ports_unique "PORT:NAME" ...: the plan must not give one port to two components.
+# ports_unique "PORT:NAME@HOST" ...: the plan must not give one port to two components.
 ports_unique() {
     local -A owner=()
     local spec port name
     for spec in "$@"; do
         port=${spec%%:*}
         name=${spec#*:}
+        name=${name%@*}
         [[ -z ${owner[$port]:-} ]] || die "port $port is given to both ${owner[$port]} and $name; change the *_PORT settings"
         owner[$port]=$name
     done
@@ -496,6 +500,16 @@ wait_for_health() {
     done
 }
 
+# group_alive PGID: some process of the group is still running. Zombies do not count: a worker's
+# orphaned children wait as zombies until init reaps them, and they hold no GPU memory.
+group_alive() {
+    if command -v ps >/dev/null 2>&1; then
+        ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
+    else
+        kill -0 -- "-$1" 2>/dev/null
+    fi
+}
+
 # stop_groups TIMEOUT INDEX...: SIGTERM the process groups, wait up to TIMEOUT seconds, then SIGKILL
 # what is left. Only groups this script started are ever signalled.
 stop_groups() {
@@ -509,12 +523,14 @@ stop_groups() {
     deadline=$((SECONDS + timeout))
     while ((SECONDS < deadline)); do
         alive=0
-        for i in "$@"; do kill -0 -- "-${STARTED_PIDS[i]}" 2>/dev/null && alive=1; done
+        for i in "$@"; do
+            if group_alive "${STARTED_PIDS[i]}"; then alive=1; fi
+        done
         ((alive)) || break
         sleep 0.2
     done
     for i in "$@"; do
-        if kill -0 -- "-${STARTED_PIDS[i]}" 2>/dev/null; then
+        if group_alive "${STARTED_PIDS[i]}"; then
             log_warn "${STARTED_NAMES[i]} did not stop within ${timeout}s; sending SIGKILL"
             kill -KILL -- "-${STARTED_PIDS[i]}" 2>/dev/null || true
         fi

@@ -138,17 +138,18 @@ build_cluster_plan() {
     fi
 }
 
-# node_port_specs RANK -> PORT_SPECS ("port:name") of what listens on that node.
+# node_port_specs RANK -> PORT_SPECS ("port:name@bind-address") of what listens on that node.
 node_port_specs() {
     local r=$1 i url
     PORT_SPECS=()
     if ((r == 0)); then
-        PORT_SPECS+=("$ROUTER_PORT:router" "$GATEWAY_PORT:gateway" "$JAX_COORDINATOR_PORT:jax-coordinator")
+        PORT_SPECS+=("$ROUTER_PORT:router@$ROUTER_HOST" "$GATEWAY_PORT:gateway@$GATEWAY_HOST"
+            "$JAX_COORDINATOR_PORT:jax-coordinator@0.0.0.0")
     fi
     i=0
-    for url in ${NODE_POLICY_URLS[$r]}; do PORT_SPECS+=("${url##*:}:policy$i"); i=$((i + 1)); done
+    for url in ${NODE_POLICY_URLS[$r]}; do PORT_SPECS+=("${url##*:}:policy$i@$SGLANG_HOST"); i=$((i + 1)); done
     i=0
-    for url in ${NODE_PRM_URLS[$r]}; do PORT_SPECS+=("${url##*:}:prm$i"); i=$((i + 1)); done
+    for url in ${NODE_PRM_URLS[$r]}; do PORT_SPECS+=("${url##*:}:prm$i@$SGLANG_HOST"); i=$((i + 1)); done
 }
 
 print_plan() {

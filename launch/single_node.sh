@@ -69,16 +69,16 @@ main() {
     resolve_gpu_ids NUM_GPUS
     plan_gpu_split NUM_GPUS
 
-    local i url port_specs=("$ROUTER_PORT:router" "$GATEWAY_PORT:gateway")
+    local i url port_specs=("$ROUTER_PORT:router@$ROUTER_HOST" "$GATEWAY_PORT:gateway@$GATEWAY_HOST")
     POLICY_WORKER_URLS=()
     for i in "${!POLICY_WORKER_DEVICES[@]}"; do
         POLICY_WORKER_URLS+=("http://127.0.0.1:$((POLICY_BASE_PORT + i))")
-        port_specs+=("$((POLICY_BASE_PORT + i)):policy$i")
+        port_specs+=("$((POLICY_BASE_PORT + i)):policy$i@$SGLANG_HOST")
     done
     PRM_WORKER_URLS=()
     for i in "${!PRM_WORKER_DEVICES[@]}"; do
         PRM_WORKER_URLS+=("http://127.0.0.1:$((PRM_BASE_PORT + i))")
-        port_specs+=("$((PRM_BASE_PORT + i)):prm$i")
+        port_specs+=("$((PRM_BASE_PORT + i)):prm$i@$SGLANG_HOST")
     done
     ports_unique "${port_specs[@]}"
     ROUTER_URL="http://127.0.0.1:$ROUTER_PORT"
