@@ -265,9 +265,13 @@ class Tokenizer:
             self.chat_templates = {}
         self.special_tokens_map = {attr: tok for attr, tok in zip(
             _SPECIAL_ATTRS, (bos_token, eos_token, unk_token, pad_token)) if tok is not None}
-        for attr, token in self.special_tokens_map.items():
+        for attr, token in list(self.special_tokens_map.items()):
             if backend.token_to_id(token) is None:
-                raise TokenizerError(f"{attr}={token!r} is not in the vocabulary of tokenizer {name or '(unnamed)'}")
+                message = f"{attr}={token!r} is not in the vocabulary of tokenizer {name or '(unnamed)'}"
+                if attr == "eos_token":
+                    raise TokenizerError(message + "; generation could never stop")
+                logger.warning("%s; ignoring it", message)
+                del self.special_tokens_map[attr]
         self.add_bos_token = add_bos_token
         self.add_eos_token = add_eos_token
         self.model_max_length = model_max_length
@@ -739,18 +743,22 @@ def bpe_from_ranks(ranks: Mapping[bytes, int]) -> tuple[dict[str, int], list[tup
     return vocab, merges
 
 
-@functools.lru_cache(maxsize=2)
-def _qwen3_backend_json(path: str) -> str:
+def _qwen3_backend(path: str) -> tokenizers.Tokenizer:
     vocab, merges = bpe_from_ranks(load_tiktoken_ranks(path))
+    # ignore_merges: a pre-token that is itself a vocabulary entry is one id, as in tiktoken.
     backend = _byte_level_backend(vocab, merges, QWEN_PRETOKENIZE_REGEX, nfc=True, ignore_merges=True)
     _add_tokens_at_ids(backend, QWEN3_ADDED_TOKENS)
-    return backend.to_str()
+    return backend
 
 
+@functools.lru_cache(maxsize=1)
 def qwen3_tokenizer() -> Tokenizer:
     """The Qwen3 tokenizer: real Qwen vocabulary (151643 BPE tokens), Qwen3 added tokens at 151643..151668,
-    Qwen3 chat template; eos `<|im_end|>` (generation also stops at `<|endoftext|>`), pad `<|endoftext|>`."""
-    backend = tokenizers.Tokenizer.from_str(_qwen3_backend_json(str(qwen_tiktoken_path())))
+    Qwen3 chat template; eos `<|im_end|>` (generation also stops at `<|endoftext|>`), pad `<|endoftext|>`.
+
+    Built once per process (about 2 s) and shared: treat it as read-only.
+    """
+    backend = _qwen3_backend(str(qwen_tiktoken_path()))
     return Tokenizer(backend, chat_template=QWEN3_CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                      extra_eos_token_ids=(151643,), model_max_length=QWEN3_MODEL_MAX_LENGTH, name="qwen3")
 
@@ -815,15 +823,11 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
 
 
 @functools.lru_cache(maxsize=1)
-def _smollm2_cached() -> Tokenizer:
+def smollm2_tokenizer() -> Tokenizer:
+    """SmolLM2-135M-Instruct's tokenizer (49152 tokens, ChatML) from the packaged GGUF (shared: read-only)."""
     from openclaw_jax.models.gguf import smollm2_gguf_path
 
     return tokenizer_from_gguf(smollm2_gguf_path())
-
-
-def smollm2_tokenizer() -> Tokenizer:
-    """SmolLM2-135M-Instruct's tokenizer (49152 tokens, ChatML) from the packaged GGUF."""
-    return _smollm2_cached()
 
 
 # ----------------------------------------------------------------------------------------------
