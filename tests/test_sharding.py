@@ -29,7 +29,9 @@ SCRIPT = textwrap.dedent(r'''
     from flax import nnx
     from openclaw_jax.models.config import ModelConfig
     from openclaw_jax.models.decoder import Decoder
-    from openclaw_jax.models.weights import model_from_state_dict, state_dict_from_model
+    import tempfile
+    from openclaw_jax.models.weights import (load_hf_checkpoint, model_from_state_dict, save_hf_checkpoint,
+                                             state_dict_from_model)
     from openclaw_jax.parallel.mesh import make_mesh, shard_model
 
     assert jax.device_count() == 8, jax.devices()
@@ -76,6 +78,8 @@ SCRIPT = textwrap.dedent(r'''
     ref_decode = decode_all(ref_student, ids)
     ref_grads = {".".join(map(str, p)): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(ref_grads)}
 
+    ckpt_dir = tempfile.mkdtemp() + "/ckpt"
+    save_hf_checkpoint(student, cfg, ckpt_dir, max_shard_bytes=20_000)
     out = {}
     for shape in [(2, 2, 2), (1, 2, 4)]:
         mesh = make_mesh(shape)
@@ -87,9 +91,14 @@ SCRIPT = textwrap.dedent(r'''
             dec = decode_all(s, ids)
         flat_s = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(s))}
         flat_t = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(t))}
+        from_files, _ = load_hf_checkpoint(ckpt_dir, mesh=mesh)
+        flat_f = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(from_files))}
         flat_g = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(grads)}
         out[str(shape)] = dict(
             specs={k: str(tuple(v.sharding.spec)) for k, v in flat_s.items()},
+            file_load_equal=all(flat_f[k].sharding == v.sharding
+                                and np.asarray(flat_f[k]).tobytes() == np.asarray(v).tobytes()
+                                for k, v in flat_s.items()),
             teacher_specs_equal=all(flat_t[k].sharding == v.sharding for k, v in flat_s.items()),
             shard_shapes={k: list(v.addressable_shards[0].data.shape) for k, v in flat_s.items()},
             num_devices={k: len(v.sharding.device_set) for k, v in flat_s.items()},
@@ -148,6 +157,8 @@ def test_params_are_sharded_by_the_rules(sharded_results, shape):
     assert res["shard_shapes"]["layers.mlp.down_proj.kernel"] == [2, 64 // tp, 32 // fsdp]
     assert all(n == 8 for n in res["num_devices"].values())
     assert res["teacher_specs_equal"]
+    # load_hf_checkpoint(dir, mesh=...) (sharded files) gives the same shards and the same bits
+    assert res["file_load_equal"]
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 2), (1, 2, 4)])

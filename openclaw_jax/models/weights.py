@@ -208,10 +208,11 @@ class _SafetensorsSource(_Source):
     def __init__(self, model_dir: Path):
         single, index = model_dir / SAFETENSORS_FILE, model_dir / SAFETENSORS_INDEX
         self._infos: dict[str, TensorInfo] = {}
-        self._expected_file: dict[str, str] = {}
         if single.is_file():
+            self._where = str(single)
             self._infos.update(read_safetensors_header(single))
         elif index.is_file():
+            self._where = str(index)
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (json.JSONDecodeError, KeyError, TypeError) as e:
@@ -235,7 +236,7 @@ class _SafetensorsSource(_Source):
 
     def describe(self, name):
         info = self._infos.get(name)
-        return str(info.file) if info else "checkpoint"
+        return str(info.file) if info else self._where
 
     def shape(self, name):
         info = self._infos.get(name)
