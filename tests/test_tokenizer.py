@@ -160,8 +160,9 @@ WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city (°C).",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "e.g. 'Paris' <FR>"}},
                    "required": ["city"]}}}
-SEARCH_TOOL = {"type": "function", "function": {"name": "search", "description": "Web search",
-                                                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+SEARCH_TOOL = {"type": "function", "function": {
+    "name": "search", "description": "Web search",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
 
 CONVERSATIONS = {
     "single": [{"role": "user", "content": "Hi there!"}],
@@ -394,7 +395,8 @@ def test_tiny_tokenizer_too_small_or_large():
 # Incremental (streaming) decoding
 # --------------------------------------------------------------------------------------------------
 
-STREAM_TEXTS = ["plain ascii text", "日本語のテキスト 🤖🎉👍🏽 👨‍👩‍👧‍👦 é 𓀀𓀁 ꙮ", "<|im_start|>assistant\n<think>ü</think>🇫🇷<|im_end|>"]
+STREAM_TEXTS = ["plain ascii text", "日本語のテキスト 🤖🎉👍🏽 👨‍👩‍👧‍👦 é 𓀀𓀁 ꙮ",
+                "<|im_start|>assistant\n<think>ü</think>🇫🇷<|im_end|>"]
 
 
 @pytest.mark.parametrize("which", ["qwen", "smollm2", "tiny"])

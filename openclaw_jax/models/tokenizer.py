@@ -33,8 +33,6 @@ import json
 import logging
 import numbers
 import os
-import re
-import unicodedata
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -392,7 +390,8 @@ class Tokenizer:
                                  "or use a model directory whose tokenizer_config.json defines one")
         return template
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            tools: Sequence[Mapping[str, Any]] | None = None,
                             add_generation_prompt: bool = False, tokenize: bool = True, *,
                             chat_template: str | None = None, documents: Sequence[Mapping[str, Any]] | None = None,
                             **template_kwargs: Any) -> list[int] | str:
@@ -793,7 +792,8 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
         raise TokenizerError(f"{path}: tokenizer.ggml.model={model!r} is not supported; only byte-level BPE ('gpt2')")
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _GGUF_PRETOKENIZERS:
-        raise TokenizerError(f"{path}: tokenizer.ggml.pre={pre!r} is not supported; known: {sorted(_GGUF_PRETOKENIZERS)}")
+        raise TokenizerError(f"{path}: tokenizer.ggml.pre={pre!r} is not supported; "
+                             f"known: {sorted(_GGUF_PRETOKENIZERS)}")
     split_regex, individual_digits = _GGUF_PRETOKENIZERS[pre]
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [GGML_TOKEN_NORMAL] * len(tokens)
