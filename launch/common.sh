@@ -424,11 +424,21 @@ ports_unique() {
     done
 }
 
-prepare_dirs() {  # DIR...
-    local dir
+# check_dirs_creatable DIR...: each exists as a writable directory or could be created (its
+# nearest existing ancestor is a writable directory). Nothing is created here.
+check_dirs_creatable() {
+    local dir probe
     for dir in "$@"; do
-        mkdir -p "$dir" 2>/dev/null || MISSING+=("cannot create directory $dir")
+        probe=$dir
+        while [[ ! -e $probe && $probe != / ]]; do probe=$(dirname "$probe"); done
+        if [[ ! -d $probe || ! -w $probe ]]; then
+            MISSING+=("cannot create or write directory $dir ($probe is not a writable directory)")
+        fi
     done
+}
+
+make_dirs() {  # DIR...
+    mkdir -p "$@" || die "could not create the directories $*"
 }
 
 # ---------------------------------------------------------------- starting and stopping

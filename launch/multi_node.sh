@@ -194,7 +194,7 @@ node_prereqs() {
     prereq "TRAINER_MODEL_PATH=$TRAINER_MODEL_PATH is a local directory (or in the HF cache)" check_trainer_model_path
     prereq "ports free: ${PORT_SPECS[*]}" check_ports_free "${PORT_SPECS[@]}"
     prereq "RUN_DIR, LOG_DIR/node$r and WEIGHT_SYNC_DIR can be created (RUN_DIR shared by all nodes)" \
-        prepare_dirs "$RUN_DIR" "$LOG_DIR/node$r" "$WEIGHT_SYNC_DIR"
+        check_dirs_creatable "$RUN_DIR" "$LOG_DIR/node$r" "$WEIGHT_SYNC_DIR"
 }
 
 # node_actions RANK: start (or, in a dry run, print) everything node RANK runs, in order.
@@ -284,6 +284,7 @@ main() {
 
     node_prereqs "$NODE_RANK"
     report_missing
+    make_dirs "$RUN_DIR" "$LOG_DIR/node$NODE_RANK" "$WEIGHT_SYNC_DIR"
     warn_if_no_jax_cuda
     install_traps
 

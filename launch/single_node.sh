@@ -112,8 +112,9 @@ main() {
     ((${#PRM_WORKER_URLS[@]} == 0)) || prereq "PRM_MODEL_PATH=$PRM_MODEL_PATH is a directory or an HF id" check_model_path PRM_MODEL_PATH
     prereq "TRAINER_MODEL_PATH=$TRAINER_MODEL_PATH is a local directory (or in the HF cache)" check_trainer_model_path
     prereq "ports free: ${port_specs[*]}" check_ports_free "${port_specs[@]}"
-    prereq "RUN_DIR, LOG_DIR and WEIGHT_SYNC_DIR can be created" prepare_dirs "$RUN_DIR" "$LOG_DIR" "$WEIGHT_SYNC_DIR"
+    prereq "RUN_DIR, LOG_DIR and WEIGHT_SYNC_DIR can be created" check_dirs_creatable "$RUN_DIR" "$LOG_DIR" "$WEIGHT_SYNC_DIR"
     report_missing
+    ((DRY_RUN)) || make_dirs "$RUN_DIR" "$LOG_DIR" "$WEIGHT_SYNC_DIR"
     ((DRY_RUN)) || { warn_if_no_jax_cuda; install_traps; }
 
     # SGLang first: in the colocated layout each worker sizes its KV cache from the memory
