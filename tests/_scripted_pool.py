@@ -152,3 +152,62 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.
     site = web.TCPSite(runner, host, 0)
     await site.start()
     return runner, f"http://{host}:{runner.addresses[0][1]}"
+
+
+class RecordingProxy:
+    """Pass-through to a real worker that records every (request payload, final response body).
+
+    Lets a test compare what the gateway stored with what the real policy server answered,
+    byte for byte, without asking the server twice.
+    """
+
+    def __init__(self, target_url: str) -> None:
+        self.target = target_url.rstrip("/")
+        self.exchanges: list[tuple[dict, dict]] = []
+        self._session = None
+
+    async def _client(self):
+        import aiohttp
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        session = await self._client()
+        async with session.post(self.target + "/generate", json=payload) as upstream:
+            if "text/event-stream" not in upstream.headers.get("Content-Type", ""):
+                raw = await upstream.read()
+                if upstream.status == 200:
+                    self.exchanges.append((payload, json.loads(raw)))
+                return web.Response(body=raw, status=upstream.status, content_type="application/json")
+            resp = web.StreamResponse(status=upstream.status, headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            last = None
+            buffer = b""
+            async for piece in upstream.content.iter_any():
+                await resp.write(piece)
+                buffer += piece
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    if event.startswith(b"data: {"):
+                        last = json.loads(event[6:])
+            if last is not None:
+                self.exchanges.append((payload, last))
+            await resp.write_eof()
+            return resp
+
+    async def health(self, request: web.Request) -> web.Response:
+        session = await self._client()
+        async with session.get(self.target + "/health") as upstream:
+            return web.Response(body=await upstream.read(), status=upstream.status)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/generate", self.generate)
+        app.router.add_get("/health", self.health)
+        return app

@@ -9,10 +9,11 @@ Two policy back-ends:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -21,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _scripted_pool import LoopThread, Reply, ScriptedPool, serve_app
+from _scripted_pool import LoopThread, RecordingProxy, Reply, ScriptedPool, serve_app
+from conftest import make_tiny_qwen3_checkpoint
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.samples import SampleStore
 from openclaw_jax.gateway.server import start_gateway, stop_gateway
@@ -47,7 +49,7 @@ class Env:
     """A scripted policy pool + a gateway, both on the loop thread."""
 
     def __init__(self, loop_thread, tokenizer, tmp_path, *, judge_pool: ScriptedPool | None = None,
-                 policy_urls=None, **cfg_changes):
+                 policy_urls=None, load_tokenizer: bool = False, **cfg_changes):
         self.lt = loop_thread
         self.tokenizer = tokenizer
         self.pool = ScriptedPool(tokenizer)
@@ -66,7 +68,8 @@ class Env:
             settings_["judge"] = "model"
         settings_.update(cfg_changes)
         self.cfg = GatewayConfig(**settings_)
-        self.gateway, self.runner, self.url = self.lt.run(start_gateway(self.cfg, tokenizer=tokenizer))
+        components = {} if load_tokenizer else {"tokenizer": tokenizer}
+        self.gateway, self.runner, self.url = self.lt.run(start_gateway(self.cfg, **components), timeout=120)
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=self.cfg.api_key or "none", max_retries=0,
                                     timeout=30)
         self.http = httpx.Client(base_url=self.url, timeout=30)
@@ -204,6 +207,68 @@ def test_three_cases_interleaved_sessions_and_session_end_scripted_pool(make_env
     assert len(main_requests) == len(env.pool.requests)
     assert all(r["sampling_params"]["temperature"] == env.cfg.temperature for r in main_requests)
     assert env.gateway.sessions.pending_turns() == 0 and len(env.gateway.sessions) == 0
+
+
+@pytest.fixture(scope="module")
+def embedded_server(tmp_path_factory):
+    """`python -m openclaw_jax.inference.server` on a tiny random Qwen3 (tiny tokenizer), as a subprocess."""
+    model_dir = make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("gw_model") / "model", seed=3,
+                                           max_positions=2048)
+    proc = subprocess.Popen([sys.executable, "-m", "openclaw_jax.inference.server", "--model", str(model_dir),
+                             "--port", "0", "--weight-version", "v3", "--log-level", "warning",
+                             # one prompt bucket and one cache bucket: few compilations on a small CPU
+                             "--min-prompt-bucket", "1024", "--min-cache-bucket", "2048"],
+                            stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY "), f"embedded server did not start: {line!r}"
+        yield line.split()[1], str(model_dir)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(600)
+def test_three_cases_with_the_embedded_server_and_openai_client(make_env, loop_thread, embedded_server):
+    """The Done-when scenario on the real embedded JAX server: samples hold exactly what it returned."""
+    server_url, model_dir = embedded_server
+    proxy = RecordingProxy(server_url)
+    runner, proxy_url = loop_thread.run(serve_app(proxy.app()))
+    try:
+        env = make_env(policy_urls=[proxy_url], model=model_dir, load_tokenizer=True, request_timeout_s=300.0)
+        sent = scripted_conversation(env)
+        # One more session, streamed, so the streaming path is covered on the real server too.
+        history = [SYSTEM, {"role": "user", "content": "Count to three."}]
+        text = "".join(c.choices[0].delta.content or "" for c in env.chat(history, session="s3", stream=True)
+                       if c.choices)
+        sent[("s3", 0)] = [dict(m) for m in history]
+        env.chat(history + [{"role": "assistant", "content": text},
+                            {"role": "user", "content": "Thanks, that's perfect!"}], session="s3", done=True)
+        env.drain()
+    finally:
+        loop_thread.run(runner.cleanup())
+        loop_thread.run(proxy.close())
+
+    def answer_of(prompt_ids):
+        hits = [body for payload, body in proxy.exchanges if payload["input_ids"] == prompt_ids]
+        assert len(hits) == 1
+        body = hits[0]
+        return body["output_ids"], [e[0] for e in body["meta_info"]["output_token_logprobs"]], \
+            body["meta_info"]["weight_version"]
+
+    samples = env.samples()
+    streamed = [s for s in samples if s.session_id == "s3"]
+    assert [(s.kind, s.reward) for s in streamed] == [("rl", 1)]
+    s3_ids, s3_lps, _ = answer_of(streamed[0].prompt_ids)
+    assert streamed[0].response_ids == s3_ids and streamed[0].rollout_logprobs == s3_lps
+    assert env.tokenizer.decode(s3_ids, skip_special_tokens=True) == text
+    check_samples(env, [s for s in samples if s.session_id != "s3"], sent, answer_of)
+    assert all(s.weight_version == "v3" for s in samples)
+    assert all(p["sampling_params"]["temperature"] == env.cfg.temperature for p, _ in proxy.exchanges)
 
 
 def test_streaming_is_token_by_token_and_recorded_exactly(make_env):
