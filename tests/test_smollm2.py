@@ -1,8 +1,8 @@
 """The real SmolLM2-135M-Instruct (packaged GGUF) in our decoder against HF transformers.
 
-Both sides read the same GGUF: ours through `gguf_to_hf` -> `model_from_state_dict`, transformers
-through `from_pretrained(gguf_file=...)` (its own dequantiser and q/k un-permutation), float32 on CPU.
-The prompt is rendered with our chat template from the GGUF metadata.
+Both sides read the same GGUF: ours through `load_pretrained("smollm2")` (gguf_to_hf ->
+model_from_state_dict, GGUF tokenizer), transformers through `from_pretrained(gguf_file=...)` (its own
+dequantiser and q/k un-permutation), float32 on CPU. The prompt is rendered with our chat template.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from openclaw_jax.models.config import ModelConfig
-from openclaw_jax.models.gguf import gguf_to_hf, smollm2_gguf_path
-from openclaw_jax.models.tokenizer import smollm2_tokenizer
-from openclaw_jax.models.weights import model_from_state_dict
+from openclaw_jax.models.gguf import smollm2_gguf_path
+from openclaw_jax.models.hub import load_pretrained
 
 pytestmark = pytest.mark.slow
 
@@ -79,13 +77,12 @@ def _jax_greedy(model, prompt_ids: list[int], n_new: int) -> list[int]:
 
 
 def test_smollm2_greedy_tokens_and_logits_match_transformers():
-    tokenizer = smollm2_tokenizer()
+    pretrained = load_pretrained("smollm2", dtype="float32")
+    model, tokenizer = pretrained.model, pretrained.tokenizer
+    assert pretrained.source == str(smollm2_gguf_path()) and pretrained.config.param_dtype == "float32"
     prompt_ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     assert prompt_ids[-4:] == tokenizer.encode("<|im_start|>assistant\n")
 
-    hf_config, state = gguf_to_hf(smollm2_gguf_path())
-    cfg = ModelConfig.from_hf_dict(hf_config, dtype="float32", param_dtype="float32")
-    model = model_from_state_dict(cfg, state)
     ours = _jax_greedy(model, prompt_ids, N_NEW_TOKENS)
 
     ref_tokens, ref_logits = _torch_greedy(_torch_model(), prompt_ids, N_NEW_TOKENS)
