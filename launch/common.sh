@@ -265,8 +265,8 @@ build_trainer_cmd() {
         "policy.urls=$(yaml_list "$ROUTER_URL")"
         "policy.worker_urls=$(yaml_list "${POLICY_WORKER_URLS[@]}")"
         "policy.weight_sync_dir=$WEIGHT_SYNC_DIR"
-        "judge.kind=model"
-        "judge.urls=$(yaml_list "${JUDGE_URLS[@]}")"
+        "gateway.judge=model"
+        "gateway.judge_urls=$(yaml_list "${JUDGE_URLS[@]}")"
         "mesh.data=$MESH_DATA" "mesh.fsdp=$MESH_FSDP" "mesh.tp=$MESH_TP"
         "gateway.host=$GATEWAY_HOST" "gateway.port=$GATEWAY_PORT"
         "${TRAINER_OVERRIDES[@]}")

@@ -160,8 +160,8 @@ def check_single_node_plan(actions: list[Action], *, n_policy: int, n_prm: int, 
     assert ov["policy.mode"] == "external"
     assert ov["policy.urls"] == [router_url]
     assert ov["policy.worker_urls"] == policy_urls
-    assert ov["judge.kind"] == "model"
-    assert ov["judge.urls"] == (prm_urls or [router_url])
+    assert ov["gateway.judge"] == "model"
+    assert ov["gateway.judge_urls"] == (prm_urls or [router_url])
     assert ov["mesh.data"] == 1 and ov["mesh.fsdp"] == -1 and ov["mesh.tp"] == 1
 
     # order: workers started, each waited for, then the router, its wait, then the trainer last
@@ -275,7 +275,7 @@ def test_single_node_prm_gpus_zero_judge_uses_policy_pool():
     assert res.returncode == 0, res.stderr
     parts = check_single_node_plan(parse_dry_run(res.stdout), n_policy=4, n_prm=0, trainer_gpus=4,
                                    layout="disjoint")
-    assert parts["overrides"]["judge.urls"] == parts["overrides"]["policy.urls"]
+    assert parts["overrides"]["gateway.judge_urls"] == parts["overrides"]["policy.urls"]
 
 
 def test_single_node_inherited_cuda_visible_devices():
@@ -365,7 +365,7 @@ def check_multi_node_plan(stdout: str, *, addrs: list[str], master: str, coord_p
     ov = overrides[0]
     assert ov["policy.urls"] == [router_url]
     assert sorted(ov["policy.worker_urls"]) == sorted(all_policy)
-    assert sorted(ov["judge.urls"]) == sorted(all_prm or [router_url])
+    assert sorted(ov["gateway.judge_urls"]) == sorted(all_prm or [router_url])
     # node 0 waits for every worker of every node before starting the router; the others wait
     # for the router before starting their trainer
     lines = stdout.splitlines()
@@ -548,8 +548,8 @@ def healthy(url):
         return False
 
 overrides = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
-urls = {k: yaml.safe_load(overrides[k]) for k in ("policy.urls", "policy.worker_urls", "judge.urls")}
-every = urls["policy.urls"] + urls["policy.worker_urls"] + urls["judge.urls"]
+urls = {k: yaml.safe_load(overrides[k]) for k in ("policy.urls", "policy.worker_urls", "gateway.judge_urls")}
+every = urls["policy.urls"] + urls["policy.worker_urls"] + urls["gateway.judge_urls"]
 record = {"argv": sys.argv, "pid": os.getpid(), "urls": urls,
           "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION",
                   "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if k in os.environ},
@@ -711,7 +711,7 @@ def test_real_run_with_stand_ins_starts_in_order_and_stops_what_it_started(tmp_p
     # the trainer started only after the router and every worker were healthy
     assert trainer["urls"]["policy.urls"] == [f"http://127.0.0.1:{base}"]
     assert trainer["urls"]["policy.worker_urls"] == [f"http://127.0.0.1:{base + 100}"]
-    assert trainer["urls"]["judge.urls"] == [f"http://127.0.0.1:{base + 200}"]
+    assert trainer["urls"]["gateway.judge_urls"] == [f"http://127.0.0.1:{base + 200}"]
     assert all(trainer["healthy_at_start"].values()), trainer["healthy_at_start"]
     # logs per component, each opening with its command line
     logs = tmp_path / "run" / "logs"
@@ -832,7 +832,7 @@ def test_multi_node_real_run_two_nodes_on_loopback_addresses(tmp_path, bystander
                                   "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{base + 2}", "JAX_NUM_PROCESSES": "2",
                                   "JAX_PROCESS_ID": str(rank)}
         assert trainer["urls"] == {"policy.urls": [f"http://127.0.0.1:{base}"], "policy.worker_urls": policy_urls,
-                                   "judge.urls": prm_urls}
+                                   "gateway.judge_urls": prm_urls}
         # every worker of both nodes and the router were up before either trainer process started
         assert all(trainer["healthy_at_start"].values()), trainer["healthy_at_start"]
         logs = tmp_path / "run" / "logs" / f"node{rank}"
