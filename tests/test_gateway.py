@@ -645,3 +645,18 @@ def test_fuzzed_bodies_and_headers_never_5xx(make_env):
     env.drain()  # the judge coped with whatever the fuzz produced
     assert env.http.get("/healthz").json()["stats"]["requests"] >= 300
     assert env.gateway.stats.judge_errors == 0
+
+
+def test_client_that_hangs_up_before_the_reply_is_not_trained_on(make_env):
+    env = make_env()
+    env.pool.queue.append(Reply(delay_s=1.5))
+    history = [{"role": "user", "content": "slow one"}]
+    with pytest.raises(httpx.ReadTimeout):
+        env.http.post("/v1/chat/completions", json={"messages": history}, timeout=0.5,
+                      headers={"X-Session-Id": "h", "X-Turn-Type": "main"})
+    time.sleep(1.5)  # the gateway finishes generating for a client that is gone
+    env.chat(history + [{"role": "assistant", "content": "?"}, {"role": "user", "content": "Thanks, perfect."}],
+             session="h")
+    env.drain()
+    assert env.samples() == []
+    assert env.gateway.sessions.stats.failed_turns == 1

@@ -1,1 +1,29 @@
+"""The gateway: an OpenAI-compatible endpoint that turns live conversations into training samples.
 
+Run it:
+
+    python -m openclaw_jax.gateway --policy-url http://127.0.0.1:30000 --judge rule \
+        --model smollm2 --store runs/samples --port 8000 [--api-key KEY]
+
+Agents talk to ``/v1/chat/completions`` (JSON or SSE streaming, tools), ``/v1/models``;
+``/healthz`` reports pool, judge, store and queue state. Per request:
+
+* ``X-Session-Id`` (or body ``session_id``): the conversation;
+* ``X-Turn-Type: main|side`` (or body ``turn_type``; default side): only main turns train;
+* ``X-Session-Done: 1|true|yes|on`` (or body ``session_done``): ends the session after this
+  request (its own turn, and any turn still without a next state, is dropped).
+
+The next main request of a session supplies the *next state* (its last message, role user
+or tool) of the previous main turn; the judge scores that pair (``judge.py``), the
+three-case rule makes at most one sample, and the sample is appended durably to the
+store (``samples.py``). What is never lost: an appended sample. What a crash loses: turns
+still waiting for their next state or for the judge (in memory only).
+
+Modules: ``config`` (GatewayConfig), ``protocol`` (request validation, response shapes),
+``sessions`` (next-state association), ``judge`` (PRM votes, hints, rule judge),
+``samples`` (Sample, SampleStore, grain data source), ``server`` (the aiohttp app).
+"""
+
+from openclaw_jax.gateway.config import GatewayConfig
+
+__all__ = ["GatewayConfig"]
