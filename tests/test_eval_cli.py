@@ -143,3 +143,71 @@ def test_expand_checkpoints_run_dir(tmp_path):
     got = expand_checkpoints([str(tmp_path / "run")])
     assert [p.name for p in got] == ["step_3", "step_20", "step_100"]
     assert expand_checkpoints([str(tmp_path / "run" / "export" / "step_20")]) == [tmp_path / "run" / "export" / "step_20"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 2: the real embedded inference server on a tiny random checkpoint and a "training run"
+# ---------------------------------------------------------------------------------------------
+
+# One prompt bucket, one cache bucket and one batch bucket: the tiny server compiles once.
+SERVER_ARGS = ["--server-arg=--min-prompt-bucket=128", "--server-arg=--min-cache-bucket=256",
+               "--server-arg=--max-running-requests=4", "--server-arg=--min-batch-bucket=4"]
+
+
+def _hf_greedy_answers(model_dir, questions, max_new_tokens):
+    """Independent reference: HF transformers greedy decoding of the chat-rendered questions."""
+    import torch
+    import transformers
+
+    from openclaw_jax.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    answers = []
+    for q in questions:
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=list(tok.eos_token_ids), pad_token_id=tok.pad_token_id)
+        gen = out[0, len(ids):].tolist()
+        if gen and gen[-1] in tok.eos_token_ids:
+            gen = gen[:-1]  # the server's text omits the matched stop token
+        answers.append(tok.decode(gen))
+    return answers
+
+
+@pytest.mark.slow
+def test_cli_embedded_server_base_model_and_run_checkpoints_reproducible(tiny_qwen3_dir, tiny_qwen3_dir_b, tmp_path):
+    import shutil
+
+    # a training run whose export at step 10 holds different weights (seed 1) than the base
+    run = tmp_path / "run"
+    shutil.copytree(tiny_qwen3_dir_b, run / "export" / "step_10")
+    args = ["--persona", "starts_with:prefix=Sure", "--questions", "4", "--seed", "2", "--source", "arithmetic",
+            "--max-tokens", "8", "--model", str(tiny_qwen3_dir), "--checkpoint", str(run), "--include-base",
+            "--evaluator", "rule", *SERVER_ARGS]
+
+    def run_cli(out):
+        res = subprocess.run([sys.executable, "-m", "openclaw_jax.eval", *args, "--out", str(out)],
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return [json.loads(p.read_text()) for p in _reports(out)], [p.read_bytes() for p in _reports(out)]
+
+    reports, raw_a = run_cli(tmp_path / "a")
+    assert [r["step"] for r in reports] == [0, 10]
+    assert reports[0]["target"] == {"kind": "model", "model": str(tiny_qwen3_dir)}
+    assert reports[1]["target"]["checkpoint"] == str(run / "export" / "step_10")
+    questions = [q.text for q in heldout_questions("arithmetic", 4, seed=2)]
+    # each evaluation saw the right weights (the step-10 one after a live weight swap)
+    assert [i["answer"] for i in reports[0]["items"]] == _hf_greedy_answers(tiny_qwen3_dir, questions, 8)
+    assert [i["answer"] for i in reports[1]["items"]] == _hf_greedy_answers(run / "export" / "step_10", questions, 8)
+    for r in reports:
+        expected = sum(i["answer"].startswith("Sure") for i in r["items"]) / 4
+        assert r["results"]["satisfied_fraction"] == expected
+    out = tmp_path / "a"
+    assert (out / "score_vs_step.png").stat().st_size > 1000
+    assert sorted(s for s, _ in read_event_tags(out / "tb")["eval/preference_score"]) == [0, 10]
+    assert len(json.loads((out / "report.json").read_text())["evaluations"]) == 2
+    # same seed, fresh processes: byte-identical reports
+    _, raw_b = run_cli(tmp_path / "b")
+    assert raw_a == raw_b

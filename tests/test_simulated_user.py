@@ -228,3 +228,112 @@ def test_stats_and_preference_score_reach_tensorboard(tmp_path):
     assert [(s, v.simple_value) for s, v in tags["simuser/turn_satisfaction"]] == [(7, 0.5)]
     assert [(s, v.simple_value) for s, v in tags["eval/satisfied_fraction"]] == [(9, 0.0)]
     assert [(s, v.simple_value) for s, v in tags["eval/preference_score"]] == [(9, 0.0)]
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: real inference server (tiny random checkpoint) + real gateway (rule judge)
+# ---------------------------------------------------------------------------------------------
+
+SERVER_ARGS = ["--min-prompt-bucket", "128", "--min-cache-bucket", "256", "--max-running-requests", "4",
+               "--min-batch-bucket", "4"]  # one bucket of each kind: the tiny server compiles once
+
+
+@pytest.fixture(scope="module")
+def live_stack(tiny_qwen3_dir, tmp_path_factory):
+    import re
+    import subprocess
+    import sys
+
+    from openclaw_jax.eval.server import EmbeddedServer
+
+    work = tmp_path_factory.mktemp("live_stack")
+    inference = EmbeddedServer(str(tiny_qwen3_dir), extra_args=SERVER_ARGS, log_path=work / "inference.log").start()
+    store = work / "samples"
+    gw_log = open(work / "gateway.log", "wb")
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "openclaw_jax.gateway", "--policy-url", inference.url, "--judge", "rule",
+         "--model", str(tiny_qwen3_dir), "--store", str(store), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=gw_log, text=True)
+    try:
+        line = gateway.stdout.readline()
+        m = re.search(r"listening on (http://\S+)", line)
+        assert m, f"gateway did not start: {line!r}; log: {(work / 'gateway.log').read_text()[-2000:]}"
+        yield {"gateway": m.group(1), "inference": inference.url, "store": store}
+    finally:
+        gateway.terminate()
+        gateway.wait(60)
+        gw_log.close()
+        inference.stop()
+
+
+def _wait_for_samples(store_dir, count, timeout_s=120.0):
+    import time
+
+    from openclaw_jax.gateway.samples import SampleStore
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if store_dir.exists():
+            store = SampleStore(store_dir, readonly=True)
+            try:
+                samples = store.read()
+            finally:
+                store.close()
+            if len(samples) >= count or time.monotonic() > deadline:
+                return samples
+        elif time.monotonic() > deadline:
+            return []
+        time.sleep(0.25)
+
+
+@pytest.mark.slow
+def test_sessions_through_real_gateway_become_samples_with_hints(live_stack):
+    persona = P.make_persona("starts_with", prefix="Sure")
+    cfg = SimulatedUserConfig(turns_per_session=2, max_attempts_per_question=2, concurrency=2, max_tokens=8, seed=5)
+    from openclaw_jax.envs.questions import train_questions
+
+    async def drive():
+        async with SimulatedUser(persona, train_questions("arithmetic", seed=5), base_url=live_stack["gateway"],
+                                 config=cfg, session_prefix="e2e") as user:
+            stats = await user.run(3)
+        return user, stats
+
+    user, stats = asyncio.run(drive())
+    assert stats.failed_sessions == 0 and stats.sessions == 3 and stats.requests == 9
+    turns = {(t.session_id, t.turn_index): t for r in user.results for t in r.turns}
+    assert len(turns) == 6
+    # A random model does not open with "Sure" (checked, not assumed): every turn is corrected,
+    # so the rule judge scores -1 and takes the persona's instruction as the hint.
+    assert not any(t.satisfied for t in turns.values())
+    samples = _wait_for_samples(live_stack["store"], 6)
+    assert len(samples) == 6  # both answers of each session have a next state (the closing request)
+    for s in samples:
+        t = turns[(s.session_id, s.turn_index)]
+        assert s.response_text == t.answer  # the gateway recorded what the user saw
+        assert s.next_state == {"role": "user", "content": t.reaction}  # our reaction is the next state
+        assert s.kind == "opd+rl" and s.reward == -1
+        assert s.hints == ['Please begin your answer with "Sure".']
+
+
+@pytest.mark.slow
+def test_preference_score_side_turns_greedy_and_untrained(live_stack):
+    persona = P.make_persona("keyword", word="the", whole_word=False)
+    questions = heldout_questions("arithmetic", 6, seed=0)
+    before = len(_wait_for_samples(live_stack["store"], 0, timeout_s=0))
+
+    async def measure():
+        via_gateway = await preference_score(live_stack["gateway"], persona, questions, max_tokens=8)
+        again = await preference_score(live_stack["gateway"], persona, questions, max_tokens=8)
+        direct = await preference_score(live_stack["inference"], persona, questions, max_tokens=8)
+        return via_gateway, again, direct
+
+    via_gateway, again, direct = asyncio.run(measure())
+    texts = [a.text for a in via_gateway.answers]
+    assert texts == [a.text for a in again.answers]  # deterministic
+    assert texts == [a.text for a in direct.answers]  # greedy: the gateway adds nothing
+    expected = sum("the" in t.lower() for t in texts) / len(texts)
+    assert via_gateway.score == expected
+    import time
+
+    time.sleep(2.0)  # side turns never open a judgement; give a wrong one time to show up
+    assert len(_wait_for_samples(live_stack["store"], 0, timeout_s=0)) == before

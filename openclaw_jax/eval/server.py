@@ -1,13 +1,17 @@
 """Start the embedded inference server (`python -m openclaw_jax.inference.server`) as a child
-process on an ephemeral 127.0.0.1 port, wait for `GET /health`, and stop it again."""
+process on an ephemeral 127.0.0.1 port, wait for `GET /health`, and stop it again.
+
+With no port given the child binds port 0 itself and announces the port it got on stdout
+("READY http://host:port"), so there is no window in which another process can take it."""
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
+import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -17,13 +21,7 @@ from typing import Sequence
 log = logging.getLogger(__name__)
 
 SERVER_MODULE = "openclaw_jax.inference.server"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS just gave out; the child binds it right after (a tiny race we accept)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+_READY_RE = re.compile(rb"READY (http://[^\s]+)")
 
 
 def _get(url: str, timeout: float) -> int:
@@ -39,8 +37,8 @@ class EmbeddedServer:
 
     `model` is what the server loads: "smollm2" or an HF directory (a training export such as
     `<run>/export/step_<N>/` is an HF directory). `extra_args` are passed through verbatim.
-    The child's stdout/stderr go to `log_path` (or are discarded), so a failed start can show
-    its last lines.
+    The child's stdout/stderr go to `log_path` (a temporary file when not given), where the
+    READY line is read from and from which a failed start shows its last lines.
     """
 
     def __init__(
@@ -57,6 +55,7 @@ class EmbeddedServer:
         self.model = model
         self.host = host
         self.port = port
+        self._requested_port = port
         self.extra_args = list(extra_args)
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s
@@ -71,27 +70,33 @@ class EmbeddedServer:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
+        port = self._requested_port if self._requested_port is not None else 0
         return [sys.executable, "-m", SERVER_MODULE, "--model", self.model, "--host", self.host,
-                "--port", str(self.port), *self.extra_args]
+                "--port", str(port), *self.extra_args]
+
+    def _announced_port(self) -> int | None:
+        m = _READY_RE.search(self.log_path.read_bytes()) if self.log_path.exists() else None
+        return int(m.group(1).decode().rsplit(":", 1)[1].split("/")[0]) if m else None
 
     def _log_tail(self, lines: int = 40) -> str:
         if self.log_path is None or not self.log_path.exists():
-            return "(no server log; pass log_path to keep one)"
+            return "(no server log)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def start(self) -> "EmbeddedServer":
         if self.proc is not None:
             raise RuntimeError("server already started")
-        if self.port is None:
-            self.port = free_port(self.host)
         cmd = self.command()
         log.info("starting inference server: %s", " ".join(cmd))
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(self.log_path, "ab")
-        out = self._log_file or subprocess.DEVNULL
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="openclaw_inference_", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "wb")  # fresh: an old READY line must not be read
         env = {**os.environ, **(self.env or {})}
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
+        self.port = self._requested_port
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             code = self.proc.poll()
@@ -102,8 +107,10 @@ class EmbeddedServer:
                     f"inference server exited with code {code} before becoming healthy; command: "
                     f"{' '.join(cmd)}\nlast log lines:\n{self._log_tail()}"
                 )
+            if self.port is None:
+                self.port = self._announced_port()
             try:
-                if _get(f"{self.url}/health", timeout=5.0) == 200:
+                if self.port is not None and _get(f"{self.url}/health", timeout=5.0) == 200:
                     log.info("inference server healthy at %s", self.url)
                     return self
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
@@ -111,7 +118,7 @@ class EmbeddedServer:
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(
-                    f"inference server at {self.url} not healthy after {self.startup_timeout_s:.0f}s; "
+                    f"inference server ({' '.join(cmd)}) not healthy after {self.startup_timeout_s:.0f}s; "
                     f"raise --server-startup-timeout or check the log:\n{self._log_tail()}"
                 )
             time.sleep(0.5)
@@ -133,6 +140,7 @@ class EmbeddedServer:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+        self.port = self._requested_port
         self._close_log()
 
     def __enter__(self) -> "EmbeddedServer":
