@@ -125,3 +125,20 @@ def test_bfloat16_params_run_and_stay_close():
     assert logits.dtype == np.float32
     # bf16 has ~3 significant digits; the tiny model's logits are O(1).
     assert np.abs(logits - ref).max() < 0.15 * np.abs(ref).max()
+
+
+def test_remat_gives_the_same_loss_and_grads():
+    """cfg.remat wraps each block in jax.checkpoint: same values, and it differentiates."""
+    hf, cfg = make_hf_model("qwen2", tie=False, num_heads=4, num_kv_heads=2, head_dim=8)
+    ids = jnp.asarray(_ids(np.random.default_rng(6), 2, 8, cfg.vocab_size))
+
+    def loss_and_grads(remat):
+        model = model_from_state_dict(cfg.replace(remat=remat), hf_state_dict(hf))
+        loss_fn = lambda m: jnp.mean(jax.nn.logsumexp(m(ids), axis=-1))  # noqa: E731
+        return nnx.jit(nnx.value_and_grad(loss_fn))(model)
+
+    loss_a, grads_a = loss_and_grads(False)
+    loss_b, grads_b = loss_and_grads(True)
+    assert abs(float(loss_a) - float(loss_b)) <= 1e-6
+    for (path, a), (_, b) in zip(nnx.to_flat_state(grads_a), nnx.to_flat_state(grads_b)):
+        np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-6, err_msg=str(path))

@@ -200,3 +200,31 @@ def test_partition_spec_falls_back_to_replication_for_indivisible_dims():
     assert logical_to_partition_spec(("batch", "seq"), (4, 7), {"data": 2, "fsdp": 2, "tp": 2}, rules) \
         == P(("data", "fsdp"))
     assert logical_to_partition_spec(("batch", "seq"), (2, 7), {"data": 2, "fsdp": 2, "tp": 2}, rules) == P("data")
+
+
+def test_maybe_initialize_distributed(monkeypatch):
+    import jax
+
+    from openclaw_jax.parallel import mesh as mesh_module
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(mesh_module, "_DISTRIBUTED_INITIALIZED", False)
+    for var in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "JAX_COORDINATOR_ADDRESS",
+                "JAX_PROCESS_ID"):
+        monkeypatch.delenv(var, raising=False)
+    assert mesh_module.maybe_initialize_distributed() is False and calls == []
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    with pytest.raises(ValueError, match="JAX_PROCESS_ID"):
+        mesh_module.maybe_initialize_distributed()
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    assert mesh_module.maybe_initialize_distributed() is True
+    assert calls == [dict(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=1)]
+    assert mesh_module.maybe_initialize_distributed() is True and len(calls) == 1  # idempotent
+    # SLURM: let JAX auto-detect the cluster
+    monkeypatch.setattr(mesh_module, "_DISTRIBUTED_INITIALIZED", False)
+    for var in ("JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    assert mesh_module.maybe_initialize_distributed() is True and calls[-1] == {}
