@@ -57,6 +57,7 @@ class GatewayConfig:
     # --- judge (PRM)
     judge: Literal["model", "rule"] = "model"
     judge_urls: tuple[str, ...] = ()        # empty = judge on the policy pool
+    judge_model: str = ""                   # judge's tokenizer/chat template ("" = same as `model`)
     judge_votes: int = 3                    # m: eval votes and hint votes per scored turn
     judge_temperature: float = 0.6
     judge_max_new_tokens: int = 1024

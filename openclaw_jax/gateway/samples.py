@@ -38,7 +38,7 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 

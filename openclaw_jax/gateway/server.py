@@ -28,7 +28,6 @@ import hmac
 import json
 import logging
 import os
-import time
 import zlib
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -186,7 +185,11 @@ class Gateway:
                                                  max_retries=cfg.pool_max_retries)
                     self._owned.append(self.judge_pool)
                     await self.judge_pool.start()
-                self.judge = ModelJudge(self.judge_pool, self.tokenizer, votes=cfg.judge_votes,
+                judge_tokenizer = self.tokenizer
+                if cfg.judge_model and cfg.judge_model != cfg.model:
+                    judge_tokenizer = await asyncio.get_running_loop().run_in_executor(
+                        None, load_tokenizer_for, cfg.judge_model)
+                self.judge = ModelJudge(self.judge_pool, judge_tokenizer, votes=cfg.judge_votes,
                                         temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens,
                                         max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars,
                                         timeout_s=cfg.judge_timeout_s, name=f"model:{cfg.served_model_name}")
