@@ -178,11 +178,11 @@ def test_metric_stats_merge_to_the_full_batch():
     cfg = LossConfig(hint_selection="token_optimal")
     batch = _batch(CASE)
     logits = jnp.asarray(CASE["logits"], jnp.float32)
-    full_loss, full_stats = hybrid_loss_with_stats(logits, batch, cfg)
+    f = jax.jit(lambda z, b, n: hybrid_loss_with_stats(z, b, cfg, sample_count=n))
+    full_loss, full_stats = jax.jit(lambda z, b: hybrid_loss_with_stats(z, b, cfg))(logits, batch)
     n_real = float(np.sum(CASE["sample_mask"]))
     halves = [jax.tree.map(lambda x: x[s], batch) for s in (slice(0, 3), slice(3, 6))]
-    results = [hybrid_loss_with_stats(logits[s], h, cfg, sample_count=n_real)
-               for s, h in zip((slice(0, 3), slice(3, 6)), halves)]
+    results = [f(logits[s], h, n_real) for s, h in zip((slice(0, 3), slice(3, 6)), halves)]
     np.testing.assert_allclose(float(results[0][0] + results[1][0]), float(full_loss), rtol=1e-6)
     merged = finalize_metrics(merge_metric_stats(results[0][1], results[1][1]))
     full = finalize_metrics(full_stats)
