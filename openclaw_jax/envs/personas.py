@@ -208,7 +208,7 @@ class Persona:
 # Markup that a "natural prose" reader does not want. Each entry: (regex, description).
 _MARKUP_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"#"), "uses '#' headings or markers"),
-    (re.compile(r"\*"), "uses '*' (bold, italics or bullets)"),
+    (re.compile(r"\*"), "uses '*' (markdown bold, italics or bullets, or * for times)"),
     (re.compile(r"__|~~"), "uses underscore/strike-through emphasis"),
     (re.compile(r"`"), "uses code formatting (backticks or code fences)"),
     (re.compile(r"^\s*\|", re.M), "uses a table"),

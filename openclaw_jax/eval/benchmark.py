@@ -93,6 +93,10 @@ async def evaluate_server(
         items=items,
     )
     res = report["results"]
+    if res["graded"] < res["n"]:
+        log.warning("%d of %d answers got no valid grade (every judge vote failed or was off the rubric); "
+                    "they are left out of the mean. Check the judge server and --judge-max-tokens.",
+                    res["n"] - res["graded"], res["n"])
     log.info("eval %s step %d (%s): preference score %s, satisfied %s over %d questions",
              config.persona, step, evaluator.describe()["kind"], res["mean_score"], res["satisfied_fraction"], res["n"])
     return report
