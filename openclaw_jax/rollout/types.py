@@ -154,7 +154,8 @@ def generate_result_from_json(body: Any, *, worker_url: str = "", expect_logprob
         raise MalformedResponseError(
             f"asked for log-probs but got {len(out_lp_raw)} output_token_logprobs for {len(output_ids)} output ids "
             f"from {worker_url}")
-    output_logprobs = [float(item[0]) for item in out_lp_raw]
+    # JSON has no -inf: SGLang (orjson) sends null for a log-prob of -inf
+    output_logprobs = [float("-inf") if item[0] is None else float(item[0]) for item in out_lp_raw]
     for item, tok in zip(out_lp_raw, output_ids):
         if int(item[1]) != tok:
             raise MalformedResponseError(
@@ -169,7 +170,8 @@ def generate_result_from_json(body: Any, *, worker_url: str = "", expect_logprob
             if pos is None:
                 output_top.append([])
                 continue
-            output_top.append([(float(e[0]), int(e[1])) for e in _logprob_triples(pos, "output_top_logprobs[i]")])
+            output_top.append([(float("-inf") if e[0] is None else float(e[0]), int(e[1]))
+                               for e in _logprob_triples(pos, "output_top_logprobs[i]")])
     if top_logprobs_num > 0 and expect_logprobs and len(output_top) != len(output_ids):
         raise MalformedResponseError(
             f"asked for top-{top_logprobs_num} log-probs but got {len(output_top)} positions for "

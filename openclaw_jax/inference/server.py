@@ -1,0 +1,701 @@
+"""SGLang-compatible HTTP server around the JAX engine (DESIGN section 8).
+
+    python -m openclaw_jax.inference.server --model <HF checkpoint dir | smollm2> --host 127.0.0.1 --port 30000
+
+Endpoints (the subset the project relies on, with SGLang's shapes, status codes and error
+bodies): `/generate` (single, batch lists, n > 1, streaming), `/v1/chat/completions`
+(logprobs, streaming, `<tool_call>` parsing), `/v1/completions`, `/v1/models`, `/health`,
+`/get_model_info`, `/update_weights_from_disk`, `/pause_generation`,
+`/continue_generation`, `/flush_cache`.
+
+Every request-shaped problem is a 400 with an SGLang body; the aiohttp event loop only
+parses, tokenizes and formats, while all JAX work happens on the engine thread.
+SIGTERM/SIGINT stop accepting connections, let in-flight requests finish (up to
+`--shutdown-timeout`), then stop the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import hmac
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from openclaw_jax.inference import protocol as P
+from openclaw_jax.inference import tool_calls as TC
+from openclaw_jax.inference.engine import Engine, EngineConfig, EngineError
+from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
+
+logger = logging.getLogger(__name__)
+
+_OPENAI_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+                       500: "InternalServerError", 503: "ServiceUnavailableError"}
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str)
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN/Infinity; like orjson in SGLang, send null for them."""
+    if isinstance(obj, float):
+        if obj != obj or obj in (float("inf"), float("-inf")):
+            return None
+        return obj
+    if isinstance(obj, list):
+        return [_finite(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    return obj
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(text=_dumps(_finite(obj)), status=status, content_type="application/json")
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + _dumps(_finite(obj)).encode("utf-8") + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class ServerState:
+    model_path: str
+    tokenizer_path: str | None
+    served_model_name: str
+    shutting_down: bool = False
+
+
+WeightLoader = Callable[[str, "str | None"], Any]  # (path, load_format) -> nnx.State
+
+
+class InferenceServer:
+    """aiohttp application serving one Engine."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, *, model_path: str, served_model_name: str | None = None,
+                 tokenizer_path: str | None = None, api_key: str | None = None,
+                 weight_loader: WeightLoader | None = None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.vocab_size = engine.vocab_size
+        self.context_length = engine.context_length
+        self.state = ServerState(model_path=str(model_path), tokenizer_path=tokenizer_path or str(model_path),
+                                 served_model_name=served_model_name or str(model_path))
+        self.api_key = api_key
+        self.weight_loader = weight_loader or default_weight_loader(engine)
+        self._update_lock = asyncio.Lock()
+        self._token_text_cache: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ app
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth_middleware, self._error_middleware], client_max_size=64 << 20)
+        r = app.router
+        r.add_route("POST", "/generate", self.generate)
+        r.add_route("PUT", "/generate", self.generate)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/v1/models/{model:.*}", self.retrieve_model)
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        r.add_get("/get_model_info", self.get_model_info)
+        r.add_get("/get_weight_version", self.get_weight_version)
+        r.add_get("/get_server_info", self.get_server_info)
+        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/pause_generation", self.pause_generation)
+        r.add_post("/continue_generation", self.continue_generation)
+        r.add_route("GET", "/flush_cache", self.flush_cache)
+        r.add_route("POST", "/flush_cache", self.flush_cache)
+        r.add_post("/abort_request", self.abort_request)
+        app.on_shutdown.append(self._on_shutdown)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        self.state.shutting_down = True
+        logger.info("shutting down: no new connections; waiting for in-flight requests")
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        await asyncio.to_thread(self.engine.shutdown)
+        logger.info("engine stopped")
+
+    @staticmethod
+    def _is_openai(request: web.Request) -> bool:
+        return request.path.startswith("/v1/")
+
+    def _error(self, request: web.Request, message: str, status: int = 400) -> web.Response:
+        if self._is_openai(request):
+            err_type = _OPENAI_ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+            return json_response(P.openai_error_body(message, err_type=err_type, code=status), status)
+        return json_response(P.native_error_body(message), status)
+
+    @web.middleware
+    async def _auth_middleware(self, request: web.Request, handler):
+        if self.api_key and not request.path.startswith("/health"):
+            header = request.headers.get("Authorization", "")
+            token = header[7:] if header.startswith("Bearer ") else ""
+            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+                return json_response({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
+    @web.middleware
+    async def _error_middleware(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except P.ProtocolError as exc:
+            return self._error(request, exc.message, exc.status)
+        except web.HTTPException:
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except EngineError as exc:
+            logger.error("engine error on %s: %s", request.path, exc)
+            return self._error(request, str(exc), 503 if self.state.shutting_down else 500)
+        except Exception as exc:  # a bug: log it, answer 500, keep serving
+            logger.exception("internal error on %s", request.path)
+            return self._error(request, f"Internal server error: {type(exc).__name__}: {exc}", 500)
+
+    async def _json(self, request: web.Request) -> Any:
+        return P.parse_json_body(await request.read())
+
+    # ------------------------------------------------------------------ helpers
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text_cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text_cache[token_id] = text
+        return text
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def _validate(self, ids: Sequence[int], sampling) -> None:
+        P.validate_prompt(ids, sampling, context_length=self.context_length, vocab_size=self.vocab_size)
+
+    def _submit_checked(self, spec: GenerationSpec, stream: bool):
+        if self.state.shutting_down:
+            raise P.ProtocolError("the server is shutting down", status=503)
+        try:
+            return self.engine.submit(spec, stream=stream, loop=asyncio.get_running_loop())
+        except ValueError as exc:
+            raise P.ProtocolError(str(exc)) from None
+
+    async def _run_all(self, specs: Sequence[GenerationSpec]) -> list[SequenceOutput]:
+        handles = [self._submit_checked(s, stream=False) for s in specs]
+        try:
+            return list(await asyncio.gather(*(h.next() for h in handles)))
+        finally:
+            for h in handles:
+                h.cancel()  # no-op for finished sequences; aborts the rest if the client went away
+
+    async def _stream_all(self, specs: Sequence[GenerationSpec]) -> AsyncIterator[tuple[int, SequenceOutput]]:
+        """Cumulative outputs of several streamed sequences as they come: (index, output)."""
+        handles = [self._submit_checked(s, stream=True) for s in specs]
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, h):
+            try:
+                while True:
+                    out = await h.next()
+                    await merged.put((i, out, None))
+                    if out.finished:
+                        return
+            except Exception as exc:
+                await merged.put((i, None, exc))
+
+        tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+        remaining = len(handles)
+        try:
+            while remaining:
+                i, out, exc = await merged.get()
+                if exc is not None:
+                    raise exc
+                yield i, out
+                if out.finished:
+                    remaining -= 1
+        finally:
+            for h in handles:
+                h.cancel()
+            for t in tasks:
+                t.cancel()
+
+    async def _start_sse(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
+        await resp.prepare(request)
+        return resp
+
+    # ------------------------------------------------------------------ /generate
+    def _generate_specs(self, req: P.GenerateRequest) -> tuple[list[GenerationSpec], list[P.GenerateItem]]:
+        specs, items = [], []
+        for idx, item in enumerate(req.items):
+            ids = list(item.input_ids) if item.input_ids is not None else self._encode(item.text or "")
+            self._validate(ids, item.sampling)
+            base_rid = item.rid or P.new_request_id("")
+            n = item.sampling.n
+            for j in range(n):
+                specs.append(item.spec(ids, sample_index=j, rid=base_rid if n == 1 else f"{base_rid}-{j}"))
+                items.append(item)
+        return specs, items
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        req = P.parse_generate_request(body, vocab_size=self.vocab_size)
+        specs, _ = self._generate_specs(req)
+        single = not req.is_batch and len(specs) == 1
+        build = functools.partial(P.build_generate_response, return_text_in_logprobs=req.return_text_in_logprobs,
+                                  token_text=self.token_text)
+        if not req.stream:
+            outs = await self._run_all(specs)
+            results = [build(o, s) for o, s in zip(outs, specs)]
+            return json_response(results[0] if single else results)
+        resp = await self._start_sse(request)
+        async for i, out in self._stream_all(specs):
+            chunk = build(out, specs[i], index=None if single else i)
+            await resp.write(sse(chunk))
+        await resp.write(SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+    # ------------------------------------------------------------------ /v1/chat/completions
+    def _chat_prompt(self, req: P.ChatRequest) -> list[int]:
+        if req.input_ids is not None:
+            return list(req.input_ids)
+        messages = req.messages
+        prefix = None
+        if messages and messages[-1]["role"] == "assistant" and isinstance(messages[-1].get("content"), str):
+            if req.continue_final_message:
+                prefix, messages = messages[-1]["content"], messages[:-1]
+            else:
+                messages = messages[:-1] + [{"role": "user", "content": messages[-1]["content"]}]
+        tools = req.tools if req.tool_choice != "none" else None
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                     tokenize=True, **req.chat_template_kwargs)
+        except Exception as exc:  # template errors are the request's fault (roles, missing fields)
+            raise P.ProtocolError(f"failed to apply the chat template: {type(exc).__name__}: {exc}") from None
+        ids = list(ids)
+        if prefix:
+            ids += self._encode(prefix)
+        return ids
+
+    def _chat_specs(self, req: P.ChatRequest, ids: list[int]) -> list[GenerationSpec]:
+        self._validate(ids, req.sampling)
+        base = req.rid or P.new_request_id("")
+        return [GenerationSpec(prompt_ids=tuple(ids), sampling=req.sampling, return_logprob=req.logprobs,
+                               top_logprobs_num=req.top_logprobs, rid=base if req.sampling.n == 1 else f"{base}-{j}",
+                               sample_index=j)
+                for j in range(req.sampling.n)]
+
+    def _parse_tools(self, req: P.ChatRequest, text: str) -> tuple[str, list[dict] | None]:
+        if not req.tools or req.tool_choice == "none":
+            return text, None
+        content, calls = TC.parse_tool_calls(text, req.tools)
+        if not calls:
+            return text, None
+        return content, TC.openai_tool_calls(calls)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        req = P.parse_chat_request(body, vocab_size=self.vocab_size)
+        ids = self._chat_prompt(req)
+        specs = self._chat_specs(req, ids)
+        request_id = "chatcmpl-" + (req.rid or P.new_request_id(""))
+        created = int(time.time())
+        if not req.stream:
+            outs = await self._run_all(specs)
+            choices = []
+            for i, out in enumerate(outs):
+                content, calls = self._parse_tools(req, out.text)
+                finish, matched = P.openai_finish(out.finish_reason)
+                if calls and finish == "stop":
+                    finish, matched = "tool_calls", None
+                logprobs = (P.chat_logprobs(out.output_ids, out.output_logprobs, out.output_top_logprobs,
+                                            self.token_text) if req.logprobs else None)
+                choices.append(P.chat_choice(i, P.chat_message(content, calls), finish_reason=finish,
+                                             matched_stop=matched, logprobs=logprobs))
+            usage = P.usage_info(len(ids), sum(len(o.output_ids) for o in outs))
+            return json_response(P.build_chat_response(request_id=request_id, model=req.model, created=created,
+                                                       choices=choices, usage=usage,
+                                                       weight_version=outs[0].weight_version))
+        return await self._chat_stream(request, req, specs, ids, request_id, created)
+
+    async def _chat_stream(self, request, req: P.ChatRequest, specs, ids, request_id, created):
+        resp = await self._start_sse(request)
+        use_tools = bool(req.tools) and req.tool_choice != "none"
+        sent_text: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        completion: dict[int, int] = {}
+        chunk = functools.partial(P.chat_chunk, request_id=request_id, model=req.model, created=created)
+        for i in range(len(specs)):
+            await resp.write(sse(chunk(index=i, delta={"role": "assistant", "content": ""})))
+            sent_text[i] = sent_tokens[i] = completion[i] = 0
+        async for i, out in self._stream_all(specs):
+            completion[i] = len(out.output_ids)
+            logprobs = None
+            if req.logprobs and len(out.output_ids) > sent_tokens[i]:
+                a = sent_tokens[i]
+                logprobs = P.chat_logprobs(out.output_ids[a:], out.output_logprobs[a:],
+                                           out.output_top_logprobs[a:] if out.output_top_logprobs else None,
+                                           self.token_text)
+                sent_tokens[i] = len(out.output_ids)
+            usage = (P.usage_info(len(ids), completion[i]) if req.continuous_usage_stats else None)
+            if not out.finished:
+                safe = TC.safe_stream_prefix(out.text) if use_tools else len(out.text)
+                delta_text = out.text[sent_text[i]:safe] if safe > sent_text[i] else ""
+                if delta_text or logprobs:
+                    await resp.write(sse(chunk(index=i, delta={"content": delta_text}, logprobs=logprobs,
+                                               usage=usage)))
+                    sent_text[i] = max(sent_text[i], safe)
+                continue
+            content, calls = self._parse_tools(req, out.text)
+            finish, matched = P.openai_finish(out.finish_reason)
+            delta: dict[str, Any] = {}
+            if calls:
+                if finish == "stop":
+                    finish, matched = "tool_calls", None
+                remaining = content[sent_text[i]:] if len(content) > sent_text[i] else ""
+                if remaining:
+                    delta["content"] = remaining
+                delta["tool_calls"] = calls
+            else:
+                delta["content"] = out.text[sent_text[i]:]
+            await resp.write(sse(chunk(index=i, delta=delta, finish_reason=finish, matched_stop=matched,
+                                       logprobs=logprobs, usage=usage)))
+        if req.include_usage:
+            usage = P.usage_info(len(ids), sum(completion.values()))
+            await resp.write(sse(chunk(index=0, usage=usage, empty_choices=True)))
+        await resp.write(SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+    # ------------------------------------------------------------------ /v1/completions
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        req = P.parse_completion_request(body, vocab_size=self.vocab_size)
+        prompts_ids = [list(p) if isinstance(p, tuple) else self._encode(p) for p in req.prompts]
+        prompt_texts = [p if isinstance(p, str) else self.tokenizer.decode(list(p)) for p in req.prompts]
+        want_lp = req.logprobs is not None
+        specs = []
+        base = req.rid or P.new_request_id("")
+        for p, ids in enumerate(prompts_ids):
+            self._validate(ids, req.sampling)
+            for j in range(req.sampling.n):
+                specs.append(GenerationSpec(prompt_ids=tuple(ids), sampling=req.sampling, return_logprob=want_lp,
+                                            top_logprobs_num=req.logprobs or 0,
+                                            logprob_start_len=0 if (req.echo and want_lp) else -1,
+                                            rid=f"{base}-{p}-{j}", sample_index=j))
+        n = req.sampling.n
+        request_id = "cmpl-" + base
+        created = int(time.time())
+
+        def logprobs_of(out: SequenceOutput, first: bool) -> dict | None:
+            if not want_lp:
+                return None
+            ids = list(out.output_ids)
+            lps: list[float | None] = list(out.output_logprobs)
+            tops = list(out.output_top_logprobs) if req.logprobs else None
+            if req.echo and first:
+                ids = out.prompt_ids + ids
+                lps = list(out.input_logprobs or []) + lps
+                if tops is not None:
+                    tops = list(out.input_top_logprobs or []) + tops
+            return P.completion_logprobs(ids, lps, tops, self.token_text)
+
+        if not req.stream:
+            outs = await self._run_all(specs)
+            choices = []
+            for k, out in enumerate(outs):
+                text = (prompt_texts[k // n] + out.text) if req.echo else out.text
+                finish, matched = P.openai_finish(out.finish_reason)
+                choices.append(P.completion_choice(k, text, finish_reason=finish, matched_stop=matched,
+                                                   logprobs=logprobs_of(out, True)))
+            usage = P.usage_info(sum(len(i) for i in prompts_ids), sum(len(o.output_ids) for o in outs))
+            return json_response(P.build_completion_response(request_id=request_id, model=req.model,
+                                                             created=created, choices=choices, usage=usage,
+                                                             weight_version=outs[0].weight_version))
+        resp = await self._start_sse(request)
+        sent_text = {k: 0 for k in range(len(specs))}
+        sent_tokens = {k: 0 for k in range(len(specs))}
+        completion = {k: 0 for k in range(len(specs))}
+        first = {k: True for k in range(len(specs))}
+        async for k, out in self._stream_all(specs):
+            completion[k] = len(out.output_ids)
+            text = out.text[sent_text[k]:]
+            if req.echo and first[k]:
+                text = prompt_texts[k // n] + text
+            sent_text[k] = len(out.text)
+            lp = None
+            if want_lp:
+                a = sent_tokens[k]
+                partial = SequenceOutput(rid=out.rid, prompt_ids=out.prompt_ids, output_ids=out.output_ids[a:],
+                                         output_logprobs=out.output_logprobs[a:],
+                                         output_top_logprobs=out.output_top_logprobs[a:],
+                                         input_logprobs=out.input_logprobs,
+                                         input_top_logprobs=out.input_top_logprobs)
+                lp = logprobs_of(partial, first[k])
+                sent_tokens[k] = len(out.output_ids)
+            finish, matched = P.openai_finish(out.finish_reason)
+            if text or lp or finish:
+                usage = (P.usage_info(len(prompts_ids[k // n]), completion[k]) if req.continuous_usage_stats
+                         else None)
+                await resp.write(sse(P.completion_chunk(
+                    request_id=request_id, model=req.model, created=created, usage=usage,
+                    choices=[P.completion_choice(k, text, finish_reason=finish, matched_stop=matched, logprobs=lp)])))
+            first[k] = False
+        if req.include_usage:
+            usage = P.usage_info(sum(len(i) for i in prompts_ids), sum(completion.values()))
+            await resp.write(sse(P.completion_chunk(request_id=request_id, model=req.model, created=created,
+                                                    choices=[], usage=usage)))
+        await resp.write(SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+    # ------------------------------------------------------------------ info / health
+    async def models(self, request: web.Request) -> web.Response:
+        return json_response(P.model_list(self.state.served_model_name, self.context_length))
+
+    async def retrieve_model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != self.state.served_model_name:
+            return json_response({"error": {"message": f"The model '{name}' does not exist",
+                                            "type": "invalid_request_error", "param": "model",
+                                            "code": "model_not_found"}}, 404)
+        return json_response(P.model_list(name, self.context_length)["data"][0])
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.state.shutting_down or not self.engine.alive:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def get_model_info(self, request: web.Request) -> web.Response:
+        return json_response(P.model_info(model_path=self.state.model_path, tokenizer_path=self.state.tokenizer_path,
+                                          weight_version=self.engine.weight_version))
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        return json_response({"weight_version": self.engine.weight_version})
+
+    async def get_server_info(self, request: web.Request) -> web.Response:
+        cfg = self.engine.config
+        return json_response({"model_path": self.state.model_path, "served_model_name": self.state.served_model_name,
+                              "context_length": self.context_length, "max_running_requests": cfg.max_batch_size,
+                              "weight_version": self.engine.weight_version, "version": "openclaw-jax",
+                              "paused": self.engine.paused})
+
+    # ------------------------------------------------------------------ weights / control
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        try:
+            upd = P.parse_update_weights_request(await self._json(request))
+        except P.ProtocolError as exc:
+            return json_response(P.update_weights_body(False, exc.message), 400)
+        async with self._update_lock:
+            try:
+                state = await asyncio.to_thread(self.weight_loader, upd.model_path, upd.load_format)
+                if upd.abort_all_requests:
+                    await asyncio.to_thread(self.engine.abort_all, "Aborted for a weight update.")
+                await asyncio.to_thread(self.engine.swap_weights, state, upd.weight_version)
+            except Exception as exc:
+                logger.warning("weight update from %s failed: %s", upd.model_path, exc)
+                return json_response(P.update_weights_body(
+                    False, f"Failed to update weights: {type(exc).__name__}: {exc}. Rolling back to the previous "
+                           f"weights (weight_version {self.engine.weight_version})."), 400)
+        message = "Succeeded to update model weights."
+        if upd.weight_version is not None:
+            message += f" Weight version updated to {upd.weight_version}."
+        self.state.model_path = upd.model_path
+        return json_response(P.update_weights_body(True, message, 0))
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        mode = "abort"
+        if raw.strip():
+            body = P.parse_json_body(raw)
+            if isinstance(body, dict) and body.get("mode") is not None:
+                mode = body["mode"]
+        if mode not in ("abort", "in_place", "retract"):
+            raise P.ProtocolError(f"mode must be 'abort', 'in_place' or 'retract', got {mode!r}")
+        await asyncio.to_thread(self.engine.pause, mode == "abort")
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self.engine.resume()
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        # There is no prefix cache to flush: every sequence is prefilled from scratch.
+        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                 "running or waiting requests, the operation will not be performed.)\n", status=200)
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        if isinstance(body, dict) and body.get("abort_all"):
+            await asyncio.to_thread(self.engine.abort_all, "Aborted by /abort_request.")
+        return web.Response(status=200)
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------
+def default_weight_loader(engine: Engine) -> WeightLoader:
+    """HF safetensors directory -> params with the served model's structure and dtypes."""
+
+    def load(path: str, load_format: str | None):
+        from flax import nnx
+
+        from openclaw_jax.models.config import ModelConfig
+        from openclaw_jax.models.weights import load_hf_checkpoint
+        if load_format not in (None, "auto", "safetensors", "hf"):
+            raise ValueError(f"load_format={load_format!r} is not supported; use 'auto' (HF safetensors)")
+        p = Path(path)
+        if not p.is_dir():
+            raise FileNotFoundError(f"model_path {path} is not a directory")
+        served: ModelConfig = engine.model_config
+        model, cfg = load_hf_checkpoint(p, dtype=served.param_dtype)
+        for name in ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "tie_word_embeddings", "attention_bias", "qk_norm"):
+            if getattr(cfg, name) != getattr(served, name):
+                raise ValueError(f"checkpoint {path} has {name}={getattr(cfg, name)!r}, the served model has "
+                                 f"{getattr(served, name)!r}")
+        return nnx.split(model)[1]
+
+    return load
+
+
+def load_for_serving(model: str, *, dtype: str | None = None):
+    """(Decoder, Tokenizer, hf_config, model_path) for `--model` (an HF directory or 'smollm2')."""
+    try:
+        from openclaw_jax.models.hub import load_pretrained
+    except ImportError:  # hub not available: load the two supported sources directly
+        return _load_direct(model, dtype)
+    pre = load_pretrained(model, dtype=dtype)
+    return pre.model, pre.tokenizer, pre.hf_config, str(pre.source)
+
+
+def _load_direct(model: str, dtype: str | None):
+    from openclaw_jax.models.config import ModelConfig
+    from openclaw_jax.models.tokenizer import load_tokenizer
+    from openclaw_jax.models.weights import load_hf_checkpoint, model_from_state_dict, read_hf_config
+    if model == "smollm2":
+        from openclaw_jax.models.gguf import gguf_to_hf, smollm2_gguf_path
+        from openclaw_jax.models.tokenizer import smollm2_tokenizer
+        path = smollm2_gguf_path()
+        hf_config, tensors = gguf_to_hf(path)
+        cfg = ModelConfig.from_hf_dict(hf_config)
+        if dtype:
+            cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+        else:
+            cfg = cfg.replace(param_dtype="float32")
+        return model_from_state_dict(cfg, tensors), smollm2_tokenizer(), hf_config, str(path)
+    path = Path(model)
+    if not path.is_dir():
+        raise SystemExit(f"--model {model!r} is neither 'smollm2' nor an HF checkpoint directory")
+    decoder, _ = load_hf_checkpoint(path, dtype=dtype)
+    return decoder, load_tokenizer(path), read_hf_config(path), str(path)
+
+
+def context_length_from(hf_config: dict | None, model_cfg, override: int | None) -> int:
+    if override is not None:
+        if override < 2:
+            raise ValueError(f"--context-length={override} must be >= 2")
+        return int(override)
+    for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"):
+        if hf_config and isinstance(hf_config.get(key), int):
+            return int(hf_config[key])
+    return int(model_cfg.max_position_embeddings)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+def build_arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m openclaw_jax.inference.server",
+                                 description="SGLang-compatible server around the JAX engine")
+    ap.add_argument("--model", "--model-path", dest="model", required=True,
+                    help="an HF checkpoint directory (config.json, safetensors, tokenizer.json) or 'smollm2'")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on stdout)")
+    ap.add_argument("--context-length", type=int, default=None, help="default: from the model config")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>'")
+    ap.add_argument("--weight-version", default="default")
+    ap.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16"])
+    ap.add_argument("--max-running-requests", type=int, default=16, help="largest decode batch")
+    ap.add_argument("--min-prompt-bucket", type=int, default=16)
+    ap.add_argument("--min-cache-bucket", type=int, default=64)
+    ap.add_argument("--min-batch-bucket", type=int, default=1)
+    ap.add_argument("--kv-cache-budget-gb", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--shutdown-timeout", type=float, default=30.0)
+    ap.add_argument("--log-level", default="info")
+    return ap
+
+
+def _bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(server: InferenceServer, sock: socket.socket, shutdown_timeout: float) -> None:
+    app = server.make_app()
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.SockSite(runner, sock)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    host, port = sock.getsockname()[:2]
+    # One machine-readable line for launchers and tests.
+    print(f"READY http://{host}:{port}", flush=True)
+    logger.info("serving %s on http://%s:%d", server.state.served_model_name, host, port)
+    await stop.wait()
+    logger.info("signal received: shutting down gracefully")
+    await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    model, tokenizer, hf_config, source = load_for_serving(args.model, dtype=args.dtype)
+    context_length = context_length_from(hf_config, model.cfg, args.context_length)
+    engine = Engine(model, tokenizer, context_length=context_length, weight_version=args.weight_version,
+                    seed=args.seed,
+                    config=EngineConfig(max_batch_size=args.max_running_requests,
+                                        min_prompt_bucket=args.min_prompt_bucket,
+                                        min_cache_bucket=args.min_cache_bucket,
+                                        min_batch_bucket=args.min_batch_bucket,
+                                        kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30))))
+    name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
+    server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key)
+    sock = _bind_socket(args.host, args.port)
+    try:
+        asyncio.run(serve(server, sock, args.shutdown_timeout))
+    finally:
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Shared pytest fixtures. Each engineer keeps their fixtures in a clearly named section."""
+
+from __future__ import annotations
+
+import pytest
+
+
+# ==============================================================================================
+# inference / rollout: tiny random HF checkpoints (config.json + safetensors + tokenizer files)
+# ==============================================================================================
+TINY_VOCAB = 320  # tiny_test_tokenizer(320): bytes, merges, then 7 specials (ChatML, <tool_call>, ...)
+
+
+def make_tiny_qwen3_checkpoint(out_dir, *, seed: int = 0, vocab: int = TINY_VOCAB, hidden: int = 32,
+                               layers: int = 2, max_positions: int = 512, weight_scale: float = 0.15):
+    """Write a random Qwen3ForCausalLM (transformers, float32) + the tiny test tokenizer to `out_dir`.
+
+    Every weight is redrawn with a sizeable scale so next-token distributions are peaked (greedy
+    decisions are not near-ties) and different seeds give clearly different models.
+    """
+    import torch
+    import transformers
+
+    from openclaw_jax.models.tokenizer import tiny_test_tokenizer
+
+    tok = tiny_test_tokenizer(vocab)
+    config = transformers.Qwen3Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_positions,
+        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, attn_implementation="eager",
+        eos_token_id=list(tok.eos_token_ids), bos_token_id=None, pad_token_id=tok.pad_token_id,
+        torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            param.copy_(1.0 + 0.2 * noise if name.endswith("norm.weight") else weight_scale * noise)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory):
+    """A tiny random Qwen3 HF checkpoint directory (seed 0) with tokenizer files."""
+    return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("tiny_qwen3") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir_b(tmp_path_factory):
+    """Same architecture as `tiny_qwen3_dir`, different random weights (seed 1): for weight updates."""
+    return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("tiny_qwen3_b") / "model", seed=1)
