@@ -106,6 +106,14 @@ def conversation(i: int, turns: int) -> list[dict]:
     return msgs
 
 
+def direct_payload(tokenizer, ids: list[int], max_tokens: int, temperature: float) -> dict:
+    """Exactly what the gateway sends to the worker for a main turn (same work on both paths)."""
+    return {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 0, "logprob_start_len": -1,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": 1.0,
+                                "top_k": -1, "skip_special_tokens": True,
+                                "stop_token_ids": sorted(set(tokenizer.eos_token_ids))}}
+
+
 async def latency(gw_url: str, worker_url: str, tokenizer, n: int, max_tokens: int, temperature: float):
     direct, via_gateway = [], []
     async with aiohttp.ClientSession() as http:
@@ -113,11 +121,8 @@ async def latency(gw_url: str, worker_url: str, tokenizer, n: int, max_tokens: i
             msgs = conversation(i, i % 4)
             ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
             t0 = time.perf_counter()
-            async with http.post(worker_url + "/generate", json={
-                    "input_ids": ids, "return_logprob": True, "top_logprobs_num": 0, "logprob_start_len": -1,
-                    "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": 1.0,
-                                        "top_k": -1, "skip_special_tokens": True,
-                                        "stop_token_ids": list(tokenizer.eos_token_ids)}}) as r:
+            async with http.post(worker_url + "/generate",
+                                 json=direct_payload(tokenizer, ids, max_tokens, temperature)) as r:
                 await r.read()
                 assert r.status == 200, r.status
             t1 = time.perf_counter()
@@ -149,9 +154,8 @@ async def throughput(url: str, sessions: int, turns: int, max_tokens: int, direc
                     assert r.status == 200, (r.status, await r.text())
             else:
                 ids = direct_tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-                async with http.post(url + "/generate", json={
-                        "input_ids": ids, "return_logprob": True,
-                        "sampling_params": {"max_new_tokens": max_tokens}}) as r:
+                async with http.post(url + "/generate", json=direct_payload(direct_tokenizer, ids, max_tokens,
+                                                                           temperature=1.0)) as r:
                     await r.read()
                     assert r.status == 200, r.status
             latencies.append((time.perf_counter() - t0) * 1e3)
@@ -234,6 +238,8 @@ def main() -> int:
               f"   (paired differences: p50 {pct(added, 50):.2f}, p99 {pct(added, 99):.2f}, "
               f"mean {statistics.mean(added):.2f})")
 
+        # Warm-up at full concurrency (a JAX worker compiles its batch/length buckets here), untimed.
+        asyncio.run(throughput(worker_url, args.sessions, args.turns, args.max_tokens, direct_tokenizer=tokenizer))
         asyncio.run(wait_for_judgements(gw_url))
         before = asyncio.run(store_count(gw_url))
         rps, lats, elapsed = asyncio.run(throughput(gw_url, args.sessions, args.turns, args.max_tokens))
