@@ -1,0 +1,80 @@
+"""Simulated users as a background traffic source for a training run.
+
+`EnvRunner.drive(stop)` keeps simulated users talking to the gateway until `stop` is set, with
+back-pressure: while more than `backlog` samples wait for the trainer, no new sessions start
+(otherwise a slow trainer would only accumulate stale samples). `preference_score()` measures
+the persona's preference on held-out questions through the same gateway (side turns, greedy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from openclaw_jax.config import ExperimentConfig
+from openclaw_jax.envs.personas import persona_from_spec
+from openclaw_jax.envs.questions import heldout_questions, train_questions
+from openclaw_jax.envs.simulated_user import SimulatedUser, SimulatedUserConfig, preference_score
+from openclaw_jax.gateway.samples import SampleStore
+
+log = logging.getLogger(__name__)
+
+
+class EnvRunner:
+    def __init__(self, cfg: ExperimentConfig, gateway_url: str, *, store_dir: str, api_key: str | None,
+                 offset_fn: Callable[[], int], backlog: int | None = None):
+        env = cfg.env
+        self.cfg = cfg
+        self.base_url = gateway_url.rstrip("/") + "/v1"
+        self.api_key = api_key
+        self.persona = persona_from_spec(env.persona)
+        self.heldout = heldout_questions(env.questions, env.heldout_questions, seed=env.seed)
+        self.store_dir = store_dir
+        self.offset_fn = offset_fn
+        self.backlog = backlog if backlog is not None else 2 * cfg.trainer.rollout_batch_size
+        self.user = SimulatedUser(
+            self.persona, train_questions(env.questions, seed=env.seed), base_url=self.base_url, api_key=api_key,
+            config=SimulatedUserConfig(turns_per_session=env.turns_per_session, concurrency=env.concurrency,
+                                       max_tokens=env.max_tokens, temperature=cfg.gateway.temperature,
+                                       seed=env.seed))
+
+    def _waiting(self, store: SampleStore) -> int:
+        return store.refresh() - self.offset_fn()
+
+    async def drive(self, stop: asyncio.Event) -> None:
+        """Run sessions in rounds of `env.concurrency` until `stop`; errors end a round, not the run."""
+        store = SampleStore(self.store_dir, readonly=True)
+        try:
+            while not stop.is_set():
+                if self._waiting(store) >= self.backlog:
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=0.25)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                try:
+                    stats = await self.user.run(self.cfg.env.concurrency)
+                    log.debug("simulated sessions: %s", stats.metrics())
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a failed round is logged; the run goes on
+                    log.exception("simulated user round failed")
+                    await asyncio.sleep(1.0)
+        finally:
+            store.close()
+
+    async def preference_score(self, *, writer: Any = None, step: int | None = None) -> float:
+        """Fraction of greedy held-out first answers that satisfy the persona (issue 6's score).
+
+        Logged as `eval/preference_score`, with the mean rubric grade as `eval/mean_rubric_score`.
+        """
+        result = await preference_score(self.base_url, self.persona, self.heldout, max_tokens=self.cfg.env.max_tokens,
+                                        api_key=self.api_key)
+        if writer is not None and step is not None:
+            writer.scalars(step, {"eval/preference_score": result.score, "eval/mean_rubric_score": result.mean_score})
+            writer.flush()
+        return float(result.score)
+
+    async def close(self) -> None:
+        await self.user.close()

@@ -1,0 +1,83 @@
+"""Pushing the trainer's weights to the serving pool (DESIGN sections 8 and 10).
+
+Two ways, one interface (`await sync(graphdef, state, version)`):
+
+* `InProcessWeightSync`: the embedded JAX engine lives in this process; its params are swapped
+  between decode steps (running requests finish on the old version first).
+* `DiskWeightSync`: external SGLang workers; the model is written as an HF safetensors
+  directory under a shared path, then every worker is told to `/update_weights_from_disk`
+  with the new `weight_version` (a router does not forward weight updates, so the workers are
+  called one by one). Serving never pauses for training: the update is a swap on the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from flax import nnx
+
+log = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    """A worker did not accept the new weights."""
+
+
+class InProcessWeightSync:
+    """Swap the params of an in-process `Engine`."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    async def __call__(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> None:
+        await asyncio.to_thread(self.engine.swap_weights, state, version)
+        log.info("weights pushed in process: weight_version=%s", version)
+
+
+class DiskWeightSync:
+    """Write HF safetensors to `directory/<version>` and ask every worker to load them."""
+
+    def __init__(self, client: Any, directory: str | Path, *, model_config: Any, keep: int = 2,
+                 extra_config: dict | None = None, tokenizer_files_from: str | Path | None = None):
+        self.client = client
+        self.directory = Path(directory)
+        self.model_config = model_config
+        self.keep = keep
+        self.extra_config = extra_config
+        self.tokenizer_files_from = Path(tokenizer_files_from) if tokenizer_files_from else None
+        self._written: list[Path] = []
+
+    def _write(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> Path:
+        from openclaw_jax.models.weights import save_hf_checkpoint
+
+        out = self.directory / f"step_{version}"
+        save_hf_checkpoint(nnx.merge(graphdef, state), self.model_config, out, extra_config=self.extra_config)
+        if self.tokenizer_files_from is not None:
+            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                         "generation_config.json", "chat_template.jinja"):
+                src = self.tokenizer_files_from / name
+                if src.exists():
+                    shutil.copy2(src, out / name)
+        return out
+
+    async def __call__(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> None:
+        path = await asyncio.to_thread(self._write, graphdef, state, version)
+        results = await self.client.update_weights_from_disk(str(path), weight_version=version)
+        failed = [r for r in results if not r.success]
+        if failed:
+            raise WeightSyncError("workers rejected weights %s: %s" % (
+                version, "; ".join(f"{r.url}: {r.message}" for r in failed)))
+        log.info("weights pushed to %d worker(s): weight_version=%s (%s)", len(results), version, path)
+        self._written.append(path)
+        while len(self._written) > self.keep:
+            old = self._written.pop(0)
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def worker_urls(policy_urls: Sequence[str], explicit_workers: Sequence[str]) -> list[str]:
+    """Workers to update: the explicit list when given (router setups), else the pool URLs."""
+    return list(explicit_workers) if explicit_workers else list(policy_urls)

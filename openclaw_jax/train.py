@@ -1,0 +1,359 @@
+"""`python -m openclaw_jax.train --config configs/<x>.yaml [key=value ...]`
+
+Starts, as the config says, the embedded JAX policy server (or a client to an external SGLang
+pool), the gateway with its judge and sample store, simulated users (optional), and the
+trainer, all in this process on one asyncio loop (jitted work runs in threads). Ctrl-C /
+SIGTERM stops everything cleanly: users stop, the trainer finishes its step and checkpoints,
+the gateway drains, servers close.
+
+Layout of `run_dir`: `config.yaml` (the resolved config), `base_model/` (a random model's HF
+dir), `samples/` (the store), `ckpt/` (orbax), `tb/` (TensorBoard), `export/step_N/` (HF
+safetensors of the trained model), `weights/` (external pool sync), `eval.jsonl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from openclaw_jax.config import ExperimentConfig, load_experiment_config
+from openclaw_jax.configlib import ConfigError, dump_yaml
+
+log = logging.getLogger("openclaw_jax.train")
+
+
+# ----------------------------------------------------------------------------- models
+
+
+@dataclasses.dataclass
+class BaseModel:
+    model: Any           # Decoder (plain, unsharded)
+    tokenizer: Any
+    model_dir: str       # what the gateway / eval use to find the tokenizer ("smollm2" or an HF dir)
+    hf_config: dict
+
+
+def _tokenizer_by_name(name: str):
+    from openclaw_jax.models import tokenizer as T
+
+    if name == "tiny":
+        return T.tiny_test_tokenizer()
+    if name == "qwen3":
+        return T.qwen3_tokenizer()
+    if name == "smollm2":
+        return T.smollm2_tokenizer()
+    return T.load_tokenizer(name)
+
+
+def _random_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
+    """Create (once) a random HF checkpoint of the configured shape, with tokenizer files."""
+    import jax.numpy as jnp  # noqa: F401  (jax initialised before nnx)
+    from flax import nnx
+
+    from openclaw_jax.models.config import ModelConfig
+    from openclaw_jax.models.decoder import Decoder
+    from openclaw_jax.models.weights import save_hf_checkpoint
+
+    r = cfg.model.random
+    tokenizer = _tokenizer_by_name(cfg.model.tokenizer)
+    mcfg = ModelConfig(
+        family=r.family, vocab_size=tokenizer.vocab_size, hidden_size=r.hidden_size,
+        intermediate_size=r.intermediate_size, num_layers=r.num_layers, num_heads=r.num_heads,
+        num_kv_heads=r.num_kv_heads, head_dim=r.head_dim, max_position_embeddings=r.max_position_embeddings,
+        tie_word_embeddings=r.tie_word_embeddings, qk_norm=r.family == "qwen3", attention_bias=r.family == "qwen2",
+        eos_token_id=tuple(tokenizer.eos_token_ids))
+    model = Decoder(mcfg, rngs=nnx.Rngs(r.seed))
+    save_hf_checkpoint(model, mcfg, out_dir)
+    tokenizer.save_pretrained(out_dir)
+    log.info("created random %s base model (%s) in %s", r.family, mcfg, out_dir)
+
+
+def load_base_model(cfg: ExperimentConfig) -> BaseModel:
+    from openclaw_jax.models.hub import load_pretrained
+
+    path = cfg.model.path
+    if path == "random":
+        out = Path(cfg.run_dir) / "base_model"
+        if not (out / "config.json").exists():
+            _random_base_model(cfg, out)
+        path = str(out)
+    loaded = load_pretrained(path, dtype=cfg.model.param_dtype)
+    tokenizer = loaded.tokenizer
+    if cfg.model.tokenizer not in ("auto",) and cfg.model.path != "random":
+        tokenizer = _tokenizer_by_name(cfg.model.tokenizer)
+    model = loaded.model
+    changes = {}
+    if model.cfg.dtype != cfg.model.dtype:
+        changes["dtype"] = cfg.model.dtype
+    if cfg.model.remat:
+        changes["remat"] = True
+    if changes:
+        model.cfg = model.cfg.replace(**changes)
+    return BaseModel(model, tokenizer, path, dict(loaded.hf_config or {}))
+
+
+def _copy_model(model):
+    """An independent copy (own buffers) of an NNX model."""
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), state))
+
+
+def build_trainer(cfg: ExperimentConfig, base: BaseModel):
+    """Student (+LoRA) and frozen teacher sharded on one mesh, and the Trainer around them."""
+    from flax import nnx
+
+    from openclaw_jax.models.lora import LoRAConfig, add_lora
+    from openclaw_jax.parallel.mesh import make_mesh, shard_model
+    from openclaw_jax.trainer.loop import Trainer
+
+    mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
+    if cfg.trainer.teacher == "initial":
+        teacher = _copy_model(base.model)
+    else:
+        from openclaw_jax.models.hub import load_pretrained
+
+        teacher = load_pretrained(cfg.trainer.teacher, dtype=cfg.model.param_dtype).model
+    student = _copy_model(base.model)
+    if cfg.model.lora.enabled:
+        lc = cfg.model.lora
+        student = add_lora(student, LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets),
+                           rngs=nnx.Rngs(cfg.seed + 1))
+    student = shard_model(student, mesh)
+    teacher = shard_model(teacher, mesh)
+    pad = base.tokenizer.pad_token_id
+    return Trainer(cfg, student, teacher, mesh, pad_id=int(pad) if pad is not None else 0)
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """One console line, rewritten in place (a progress display, not logging)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.fields: dict[str, str] = {}
+
+    def update(self, **fields: Any) -> None:
+        for k, v in fields.items():
+            self.fields[k] = f"{v:.4g}" if isinstance(v, float) else str(v)
+        if self.enabled:
+            line = "  ".join(f"{k} {v}" for k, v in self.fields.items())
+            sys.stderr.write("\r\033[K" + line[:200])
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+async def run(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Run the whole loop; returns a summary (steps, preference scores, wall time)."""
+    import jax
+    from aiohttp import web
+
+    from openclaw_jax.gateway.server import start_gateway, stop_gateway
+    from openclaw_jax.parallel.mesh import maybe_initialize_distributed
+    from openclaw_jax.rollout.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
+    from openclaw_jax.trainer.checkpoint import Checkpointer
+    from openclaw_jax.trainer.metrics import MetricsWriter
+
+    t_start = time.monotonic()
+    maybe_initialize_distributed()
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    base = await asyncio.to_thread(load_base_model, cfg)
+    trainer = await asyncio.to_thread(build_trainer, cfg, base)
+    checkpointer = Checkpointer(run_dir / "ckpt", max_to_keep=cfg.trainer.keep_checkpoints)
+    resumed = await asyncio.to_thread(trainer.restore, checkpointer)
+    is_main = jax.process_index() == 0
+    writer = MetricsWriter(run_dir / "tb", enabled=is_main)
+    progress = Progress(cfg.progress and is_main)
+
+    cleanups: list[Any] = []
+    summary: dict[str, Any] = {"resumed": resumed, "start_step": trainer.step, "preference": []}
+    try:
+        # --- serving pool
+        if cfg.policy.mode == "embedded":
+            from openclaw_jax.inference.engine import Engine, EngineConfig
+            from openclaw_jax.inference.server import InferenceServer
+
+            serving = _copy_model(trainer.serving_model())
+            engine = Engine(serving, base.tokenizer, context_length=cfg.policy.context_length or None,
+                            config=EngineConfig(max_batch_size=cfg.policy.max_batch_size),
+                            weight_version=trainer.weight_version, seed=cfg.seed)
+            server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
+                                     served_model_name=Path(base.model_dir).name)
+            runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
+            await runner.setup()
+            site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
+            await site.start()
+            cleanups.append(runner.cleanup)
+            policy_urls = [f"http://{cfg.policy.host}:{runner.addresses[0][1]}"]
+            sync = InProcessWeightSync(engine)
+
+            async def push(graphdef, state, version):
+                await sync(graphdef, jax.tree.map(lambda x: x.copy(), state), version)
+        else:
+            from openclaw_jax.rollout.client import PoolClient
+
+            policy_urls = list(cfg.policy.urls)
+            client = PoolClient(worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
+                                request_timeout_s=cfg.policy.request_timeout_s)
+            await client.start()
+            cleanups.append(client.close)
+            push = DiskWeightSync(client, cfg.policy.weight_sync_dir or run_dir / "weights",
+                                  model_config=base.model.cfg, extra_config=base.hf_config,
+                                  tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
+            if resumed:  # the workers serve the base model; bring them to the resumed weights
+                graphdef, state = _split(trainer.serving_model())
+                await push(graphdef, state, trainer.weight_version)
+        log.info("policy pool: %s", policy_urls)
+
+        # --- gateway (judge + sample store)
+        gw_cfg = dataclasses.replace(cfg.gateway, policy_urls=tuple(policy_urls),
+                                     store_dir=str(run_dir / "samples"), model=base.model_dir)
+        gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=base.tokenizer)
+        cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
+        log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
+        summary["gateway_url"] = gateway_url
+
+        # --- simulated users and held-out evaluation
+        env_tasks: list[asyncio.Task] = []
+        evaluate = None
+        if cfg.env.enabled:
+            from openclaw_jax.envs.runner import EnvRunner
+
+            env = EnvRunner(cfg, gateway_url, store_dir=str(run_dir / "samples"), api_key=cfg.gateway.api_key,
+                            offset_fn=lambda: trainer.sample_offset)
+            cleanups.append(env.close)
+
+            async def evaluate(step: int) -> float:
+                score = await env.preference_score(writer=writer, step=step)
+                progress.update(pref=score)
+                record = {"step": step, "preference_score": score, "time_s": time.monotonic() - t_start}
+                summary["preference"].append(record)
+                with open(run_dir / "eval.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                log.info("held-out preference score at step %d: %.3f", step, score)
+                return score
+
+            await evaluate(trainer.step)
+            env_tasks.append(asyncio.create_task(env.drive(stop)))
+
+        async def on_step(step: int, metrics: dict[str, float]) -> None:
+            progress.update(step=f"{step}/{cfg.trainer.max_steps}", loss=metrics.get("loss", float("nan")),
+                            reward=metrics.get("rollout/reward", float("nan")),
+                            waiting=int(metrics.get("samples/waiting", 0)))
+            if cfg.trainer.export_every and step % cfg.trainer.export_every == 0:
+                await asyncio.to_thread(export, trainer, base, run_dir)
+            if evaluate is not None and cfg.env.eval_every and step % cfg.env.eval_every == 0 \
+                    and step < cfg.trainer.max_steps:
+                await evaluate(step)
+
+        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=writer, push_weights=push,
+                          stop=stop, on_step=on_step,
+                          progress=lambda text: progress.update(status=text))
+        stop.set()
+        for task in env_tasks:
+            task.cancel()
+        await asyncio.gather(*env_tasks, return_exceptions=True)
+        await asyncio.to_thread(trainer.save_checkpoint, checkpointer)
+        summary["export_dir"] = str(await asyncio.to_thread(export, trainer, base, run_dir))
+        if evaluate is not None and trainer.step > summary["start_step"]:
+            await evaluate(trainer.step)
+    finally:
+        progress.close()
+        for cleanup in reversed(cleanups):
+            with contextlib.suppress(Exception):
+                await cleanup()
+        writer.close()
+        checkpointer.close()
+    summary["end_step"] = trainer.step
+    summary["wall_time_s"] = time.monotonic() - t_start
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _split(model):
+    from flax import nnx
+
+    return nnx.split(model)
+
+
+def export(trainer, base: BaseModel, run_dir: Path) -> Path:
+    """HF safetensors (+ tokenizer files) of the current student under export/step_N."""
+    from openclaw_jax.models.weights import save_hf_checkpoint
+
+    out = run_dir / "export" / f"step_{trainer.step}"
+    if not out.exists():
+        save_hf_checkpoint(trainer.serving_model(), None, out, extra_config=base.hf_config)
+        if hasattr(base.tokenizer, "save_pretrained"):
+            base.tokenizer.save_pretrained(out)
+    return out
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m openclaw_jax.train",
+        description="Train a model from live conversations (hybrid GRPO + top-K OPD), serving it meanwhile.",
+        epilog="Example: python -m openclaw_jax.train --config configs/tiny_cpu.yaml trainer.max_steps=5 "
+               "run_dir=runs/try")
+    parser.add_argument("--config", action="append", default=[], metavar="YAML",
+                        help="YAML config file (repeatable; later files override earlier ones)")
+    parser.add_argument("--gin-file", action="append", default=[], metavar="GIN",
+                        help="gin file binding config fields, e.g. `TrainerConfig.max_steps = 10`")
+    parser.add_argument("--gin", action="append", default=[], metavar="BINDING",
+                        help="one gin binding, e.g. --gin 'trainer.method = \"rl\"'")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides, e.g. trainer.max_steps=10 loss.subset_mode=overlap")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_experiment_config(args.config, args.overrides, args.gin_file, args.gin)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        sys.stdout.write(dump_yaml(cfg))
+        return 0
+    logging.basicConfig(level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    summary = asyncio.run(run(cfg))
+    log.info("done: %s", json.dumps({k: v for k, v in summary.items() if k != "preference"}))
+    for record in summary["preference"]:
+        log.info("preference score at step %d: %.3f", record["step"], record["preference_score"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

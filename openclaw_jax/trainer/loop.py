@@ -1,0 +1,232 @@
+"""The stateful trainer: owns params, optimizer state and the jitted phases; trains on batches.
+
+`Trainer.train_on(packed)` runs one step (DESIGN section 7) on a `PackedBatch` and returns its
+metrics; `Trainer.run(...)` is the asyncio loop that waits for samples in the store, trains,
+pushes weights to the serving pool, logs to TensorBoard and checkpoints. The pure functions
+it calls live in `step.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from openclaw_jax.config import ExperimentConfig
+from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.losses import overlap_counts, select_hint
+from openclaw_jax.models.lora import LoRAParam
+from openclaw_jax.trainer import step as S
+from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher
+from openclaw_jax.trainer.checkpoint import Checkpointer
+from openclaw_jax.trainer.metrics import MetricsWriter
+
+log = logging.getLogger(__name__)
+
+# A weight push: (plain-model state, version) -> awaitable; see rollout/weight_sync.py.
+WeightPush = Callable[[nnx.GraphDef, nnx.State, str], Awaitable[None]]
+
+
+def _k_star(student_ids, teacher_ids, candidate_mask, token_mask, mode):
+    return select_hint(overlap_counts(student_ids, teacher_ids), candidate_mask, token_mask, mode)
+
+
+class Trainer:
+    """Student (full or LoRA) + frozen teacher on one mesh, optax state, and the step phases."""
+
+    def __init__(self, cfg: ExperimentConfig, student: nnx.Module, teacher: nnx.Module,
+                 mesh: jax.sharding.Mesh, *, pad_id: int = 0):
+        self.cfg = cfg
+        self.mesh = mesh
+        tcfg = cfg.trainer
+        self.trainable_filter = LoRAParam if cfg.model.lora.enabled else nnx.Param
+        self.graphdef, self.trainable, self.frozen = nnx.split(student, self.trainable_filter, ...)
+        self.teacher_graphdef, self.teacher_state = nnx.split(teacher)
+        self.settings = S.StepSettings(loss_name=tcfg.method, loss=cfg.loss, temperature=tcfg.temperature,
+                                       top_k=tcfg.top_k, chunk_size=tcfg.chunk_size)
+        opt = tcfg.optimizer
+        self.tx, self.schedule = S.make_optimizer(opt.lr, warmup_steps=opt.warmup_steps,
+                                                  weight_decay=opt.weight_decay, b1=opt.b1, b2=opt.b2,
+                                                  eps=opt.eps, grad_clip=opt.grad_clip)
+        trainable_shardings = jax.tree.map(lambda x: x.sharding, self.trainable)
+        with jax.set_mesh(mesh):
+            self.opt_state = jax.jit(self.tx.init)(self.trainable)
+        opt_shardings = jax.tree.map(lambda x: x.sharding, self.opt_state)
+        self.step = 0
+        self.sample_offset = 0
+        self.rng = jax.random.key_data(jax.random.key(cfg.seed))
+        self.spec = BatchSpec(
+            batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
+            min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
+            min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
+            max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id)
+        batch_axes = ("data", "fsdp")
+        n_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+        spec = PartitionSpec(batch_axes) if tcfg.rollout_batch_size % n_batch_shards == 0 else PartitionSpec()
+        self._batch_sharding = NamedSharding(mesh, spec)
+        st = self.settings
+        self._old_pass = jax.jit(functools.partial(S.old_pass, settings=st))
+        self._teacher_pass = jax.jit(functools.partial(S.teacher_pass, settings=st))
+        self._old_at = jax.jit(functools.partial(S.old_logprobs_at, settings=st))
+        self._importance = jax.jit(functools.partial(S.importance_weights, cap=tcfg.importance_cap))
+        self._train_step = jax.jit(
+            functools.partial(S.train_step, settings=st, optimizer=self.tx, lr_schedule=self.schedule),
+            donate_argnums=(1, 3), out_shardings=(trainable_shardings, opt_shardings, None))
+        self._k_star = jax.jit(functools.partial(_k_star, mode=cfg.loss.hint_selection))
+
+    # ------------------------------------------------------------------ state
+
+    def train_state(self) -> dict[str, Any]:
+        return {"trainable": self.trainable, "opt_state": self.opt_state, "rng": self.rng}
+
+    def load_train_state(self, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.trainable = state["trainable"]
+        self.opt_state = state["opt_state"]
+        self.rng = state["rng"]
+        self.step = int(meta["step"])
+        self.sample_offset = int(meta["sample_offset"])
+
+    @property
+    def weight_version(self) -> str:
+        return str(self.step)
+
+    def serving_model(self) -> nnx.Module:
+        """The current student as a plain model (LoRA merged) for serving and export."""
+        model = nnx.merge(self.graphdef, self.trainable, self.frozen)
+        if self.cfg.model.lora.enabled:
+            from openclaw_jax.models.lora import merge_lora
+
+            model = merge_lora(model)
+        return model
+
+    # ------------------------------------------------------------------ one step
+
+    def _put(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        return {k: jax.device_put(v, self._batch_sharding) for k, v in arrays.items()}
+
+    def train_on(self, packed: PackedBatch) -> dict[str, float]:
+        """One optimizer step on `packed`; returns host metrics (DESIGN names plus step extras)."""
+        times: dict[str, float] = {}
+        t0 = time.perf_counter()
+        with jax.set_mesh(self.mesh):
+            inputs = S.StudentInputs(**self._put(packed.student))
+            teacher_inputs = S.TeacherInputs(**self._put(packed.teacher))
+            state = (self.trainable, self.frozen)
+            old = jax.block_until_ready(self._old_pass(self.graphdef, state, inputs))
+            times["old_pass"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            teach = jax.block_until_ready(self._teacher_pass(
+                self.teacher_graphdef, self.teacher_state, teacher_inputs, inputs.response_ids, old.topk_ids))
+            times["teacher_pass"] = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            old_at = self._old_at(self.graphdef, state, old.hidden, teach.topk_ids)
+            weights = None
+            if self.cfg.trainer.staleness_mode == "importance":
+                weights = self._importance(old.old_logprobs, inputs.rollout_logprobs, inputs.response_mask)
+            batch = S.assemble_batch(inputs, teacher_inputs, old, teach, old_at, weights)
+            k_star = self._k_star(old.topk_ids, teach.topk_ids, teacher_inputs.candidate_mask,
+                                  inputs.response_mask)
+            self.trainable, self.opt_state, metrics = self._train_step(
+                self.graphdef, self.trainable, self.frozen, self.opt_state, inputs, batch)
+            metrics = jax.device_get(metrics)
+            times["train_step"] = time.perf_counter() - t2
+        self.step += 1
+        total = time.perf_counter() - t0
+        out = {k: float(v) for k, v in metrics.items()}
+        mask = packed.student["response_mask"]
+        tokens = float(mask.sum() + (packed.student["response_start"] * packed.student["sample_mask"]).sum())
+        out.update({f"time/{k}": v for k, v in times.items()})
+        out["time/step"] = total
+        out["tokens_per_s"] = tokens / max(total, 1e-9)
+        n_real = len(packed.samples)
+        out["rollout/prm_eval_score"] = float(np.mean([s.eval_score for s in packed.samples]))
+        out["rollout/reward"] = float(np.mean([s.reward for s in packed.samples]))
+        for kind in ("opd+rl", "opd", "rl"):
+            out[f"samples/{kind}"] = float(packed.kinds.get(kind, 0))
+        out["samples/per_step"] = float(n_real)
+        out["staleness/mean"] = float(packed.staleness.mean()) if n_real else 0.0
+        out["staleness/max"] = float(packed.staleness.max()) if n_real else 0.0
+        self._last_k_star = np.asarray(k_star)[np.asarray(mask) > 0]
+        self._last_hints = [h for s in packed.samples for h in s.hints]
+        return out
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, store_dir: str, *, checkpointer: Checkpointer | None, writer: MetricsWriter | None,
+                  push_weights: WeightPush | None, stop: asyncio.Event,
+                  on_step: Callable[[int, dict[str, float]], Awaitable[None] | None] | None = None,
+                  progress: Callable[[str], None] | None = None) -> None:
+        """Train until `trainer.max_steps` or `stop`: wait for samples, step, sync, log, checkpoint."""
+        tcfg = self.cfg.trainer
+        batcher = SampleBatcher(store_dir, self.spec)
+        store = SampleStore(store_dir, readonly=True)
+        last_arrival = time.monotonic()
+        try:
+            while self.step < tcfg.max_steps and not stop.is_set():
+                available = store.refresh()
+                waiting = available - self.sample_offset
+                if progress is not None:
+                    progress(f"step {self.step}/{tcfg.max_steps}  samples waiting {waiting}")
+                if waiting < tcfg.rollout_batch_size:
+                    if tcfg.wait_timeout_s and time.monotonic() - last_arrival > tcfg.wait_timeout_s:
+                        log.warning("no new samples for %.0f s; stopping", tcfg.wait_timeout_s)
+                        break
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=0.25)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                last_arrival = time.monotonic()
+                start, stop_offset = self.sample_offset, self.sample_offset + tcfg.rollout_batch_size
+                packed = next(iter(batcher.batches(start, stop_offset, current_version=self.step)), None)
+                if packed is None:  # every sample of the window was dropped (stale or too long)
+                    self.sample_offset = stop_offset
+                    continue
+                metrics = await asyncio.to_thread(self.train_on, packed)
+                self.sample_offset = stop_offset
+                metrics["samples/dropped_stale"] = float(batcher.dropped["stale"])
+                metrics["samples/waiting"] = float(available - self.sample_offset)
+                if push_weights is not None and self.step % tcfg.sync_every == 0:
+                    t = time.perf_counter()
+                    model = self.serving_model()
+                    graphdef, state = nnx.split(model)
+                    await push_weights(graphdef, state, self.weight_version)
+                    metrics["time/weight_sync"] = time.perf_counter() - t
+                metrics["weight_version"] = float(self.step)
+                if writer is not None and self.step % tcfg.log_every == 0:
+                    writer.scalars(self.step, metrics)
+                    writer.histogram(self.step, "sel_k_star", self._last_k_star)
+                    if self._last_hints:
+                        writer.text(self.step, "hints", "\n\n".join(f"- {h}" for h in self._last_hints))
+                    writer.flush()
+                if checkpointer is not None and tcfg.checkpoint_every and self.step % tcfg.checkpoint_every == 0:
+                    await asyncio.to_thread(self.save_checkpoint, checkpointer)
+                if on_step is not None:
+                    result = on_step(self.step, metrics)
+                    if asyncio.iscoroutine(result):
+                        await result
+        finally:
+            store.close()
+
+    def save_checkpoint(self, checkpointer: Checkpointer) -> None:
+        if checkpointer.latest_step() == self.step:
+            return
+        checkpointer.save(self.step, self.train_state(), {
+            "step": self.step, "sample_offset": self.sample_offset, "weight_version": self.weight_version})
+
+    def restore(self, checkpointer: Checkpointer) -> bool:
+        restored = checkpointer.restore(self.train_state())
+        if restored is None:
+            return False
+        state, meta = restored
+        self.load_train_state(state, meta)
+        log.info("resumed at step %d, sample offset %d", self.step, self.sample_offset)
+        return True

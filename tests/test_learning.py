@@ -1,0 +1,45 @@
+"""Learning: a tiny model driven by a scripted user with a fixed preference gets better.
+
+The full product loop runs in-process (embedded server, gateway with the rule judge, durable
+store, simulated users through the official `openai` client, trainer, in-process weight sync):
+the held-out preference score (greedy first answers that begin with "Sure") must rise clearly
+above its baseline within a bounded number of steps, for each of `combine`, `rl` and `opd`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hint_following import make_hint_following_model
+from openclaw_jax.config import load_experiment_config
+from openclaw_jax.train import run
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def warm_model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hint_following") / "model"
+    make_hint_following_model(out, steps=150, batch=32)
+    return str(out)
+
+
+@pytest.mark.parametrize("method", ["combine", "rl", "opd"])
+def test_preference_score_rises(method, warm_model_dir, tmp_path):
+    cfg = load_experiment_config(["configs/tiny_cpu.yaml"], [
+        f"run_dir={tmp_path / 'run'}", f"model.path={warm_model_dir}", "model.tokenizer=auto",
+        "progress=false", f"trainer.method={method}", f"trainer.max_steps={MAX_STEPS}",
+        "trainer.rollout_batch_size=8", "trainer.checkpoint_every=0", "trainer.optimizer.lr=2e-3",
+        "env.persona=starts_with:prefix=Sure", "env.questions=arithmetic", "env.heldout_questions=12",
+        "env.concurrency=4", "env.eval_every=0", "gateway.default_max_tokens=12", "env.max_tokens=12",
+    ])
+    summary = asyncio.run(run(cfg))
+    scores = [r["preference_score"] for r in summary["preference"]]
+    assert summary["end_step"] == MAX_STEPS
+    baseline, final = scores[0], scores[-1]
+    assert baseline <= 0.25, f"the warmed-up model should rarely satisfy the persona at first: {scores}"
+    assert final >= baseline + 0.5, f"{method}: preference score did not rise clearly: {scores}"
