@@ -101,15 +101,23 @@ def gather_response(x: jax.Array, response_start: jax.Array, length: int) -> jax
     return jnp.take_along_axis(x, idx, axis=1)
 
 
+def _merge(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], *, frozen: bool = True):
+    """Rebuild the model from one state or a tuple of split states (no gradient when `frozen`)."""
+    states = state if isinstance(state, tuple) else (state,)
+    if frozen:
+        states = jax.lax.stop_gradient(states)
+    return nnx.merge(graphdef, *states)
+
+
 def _response_hidden(model, input_ids, response_start, length):
     hidden = model.hidden_states(input_ids)
     return gather_response(hidden, response_start, length)
 
 
-def old_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: StudentInputs,
+def old_pass(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], inputs: StudentInputs,
              settings: StepSettings) -> OldPassOutput:
     """Phase 1: old-policy log-probs of y_t and top-K (S^q), no gradient."""
-    model = nnx.merge(graphdef, jax.lax.stop_gradient(state))
+    model = _merge(graphdef, state)
     length = inputs.response_ids.shape[1]
     hidden = _response_hidden(model, inputs.input_ids, inputs.response_start, length)
     stats = ops.vocab_stats(hidden, model.lm_head_kernel(), ids=inputs.response_ids[..., None],
@@ -120,7 +128,7 @@ def old_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: StudentInputs,
 def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs, response_ids: jax.Array,
                  student_topk_ids: jax.Array, settings: StepSettings) -> TeacherPassOutput:
     """Phase 2: the frozen teacher over all candidates as one [B*C, Lt] forward, no gradient."""
-    model = nnx.merge(graphdef, jax.lax.stop_gradient(state))
+    model = _merge(graphdef, state)
     b, c, lt = inputs.input_ids.shape
     t, k = student_topk_ids.shape[1], student_topk_ids.shape[2]
     flat_ids = inputs.input_ids.reshape(b * c, lt)
@@ -141,10 +149,10 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
     )
 
 
-def old_logprobs_at(graphdef: nnx.GraphDef, state: nnx.State, old_hidden: jax.Array, ids: jax.Array,
+def old_logprobs_at(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], old_hidden: jax.Array, ids: jax.Array,
                     settings: StepSettings) -> jax.Array:
     """Phase 3: l_old at `ids [B, C, T, K]` from the old response hidden states `[B, T, H]`."""
-    model = nnx.merge(graphdef, jax.lax.stop_gradient(state))
+    model = _merge(graphdef, state)
     b, c, t, k = ids.shape
     flat_ids = ids.transpose(0, 2, 1, 3).reshape(b, t, c * k)
     logp = ops.logprobs_at_ids(jax.lax.stop_gradient(old_hidden), model.lm_head_kernel(), flat_ids,
