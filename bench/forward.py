@@ -4,7 +4,7 @@ Both run the same dequantised float32 weights (the packaged GGUF via `load_pretr
 the PyTorch model is built from that same state dict), on the same token batch, in one process.
 Warm-up (and JIT compilation) is excluded; the table reports the median of the timed repeats.
 
-    python bench/forward.py [--batch 4] [--seq 128] [--repeats 10]
+    python bench/forward.py [--batch 4] [--seq 128] [--repeats 10] [--torch-threads N]
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's own choice, the core count)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -46,6 +48,9 @@ def main() -> None:
 
     from openclaw_jax.models.gguf import gguf_to_hf, smollm2_gguf_path
     from openclaw_jax.models.hub import load_pretrained
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     pre = load_pretrained("smollm2", dtype="float32")
     cfg = pre.config
