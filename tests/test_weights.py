@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
