@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import os
 import time
 from typing import Any, Awaitable, Callable
 
@@ -62,6 +64,9 @@ class Trainer:
         opt_shardings = jax.tree.map(lambda x: x.sharding, self.opt_state)
         self.step = 0
         self.sample_offset = 0
+        # (step, first offset, end offset) trained since the last checkpoint; written to the
+        # run's `steps.jsonl` when a checkpoint makes them durable.
+        self._uncommitted_windows: list[tuple[int, int, int]] = []
         self.rng = jax.random.key_data(jax.random.key(cfg.seed))
         self.spec = BatchSpec(
             batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
@@ -149,8 +154,8 @@ class Trainer:
         n_real = len(packed.samples)
         out["rollout/prm_eval_score"] = float(np.mean([s.eval_score for s in packed.samples]))
         out["rollout/reward"] = float(np.mean([s.reward for s in packed.samples]))
-        for kind in ("opd+rl", "opd", "rl"):
-            out[f"samples/{kind}"] = float(packed.kinds.get(kind, 0))
+        for kind in ("opd+rl", "opd", "rl"):  # TensorBoard tags cannot hold "+"
+            out[f"samples/{kind.replace('+', '_')}"] = float(packed.kinds.get(kind, 0))
         out["samples/per_step"] = float(n_real)
         out["staleness/mean"] = float(packed.staleness.mean()) if n_real else 0.0
         out["staleness/max"] = float(packed.staleness.max()) if n_real else 0.0
@@ -188,10 +193,12 @@ class Trainer:
                 start, stop_offset = self.sample_offset, self.sample_offset + tcfg.rollout_batch_size
                 packed = next(iter(batcher.batches(start, stop_offset, current_version=self.step)), None)
                 if packed is None:  # every sample of the window was dropped (stale or too long)
+                    self._uncommitted_windows.append((self.step, start, stop_offset))
                     self.sample_offset = stop_offset
                     continue
                 metrics = await asyncio.to_thread(self.train_on, packed)
                 self.sample_offset = stop_offset
+                self._uncommitted_windows.append((self.step, start, stop_offset))
                 metrics["samples/dropped_stale"] = float(batcher.dropped["stale"])
                 metrics["samples/waiting"] = float(available - self.sample_offset)
                 if push_weights is not None and self.step % tcfg.sync_every == 0:
@@ -217,10 +224,18 @@ class Trainer:
             store.close()
 
     def save_checkpoint(self, checkpointer: Checkpointer) -> None:
-        if checkpointer.latest_step() == self.step:
-            return
-        checkpointer.save(self.step, self.train_state(), {
-            "step": self.step, "sample_offset": self.sample_offset, "weight_version": self.weight_version})
+        """Checkpoint (params, optimizer, rng, step, sample offset), then log the windows it covers."""
+        if checkpointer.latest_step() != self.step:
+            checkpointer.save(self.step, self.train_state(), {
+                "step": self.step, "sample_offset": self.sample_offset, "weight_version": self.weight_version})
+        if self._uncommitted_windows and jax.process_index() == 0:
+            path = checkpointer.directory.parent / "steps.jsonl"
+            with open(path, "a") as f:
+                for step, start, end in self._uncommitted_windows:
+                    f.write(json.dumps({"step": step, "start_offset": start, "end_offset": end}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        self._uncommitted_windows = []
 
     def restore(self, checkpointer: Checkpointer) -> bool:
         restored = checkpointer.restore(self.train_state())
