@@ -311,9 +311,11 @@ def test_weight_swap_changes_outputs_and_version(setup, tiny_qwen3_dir_b):
     prompt = PROMPTS[0]
     before, = engine.generate_sync([spec_for(prompt, max_new_tokens=6, temperature=0, ignore_eos=True)])
     old_state = engine.params
+    compiled = engine.compile_counts()
     engine.swap_weights(nnx.split(other)[1], "v2")
     try:
         after, = engine.generate_sync([spec_for(prompt, max_new_tokens=6, temperature=0, ignore_eos=True)])
+        assert engine.compile_counts() == compiled  # swapped params reuse the compiled steps
         assert after.weight_version == "v2" and before.weight_version == "default"
         ids = list(prompt)
         for _ in range(6):

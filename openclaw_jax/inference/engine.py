@@ -134,6 +134,14 @@ def _decode_impl(graphdef, state, cache, tokens, positions, temps, top_p, top_k,
     return out
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _zeros_cache_jit(shape, dtype_name):
+    # Made by a jitted function so the cache is placed like every other step output (a host-made
+    # array would give the steps a different argument signature and cost a recompilation).
+    zeros = jnp.zeros(shape, jnp.dtype(dtype_name))
+    return KVCache(zeros, zeros)
+
+
 _prefill_jit = jax.jit(_prefill_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids", "want_input"))
 _insert_jit = jax.jit(_insert_impl, donate_argnums=(0,))
 _decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids"), donate_argnums=(2,))
@@ -395,8 +403,10 @@ class Engine:
             if tuple(new.value.shape) != tuple(old.value.shape):
                 raise ValueError(f"new weight {'.'.join(map(str, key))} has shape {tuple(new.value.shape)}, "
                                  f"the served model has {tuple(old.value.shape)}")
-        # Keep the served dtypes so the compiled steps stay valid and numerics do not drift.
-        cast = jax.tree.map(lambda new, old: jnp.asarray(new, dtype=old.dtype), state, self._state)
+        # Keep the served dtypes and placements: the compiled steps stay valid (no recompilation)
+        # and numerics do not drift.
+        cast = jax.tree.map(lambda new, old: jax.device_put(jnp.asarray(new, dtype=old.dtype), old.sharding),
+                            state, self._state)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             if drain:
@@ -554,8 +564,7 @@ class Engine:
             size = max(size, len(chosen))
         cfg = self.model_config
         shape = (cfg.num_layers, size, cache_len, cfg.num_kv_heads, cfg.head_dim)
-        dtype = jnp.dtype(cfg.dtype)
-        cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+        cache = _zeros_cache_jit(shape, jnp.dtype(cfg.dtype).name)
         with self._cv:
             self._batch = _Batch(size=size, cache_len=cache_len, cache=cache, rows=[None] * size)
 
