@@ -177,7 +177,8 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     maybe_initialize_distributed()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    if jax.process_index() == 0:
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -195,8 +196,11 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     cleanups: list[Any] = []
     summary: dict[str, Any] = {"resumed": resumed, "start_step": trainer.step, "preference": []}
     try:
-        # --- serving pool
+        # --- serving pool (process 0 talks to it; every process takes part in weight export)
         if cfg.policy.mode == "embedded":
+            if jax.process_count() > 1:
+                raise ConfigError("policy.mode=embedded runs in one process; use policy.mode=external with an "
+                                  "SGLang pool for multi-host training")
             from openclaw_jax.inference.engine import Engine, EngineConfig
             from openclaw_jax.inference.server import InferenceServer
 
@@ -215,15 +219,18 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             sync = InProcessWeightSync(engine)
 
             async def push(graphdef, state, version):
+                # the trainer donates its buffers on the next step: the engine gets its own copy
                 await sync(graphdef, jax.tree.map(lambda x: x.copy(), state), version)
         else:
             from openclaw_jax.rollout.client import PoolClient
 
             policy_urls = list(cfg.policy.urls)
-            client = PoolClient(worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
-                                request_timeout_s=cfg.policy.request_timeout_s)
-            await client.start()
-            cleanups.append(client.close)
+            client = None
+            if is_main:
+                client = PoolClient(worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
+                                    request_timeout_s=cfg.policy.request_timeout_s)
+                await client.start()
+                cleanups.append(client.close)
             push = DiskWeightSync(client, cfg.policy.weight_sync_dir or run_dir / "weights",
                                   model_config=base.model.cfg, extra_config=base.hf_config,
                                   tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
@@ -232,18 +239,18 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 await push(graphdef, state, trainer.weight_version)
         log.info("policy pool: %s", policy_urls)
 
-        # --- gateway (judge + sample store)
-        gw_cfg = dataclasses.replace(cfg.gateway, policy_urls=tuple(policy_urls),
-                                     store_dir=str(run_dir / "samples"), model=base.model_dir)
-        gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=base.tokenizer)
-        cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
-        log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
-        summary["gateway_url"] = gateway_url
-
-        # --- simulated users and held-out evaluation
-        env_tasks: list[asyncio.Task] = []
+        # --- gateway (judge + sample store) and simulated users: process 0 only
         evaluate = None
-        if cfg.env.enabled:
+        env_tasks: list[asyncio.Task] = []
+        if is_main:
+            gw_cfg = dataclasses.replace(cfg.gateway, policy_urls=tuple(policy_urls),
+                                         store_dir=str(run_dir / "samples"), model=base.model_dir)
+            gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=base.tokenizer)
+            cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
+            log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
+            summary["gateway_url"] = gateway_url
+
+        if is_main and cfg.env.enabled:
             from openclaw_jax.envs.runner import EnvRunner
 
             env = EnvRunner(cfg, gateway_url, store_dir=str(run_dir / "samples"), api_key=cfg.gateway.api_key,
@@ -293,7 +300,8 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         checkpointer.close()
     summary["end_step"] = trainer.step
     summary["wall_time_s"] = time.monotonic() - t_start
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if jax.process_index() == 0:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 

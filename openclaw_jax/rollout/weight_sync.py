@@ -39,7 +39,11 @@ class InProcessWeightSync:
 
 
 class DiskWeightSync:
-    """Write HF safetensors to `directory/<version>` and ask every worker to load them."""
+    """Write HF safetensors to `directory/step_<version>` and ask every worker to load them.
+
+    `client` may be None on processes other than 0 of a multi-host trainer: they take part in
+    the (collective) gather of the weights but do not talk to the pool.
+    """
 
     def __init__(self, client: Any, directory: str | Path, *, model_config: Any, keep: int = 2,
                  extra_config: dict | None = None, tokenizer_files_from: str | Path | None = None):
@@ -66,6 +70,8 @@ class DiskWeightSync:
 
     async def __call__(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> None:
         path = await asyncio.to_thread(self._write, graphdef, state, version)
+        if self.client is None:  # multi-host: every process writes its part, process 0 tells the pool
+            return
         results = await self.client.update_weights_from_disk(str(path), weight_version=version)
         failed = [r for r in results if not r.success]
         if failed:
