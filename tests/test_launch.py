@@ -841,3 +841,22 @@ def test_multi_node_real_run_two_nodes_on_loopback_addresses(tmp_path, bystander
     started = [r[k] for name, r in records.items() if not name.startswith("trainer") for k in ("pid", "child_pid")]
     assert wait_gone(started) == []
     assert bystander.poll() is None
+
+
+# ---------------------------------------------------------------------------------- config contract
+
+
+@pytest.mark.parametrize("extra_env", [{}, {"LAYOUT": "colocated"}, {"POLICY_GPUS": "3", "PRM_GPUS": "1",
+                                                                    "TRAINER_GPUS": "4"}])
+def test_single_node_trainer_command_is_a_valid_experiment_config(extra_env):
+    """The trainer command the launcher prints must load with our real config schema."""
+    from openclaw_jax.config import load_experiment_config
+
+    res = run_script(SINGLE, "--dry-run", env={**os.environ, **extra_env})
+    assert res.returncode == 0, res.stderr
+    trainer = next(a for a in parse_dry_run(res.stdout) if a.kind == "run" and a.name == "trainer")
+    config_file = trainer.argv[4]
+    words = trainer.argv[5:]
+    cfg = load_experiment_config([REPO / config_file if not os.path.isabs(config_file) else config_file], words)
+    assert cfg.policy.mode == "external"
+    assert cfg.policy.worker_urls and cfg.gateway.judge == "model" and cfg.gateway.judge_urls
