@@ -56,7 +56,6 @@ def _tokenizer_by_name(name: str):
 
 def _random_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
     """Create (once) a random HF checkpoint of the configured shape, with tokenizer files."""
-    import jax.numpy as jnp  # noqa: F401  (jax initialised before nnx)
     from flax import nnx
 
     from openclaw_jax.models.config import ModelConfig

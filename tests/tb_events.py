@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import struct
 
 
 def read_event_tags(logdir):

@@ -326,13 +326,8 @@ def test_unpermute_inverts_llama_cpp_permutation(n_heads, head_dim):
 
 def _transformers_from_gguf(directory: Path, filename: str):
     import torch
-    import transformers.modeling_utils as modeling_utils
     from transformers import AutoModelForCausalLM
 
-    # transformers refuses GGUF without `accelerate` installed, but its dequantising loader (used when
-    # the `kernels` package is absent, as here) never calls into accelerate; lift only that guard.
-    if importlib.util.find_spec("accelerate") is None:
-        modeling_utils.is_accelerate_available = lambda: True
     return AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=filename, dtype=torch.float32)
 
 

@@ -7,7 +7,6 @@ dequantiser and q/k un-permutation), float32 on CPU. The prompt is rendered with
 
 from __future__ import annotations
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -26,13 +25,8 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer i
 
 def _torch_model():
     import torch
-    import transformers.modeling_utils as modeling_utils
     from transformers import AutoModelForCausalLM
 
-    # transformers refuses GGUF without `accelerate` installed, but its dequantising loader (used when
-    # the `kernels` package is absent) never calls into accelerate; lift only that guard.
-    if importlib.util.find_spec("accelerate") is None:
-        modeling_utils.is_accelerate_available = lambda: True
     path = smollm2_gguf_path()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     return model.eval()

@@ -17,7 +17,6 @@ import time
 from typing import Any, Awaitable, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
