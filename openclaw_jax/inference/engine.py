@@ -574,7 +574,9 @@ class Engine:
         if batch is None:
             return
         with self._cv:
-            free = batch.free_rows()
+            # rows are a power of two; never run more than max_batch_size sequences at once
+            room = self.config.max_batch_size - len(batch.active())
+            free = batch.free_rows()[:max(room, 0)]
             admitted: list[_Seq] = []
             while self._pending and len(admitted) < len(free):
                 seq = self._pending[0]

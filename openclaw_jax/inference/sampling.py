@@ -67,12 +67,18 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, t
     Returns (token ids `[B]` int32, log_softmax(logits / T) `[B, V]`).
     """
     log_probs = scaled_log_probs(logits, temperature)
-    needs_sort = jnp.any(((top_p < 1.0) | (top_k > 0)) & (temperature >= _GREEDY_EPS))
-    sampled = jax.lax.cond(needs_sort,
-                           lambda: _sample_sorted(keys, log_probs, top_p, top_k, min_p),
-                           lambda: _sample_unsorted(keys, log_probs, min_p))
-    greedy = jnp.argmax(logits, axis=-1)
-    tokens = jnp.where(temperature < _GREEDY_EPS, greedy, sampled).astype(jnp.int32)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    is_greedy = temperature < _GREEDY_EPS
+    needs_sort = jnp.any(((top_p < 1.0) | (top_k > 0)) & ~is_greedy)
+    # Only the work the batch needs runs: no random draws for an all-greedy batch, no vocabulary
+    # sort unless some sampled row truncates with top-p/top-k.
+    branch = jnp.where(jnp.all(is_greedy), 0, jnp.where(needs_sort, 2, 1))
+    sampled = jax.lax.switch(branch, [
+        lambda: greedy,
+        lambda: _sample_unsorted(keys, log_probs, min_p).astype(jnp.int32),
+        lambda: _sample_sorted(keys, log_probs, top_p, top_k, min_p).astype(jnp.int32),
+    ])
+    tokens = jnp.where(is_greedy, greedy, sampled).astype(jnp.int32)
     return tokens, log_probs
 
 
