@@ -584,3 +584,34 @@ def test_weight_update_mid_load(srv, tiny_qwen3_dir, tiny_qwen3_dir_b):
         assert r.status_code == 200
     again = post(srv, "/generate", {"input_ids": prompt, "sampling_params": greedy}).json()
     assert again["output_ids"] == before["output_ids"]
+
+
+def test_api_key_and_unknown_routes(tiny_qwen3_dir):
+    tok = load_tokenizer(tiny_qwen3_dir)
+    server = InferenceServer(ScriptedEngine(tok, "hello"), tok, model_path="scripted", api_key="s3cret")
+    thread = ServerThread(server.make_app()).start()
+    try:
+        body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+        r = requests.post(thread.url + "/generate", json=body, timeout=30)
+        assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+        r = requests.post(thread.url + "/generate", json=body, headers={"Authorization": "Bearer wrong"}, timeout=30)
+        assert r.status_code == 401
+        assert requests.get(thread.url + "/health", timeout=30).status_code == 200  # probes need no key
+        ok = requests.post(thread.url + "/generate", json=body, headers={"Authorization": "Bearer s3cret"},
+                           timeout=30)
+        assert ok.status_code == 200 and ok.json()["text"] == "hello"
+
+        from openclaw_jax.rollout.client import PoolClient
+
+        async def via_client():
+            async with PoolClient([thread.url], api_key="s3cret", health_interval_s=0) as pool:
+                return await pool.generate([1, 2])
+
+        assert asyncio.run(via_client()).text == "hello"
+        headers = {"Authorization": "Bearer s3cret"}
+        r = requests.get(thread.url + "/no/such/route", headers=headers, timeout=30)
+        assert r.status_code == 404 and r.json() == {"detail": "Not Found"}
+        r = requests.get(thread.url + "/generate", headers=headers, timeout=30)
+        assert r.status_code == 405 and r.json() == {"detail": "Method Not Allowed"}
+    finally:
+        thread.stop()

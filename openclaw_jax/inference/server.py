@@ -160,6 +160,9 @@ class InferenceServer:
             return await handler(request)
         except P.ProtocolError as exc:
             return self._error(request, exc.message, exc.status)
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+            # FastAPI's (hence SGLang's) body for unknown routes and methods
+            return json_response({"detail": exc.reason}, exc.status)
         except web.HTTPException:
             raise
         except (asyncio.CancelledError, ConnectionResetError):
