@@ -40,6 +40,7 @@ def test_preference_score_rises(method, warm_model_dir, tmp_path):
     summary = asyncio.run(run(cfg))
     scores = [r["preference_score"] for r in summary["preference"]]
     assert summary["end_step"] == MAX_STEPS
+    print(f"\n{method}: held-out preference score {scores} over {MAX_STEPS} steps")  # shown with -s / in CI logs
     baseline, final = scores[0], scores[-1]
     assert baseline <= 0.25, f"the warmed-up model should rarely satisfy the persona at first: {scores}"
     assert final >= baseline + 0.5, f"{method}: preference score did not rise clearly: {scores}"
