@@ -282,13 +282,15 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=writer, push_weights=push,
                           stop=stop, on_step=on_step,
                           progress=lambda text: progress.update(status=text))
+        interrupted = stop.is_set()  # Ctrl-C / SIGTERM: checkpoint and export, skip the final evaluation
+        summary["interrupted"] = interrupted
         stop.set()
         for task in env_tasks:
             task.cancel()
         await asyncio.gather(*env_tasks, return_exceptions=True)
         await asyncio.to_thread(trainer.save_checkpoint, checkpointer)
         summary["export_dir"] = str(await asyncio.to_thread(export, trainer, base, run_dir))
-        if evaluate is not None and trainer.step > summary["start_step"]:
+        if evaluate is not None and trainer.step > summary["start_step"] and not interrupted:
             await evaluate(trainer.step)
     finally:
         progress.close()
