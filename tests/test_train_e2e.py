@@ -96,3 +96,35 @@ def test_tiny_cpu_run_killed_and_resumed(tmp_path):
 
     exported = load_pretrained(str(run_dir / "export" / f"step_{MAX_STEPS}"))
     assert exported.model.cfg.num_layers == 2
+
+
+def test_sigterm_stops_everything_cleanly(tmp_path):
+    """SIGTERM mid-run: the trainer checkpoints, servers close, the process exits 0 promptly."""
+    import socket
+    from urllib.parse import urlparse
+
+    run_dir = tmp_path / "run"
+    cmd = _command(run_dir)[:-4] + ["trainer.max_steps=1000", "trainer.checkpoint_every=1", "progress=false",
+                                    "env.heldout_questions=2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 420
+        while not _checkpoint_steps(run_dir):
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert max(_checkpoint_steps(run_dir)) == summary["end_step"] >= 1
+    assert (run_dir / "export" / f"step_{summary['end_step']}" / "config.json").exists()
+    # the gateway's port is closed again
+    url = urlparse(summary["gateway_url"])
+    with socket.socket() as sock:
+        assert sock.connect_ex((url.hostname, url.port)) != 0
