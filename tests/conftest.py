@@ -52,3 +52,27 @@ def tiny_qwen3_dir(tmp_path_factory):
 def tiny_qwen3_dir_b(tmp_path_factory):
     """Same architecture as `tiny_qwen3_dir`, different random weights (seed 1): for weight updates."""
     return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("tiny_qwen3_b") / "model", seed=1)
+
+
+# ==============================================================================================
+# trainer: one real tiny training run (configs/tiny_cpu.yaml, 2 steps), shared by the notebook
+# and benchmark-CLI tests
+# ==============================================================================================
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory):
+    """Run directory of `python -m openclaw_jax.train --config configs/tiny_cpu.yaml` for 2 steps."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path_factory.mktemp("tiny_run") / "run"
+    cmd = [sys.executable, "-m", "openclaw_jax.train", "--config", str(repo / "configs" / "tiny_cpu.yaml"),
+           f"run_dir={run_dir}", "trainer.max_steps=2", "progress=false", "gateway.port=0",
+           "env.heldout_questions=2"]
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"tiny run failed:\n{proc.stderr[-4000:]}"
+    assert (run_dir / "summary.json").is_file()
+    return run_dir

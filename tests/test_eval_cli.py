@@ -177,14 +177,12 @@ def _hf_greedy_answers(model_dir, questions, max_new_tokens):
 
 
 @pytest.mark.slow
-def test_cli_embedded_server_base_model_and_run_checkpoints_reproducible(tiny_qwen3_dir, tiny_qwen3_dir_b, tmp_path):
-    import shutil
-
-    # a training run whose export at step 10 holds different weights (seed 1) than the base
-    run = tmp_path / "run"
-    shutil.copytree(tiny_qwen3_dir_b, run / "export" / "step_10")
+def test_cli_embedded_server_base_model_and_run_checkpoints_reproducible(tiny_run_dir, tmp_path):
+    # a real tiny training run: its base model and its export/step_2 (the trained weights)
+    run = tiny_run_dir
+    base = run / "base_model"
     args = ["--persona", "starts_with:prefix=Sure", "--questions", "4", "--seed", "2", "--source", "arithmetic",
-            "--max-tokens", "8", "--model", str(tiny_qwen3_dir), "--checkpoint", str(run), "--include-base",
+            "--max-tokens", "8", "--model", str(base), "--checkpoint", str(run), "--include-base",
             "--evaluator", "rule", *SERVER_ARGS]
 
     def run_cli(out):
@@ -194,19 +192,19 @@ def test_cli_embedded_server_base_model_and_run_checkpoints_reproducible(tiny_qw
         return [json.loads(p.read_text()) for p in _reports(out)], [p.read_bytes() for p in _reports(out)]
 
     reports, raw_a = run_cli(tmp_path / "a")
-    assert [r["step"] for r in reports] == [0, 10]
-    assert reports[0]["target"] == {"kind": "model", "model": str(tiny_qwen3_dir)}
-    assert reports[1]["target"]["checkpoint"] == str(run / "export" / "step_10")
+    assert [r["step"] for r in reports] == [0, 2]
+    assert reports[0]["target"] == {"kind": "model", "model": str(base)}
+    assert reports[1]["target"]["checkpoint"] == str(run / "export" / "step_2")
     questions = [q.text for q in heldout_questions("arithmetic", 4, seed=2)]
     # each evaluation saw the right weights (the step-10 one after a live weight swap)
-    assert [i["answer"] for i in reports[0]["items"]] == _hf_greedy_answers(tiny_qwen3_dir, questions, 8)
-    assert [i["answer"] for i in reports[1]["items"]] == _hf_greedy_answers(run / "export" / "step_10", questions, 8)
+    assert [i["answer"] for i in reports[0]["items"]] == _hf_greedy_answers(base, questions, 8)
+    assert [i["answer"] for i in reports[1]["items"]] == _hf_greedy_answers(run / "export" / "step_2", questions, 8)
     for r in reports:
         expected = sum(i["answer"].startswith("Sure") for i in r["items"]) / 4
         assert r["results"]["satisfied_fraction"] == expected
     out = tmp_path / "a"
     assert (out / "score_vs_step.png").stat().st_size > 1000
-    assert sorted(s for s, _ in read_event_tags(out / "tb")["eval/preference_score"]) == [0, 10]
+    assert sorted(s for s, _ in read_event_tags(out / "tb")["eval/preference_score"]) == [0, 2]
     assert len(json.loads((out / "report.json").read_text())["evaluations"]) == 2
     # same seed, fresh processes: byte-identical reports
     _, raw_b = run_cli(tmp_path / "b")

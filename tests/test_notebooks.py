@@ -42,15 +42,8 @@ def test_committed_notebook_has_no_outputs(path):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("notebook_run") / "run"
-    cmd = [sys.executable, "-m", "openclaw_jax.train", "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
-           f"run_dir={run_dir}", "trainer.max_steps=2", "progress=false", "gateway.port=0",
-           "env.heldout_questions=2"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"tiny run failed:\n{proc.stderr[-4000:]}"
-    assert (run_dir / "summary.json").is_file()
-    return run_dir
+def tiny_run(tiny_run_dir):
+    return tiny_run_dir  # one real 2-step tiny run per session (tests/conftest.py)
 
 
 def _execute(name: str, run_dir: Path, tmp_path: Path, monkeypatch):
