@@ -69,8 +69,10 @@ class EnvRunner:
 
         Logged as `eval/preference_score`, with the mean rubric grade as `eval/mean_rubric_score`.
         """
+        # As many held-out questions in flight as the policy batches at once: greedy decoding on
+        # CPU is memory-bound, so a full batch costs about as much as one sequence.
         result = await preference_score(self.base_url, self.persona, self.heldout, max_tokens=self.cfg.env.max_tokens,
-                                        api_key=self.api_key)
+                                        api_key=self.api_key, concurrency=max(4, self.cfg.policy.max_batch_size))
         if writer is not None and step is not None:
             writer.scalars(step, {"eval/preference_score": result.score, "eval/mean_rubric_score": result.mean_score})
             writer.flush()
