@@ -16,9 +16,11 @@ Layout choices
   mesh is active.
 
 KV cache: `KVCache(k, v)` with k, v `[num_layers, B, max_len, kv_heads, head_dim]`. `decode`
-writes this call's k/v at slot `positions[b, l]` of row b (out-of-range slots are dropped) and a
-query at position p attends to slots j <= p, so right-padded prefill and one-token steps share
-one function.
+writes this call's k/v at slot `positions[b, l]` of row b (out-of-range slots are dropped); a
+query at position p attends to the cache slots before the call's first position and to the
+call's own tokens at positions <= p (positions contiguous per row), so right-padded prefill and
+one-token steps share one function. The layers read the cache in place and the new k/v are
+scattered in once after the layer scan, so a decode step does not copy the cache.
 """
 
 from __future__ import annotations
@@ -144,18 +146,20 @@ class Attention(nnx.Module):
         self.dtype = dt
 
     def __call__(self, x, cos, sin, mask, cache_k, cache_v, write_positions):
+        """Full forward (cache None): attend under `mask`; returns (out, None, None).
+
+        Cached: attend to the cache slots before this call's first position (read in place) and
+        to this call's own tokens causally by position; returns (out, k, v) of the new tokens,
+        which the caller writes into the cache once, after all layers (no per-layer cache copy).
+        """
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache_k is not None:
-            batch = jnp.broadcast_to(jnp.arange(x.shape[0])[:, None], write_positions.shape)
-            # mode="drop": slots past the cache end (padding beyond max_len) are ignored.
-            cache_k = cache_k.at[batch, write_positions].set(k.astype(cache_k.dtype), mode="drop")
-            cache_v = cache_v.at[batch, write_positions].set(v.astype(cache_v.dtype), mode="drop")
-            k, v = cache_k.astype(self.dtype), cache_v.astype(self.dtype)
-        out = attend(q, k, v, mask, self.dtype)
-        return self.o_proj(out), cache_k, cache_v
+        if cache_k is None:
+            return self.o_proj(attend(q, k, v, mask, self.dtype)), None, None
+        out = attend_cached(q, k, v, cache_k, cache_v, write_positions, self.dtype)
+        return self.o_proj(out), k.astype(cache_k.dtype), v.astype(cache_v.dtype)
 
 
 class MLP(nnx.Module):
@@ -224,6 +228,31 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype: jnp
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
     out = jnp.einsum("bkgls,bskd->blkgd", probs, v.astype(dtype))
+    return out.reshape(B, L, N, D)
+
+
+def attend_cached(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
+                  positions: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Attention of this call's queries over the cache and this call's own keys, in one softmax.
+
+    q, k_new, v_new `[B, L, *, D]` at `positions [B, L]` (contiguous per row); cache_k/v
+    `[B, S, K, D]`. Cache slot j is visible when j < positions[b, 0] (written by earlier calls);
+    new token i is visible to query l when positions[b, i] <= positions[b, l].
+    """
+    B, L, N, D = q.shape
+    S, K = cache_k.shape[1], cache_k.shape[2]
+    qg = q.reshape(B, L, K, N // K, D)
+    scale = D ** -0.5
+    neg = jnp.finfo(jnp.float32).min
+    old = jnp.einsum("blkgd,bskd->bkgls", qg, cache_k.astype(dtype), preferred_element_type=jnp.float32) * scale
+    old_mask = jnp.arange(S, dtype=jnp.int32)[None, None, :] < positions[:, :1, None]          # [B, 1, S]
+    old = jnp.where(old_mask[:, None, None, :, :], old, neg)
+    new = jnp.einsum("blkgd,bikd->bkgli", qg, k_new.astype(dtype), preferred_element_type=jnp.float32) * scale
+    new_mask = positions[:, None, :] <= positions[:, :, None]                                  # [B, L, L]
+    new = jnp.where(new_mask[:, None, None, :, :], new, neg)
+    probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(dtype)
+    out = (jnp.einsum("bkgls,bskd->blkgd", probs[..., :S], cache_v.astype(dtype))
+           + jnp.einsum("bkgli,bikd->blkgd", probs[..., S:], v_new.astype(dtype)))
     return out.reshape(B, L, N, D)
 
 
@@ -296,10 +325,7 @@ class Decoder(nnx.Module):
     def decode_hidden(self, input_ids: jax.Array, positions: jax.Array,
                       cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Like `decode` but returns final-norm hidden states `[B, L, H]`."""
-        max_len = cache.k.shape[2]
-        positions = positions.astype(jnp.int32)
-        mask = jnp.arange(max_len, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
-        return self._run(input_ids, positions, mask, cache)
+        return self._run(input_ids, positions.astype(jnp.int32), None, cache)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -326,6 +352,12 @@ class Decoder(nnx.Module):
             cache_axes = ("cache_layers", "batch", "cache_seq", "act_kv_heads", "act_head_dim")
             ck = constrain(cache.k, cache_axes, cfg.family)
             cv = constrain(cache.v, cache_axes, cfg.family)
-            h, (ck, cv) = jax.lax.scan(layer, h, (stacked, ck, cv))
+            # The layers only read the cache; this call's k/v ([layers, B, L, K, D]) are written
+            # once afterwards, in place when the caller donates the cache.
+            h, (new_k, new_v) = jax.lax.scan(layer, h, (stacked, ck, cv))
+            rows = jnp.broadcast_to(jnp.arange(input_ids.shape[0])[:, None], positions.shape)
+            # mode="drop": slots past the cache end (padding beyond max_len) are ignored.
+            ck = ck.at[:, rows, positions].set(new_k, mode="drop")
+            cv = cv.at[:, rows, positions].set(new_v, mode="drop")
             new_cache = KVCache(constrain(ck, cache_axes, cfg.family), constrain(cv, cache_axes, cfg.family))
         return self.norm(h), new_cache
