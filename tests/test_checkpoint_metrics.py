@@ -67,3 +67,25 @@ def test_writer_scalars_histogram_text(tmp_path):
     assert "nan_metric" not in tags
     assert "sel_k_star" in tags
     assert any(t.startswith("hints") for t in tags)
+
+
+def test_step_log_is_reconciled_with_the_restored_step(tmp_path):
+    """Windows logged for steps past the restored checkpoint (a crash before the save finished) are dropped."""
+    import json
+    from types import SimpleNamespace
+
+    from openclaw_jax.trainer.loop import Trainer
+
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    log_path = tmp_path / "steps.jsonl"
+    lines = [{"step": 1, "start_offset": 0, "end_offset": 4}, {"step": 2, "start_offset": 4, "end_offset": 8},
+             {"step": 3, "start_offset": 8, "end_offset": 12}]
+    log_path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 4, "sta')  # torn last line
+    fake = SimpleNamespace(step=2, _step_log=Trainer._step_log)
+    Trainer._reconcile_step_log(fake, ckpt)
+    assert [json.loads(x)["step"] for x in log_path.read_text().splitlines()] == [1, 2]
+    # after a retrained step 3 is appended and the log is reconciled at step 3, the new entry stands
+    with open(log_path, "a") as f:
+        f.write(json.dumps({"step": 3, "start_offset": 8, "end_offset": 12}) + "\n")
+    Trainer._reconcile_step_log(SimpleNamespace(step=3, _step_log=Trainer._step_log), ckpt)
+    assert [json.loads(x)["step"] for x in log_path.read_text().splitlines()] == [1, 2, 3]

@@ -222,25 +222,47 @@ class Trainer:
         finally:
             store.close()
 
+    @staticmethod
+    def _step_log(checkpointer: Checkpointer):
+        return checkpointer.directory.parent / "steps.jsonl"
+
     def save_checkpoint(self, checkpointer: Checkpointer) -> None:
-        """Checkpoint (params, optimizer, rng, step, sample offset), then log the windows it covers."""
-        if checkpointer.latest_step() != self.step:
-            checkpointer.save(self.step, self.train_state(), {
-                "step": self.step, "sample_offset": self.sample_offset, "weight_version": self.weight_version})
+        """Log the sample windows trained since the last checkpoint, then checkpoint (params,
+        optimizer, rng, step, sample offset). A crash between the two leaves log entries past the
+        checkpoint; `restore` drops them, so the log always describes the restored state."""
         if self._uncommitted_windows and jax.process_index() == 0:
-            path = checkpointer.directory.parent / "steps.jsonl"
-            with open(path, "a") as f:
+            with open(self._step_log(checkpointer), "a") as f:
                 for step, start, end in self._uncommitted_windows:
                     f.write(json.dumps({"step": step, "start_offset": start, "end_offset": end}) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
         self._uncommitted_windows = []
+        if checkpointer.latest_step() != self.step:
+            checkpointer.save(self.step, self.train_state(), {
+                "step": self.step, "sample_offset": self.sample_offset, "weight_version": self.weight_version})
+
+    def _reconcile_step_log(self, checkpointer: Checkpointer) -> None:
+        """Keep only the logged windows of steps the restored state has trained (last entry per step)."""
+        path = self._step_log(checkpointer)
+        if jax.process_index() != 0 or not path.exists():
+            return
+        entries: dict[int, str] = {}
+        for line in path.read_text().splitlines():
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line from a crash
+            if step <= self.step:
+                entries[step] = line
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(entries[k] + "\n" for k in sorted(entries)))
+        os.replace(tmp, path)
 
     def restore(self, checkpointer: Checkpointer) -> bool:
         restored = checkpointer.restore(self.train_state())
-        if restored is None:
-            return False
-        state, meta = restored
-        self.load_train_state(state, meta)
-        log.info("resumed at step %d, sample offset %d", self.step, self.sample_offset)
-        return True
+        if restored is not None:
+            state, meta = restored
+            self.load_train_state(state, meta)
+            log.info("resumed at step %d, sample offset %d", self.step, self.sample_offset)
+        self._reconcile_step_log(checkpointer)
+        return restored is not None
