@@ -74,6 +74,9 @@ class ModelSourceConfig:
 
     def __post_init__(self):
         _require(bool(self.path), "model.path must name an HF directory, 'smollm2' or 'random'")
+        _require(self.dtype == self.param_dtype,
+                 f"model.dtype={self.dtype!r} differs from model.param_dtype={self.param_dtype!r}; mixed precision "
+                 "is not supported yet: set both to float32 (CPU) or both to bfloat16 (GPU)")
         if self.path == "random":
             _require(self.tokenizer != "auto",
                      "model.tokenizer='auto' cannot be used with model.path=random; use tiny, qwen3, smollm2 or a dir")

@@ -89,14 +89,9 @@ def load_base_model(cfg: ExperimentConfig) -> BaseModel:
     tokenizer = loaded.tokenizer
     if cfg.model.tokenizer not in ("auto",) and cfg.model.path != "random":
         tokenizer = _tokenizer_by_name(cfg.model.tokenizer)
-    model = loaded.model
-    changes = {}
-    if model.cfg.dtype != cfg.model.dtype:
-        changes["dtype"] = cfg.model.dtype
-    if cfg.model.remat:
-        changes["remat"] = True
-    if changes:
-        model.cfg = model.cfg.replace(**changes)
+    model = loaded.model  # params and activations in cfg.model.param_dtype (== cfg.model.dtype)
+    if cfg.model.remat:  # read at call time by the decoder's layer scan
+        model.cfg = model.cfg.replace(remat=True)
     return BaseModel(model, tokenizer, path, dict(loaded.hf_config or {}))
 
 
