@@ -229,7 +229,9 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
                                   model_config=base.model.cfg, extra_config=base.hf_config,
                                   tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
             if resumed:  # the workers serve the base model; bring them to the resumed weights
-                graphdef, state = _split(trainer.serving_model())
+                from flax import nnx
+
+                graphdef, state = nnx.split(trainer.serving_model())
                 await push(graphdef, state, trainer.weight_version)
         log.info("policy pool: %s", policy_urls)
 
@@ -299,12 +301,6 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     if jax.process_index() == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def _split(model):
-    from flax import nnx
-
-    return nnx.split(model)
 
 
 def export(trainer, base: BaseModel, run_dir: Path) -> Path:

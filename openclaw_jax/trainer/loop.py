@@ -66,6 +66,9 @@ class Trainer:
         # (step, first offset, end offset) trained since the last checkpoint; written to the
         # run's `steps.jsonl` when a checkpoint makes them durable.
         self._uncommitted_windows: list[tuple[int, int, int]] = []
+        # k* per trained token and the hints of the last step, for TensorBoard
+        self._last_k_star = np.zeros((0,), np.int32)
+        self._last_hints: list[str] = []
         self.rng = jax.random.key_data(jax.random.key(cfg.seed))
         self.spec = BatchSpec(
             batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
