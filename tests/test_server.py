@@ -523,18 +523,43 @@ def test_pause_and_continue(srv):
     assert_same_shape(r.json(), recorded("continue_generation.json")["response"])
     t.join(timeout=60)
     assert box["r"].status_code == 200 and len(box["r"].json()["output_ids"]) == 3
-    # abort mode ends in-flight requests with an abort finish reason
-    t = threading.Thread(target=lambda: box.update(r=post(srv, "/generate", {
-        "input_ids": [1, 2], "stream": False, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}})))
+    assert not srv.engine.paused
+
+
+def test_pause_in_abort_mode_ends_running_requests(srv):
+    """The default (abort) mode finishes a request that is generating with an abort reason at once;
+    the request is watched from its own stream, so no earlier result can stand in for it."""
+    max_new = CONTEXT - 8
+    chunks: list = []
+    first_chunk = threading.Event()
+
+    def stream():
+        with requests.post(srv.url + "/generate", json={
+                "input_ids": [1, 2], "stream": True,
+                "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True, "temperature": 0}},
+                stream=True, timeout=120) as resp:
+            for line in resp.iter_lines():
+                if line.startswith(b"data: ") and line != b"data: [DONE]":
+                    chunks.append(json.loads(line[6:]))
+                    first_chunk.set()
+
+    t = threading.Thread(target=stream)
     t.start()
-    time.sleep(0.3)
-    assert post(srv, "/pause_generation").status_code == 200
-    t.join(timeout=60)
+    assert first_chunk.wait(60), "the request never started streaming"
+    r = post(srv, "/pause_generation")  # no body: SGLang's default mode is abort
+    assert r.status_code == 200
+    t.join(timeout=30)
+    paused_while_running = t.is_alive()
     post(srv, "/continue_generation")
-    fin = box["r"].json()["meta_info"]["finish_reason"]
-    assert fin["type"] in ("abort", "length")
-    if fin["type"] == "abort":
-        assert fin["message"]
+    t.join(timeout=120)
+    assert not paused_while_running, "a running request was held, not aborted, by /pause_generation"
+    final = chunks[-1]
+    fin = final["meta_info"]["finish_reason"]
+    assert fin["type"] == "abort" and fin["message"], fin
+    assert len(final["output_ids"]) < max_new
+    # after continue, generation works again
+    again = post(srv, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+    assert again.status_code == 200 and len(again.json()["output_ids"]) == 2
     for method in (requests.get, requests.post):
         assert method(srv.url + "/flush_cache").status_code == 200
     assert requests.get(srv.url + "/health").status_code == 200
@@ -555,9 +580,9 @@ def test_weight_update_mid_load(srv, tiny_qwen3_dir, tiny_qwen3_dir_b):
     results: list = []
 
     def load(k):
-        r = post(srv, "/generate", {"input_ids": [k + 1, k + 2], "sampling_params": {"max_new_tokens": 40,
-                                                                                     "ignore_eos": True}})
-        results.append(r)
+        r = post(srv, "/generate", {"input_ids": [k + 1, k + 2], "return_logprob": True,
+                                    "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}})
+        results.append((k, r))
 
     workers = [threading.Thread(target=load, args=(k,)) for k in range(24)]
     for w in workers:
@@ -571,9 +596,25 @@ def test_weight_update_mid_load(srv, tiny_qwen3_dir, tiny_qwen3_dir_b):
     for w in workers:
         w.join(timeout=120)
     try:
-        assert all(x.status_code == 200 for x in results) and len(results) == 24
-        # in-flight requests finished on one version; later requests run on the new weights
-        assert {x.json()["meta_info"]["weight_version"] for x in results} <= {"default", "v2"}
+        assert all(x.status_code == 200 for _, x in results) and len(results) == 24
+        # Each in-flight response reports the version it was generated with, truthfully: the
+        # log-probs it reports are those that version's weights give its tokens (teacher-forced by
+        # transformers), for every token. A label attached at output time, or weights swapped
+        # under a running request, breaks this.
+        hf = {"default": transformers.AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir).eval(), "v2": hf_b}
+        seen = set()
+        for k, x in results:
+            out = x.json()
+            version = out["meta_info"]["weight_version"]
+            assert version in hf, version
+            seen.add(version)
+            ids = [k + 1, k + 2] + out["output_ids"]
+            with torch.no_grad():
+                logits = hf[version](torch.tensor([ids])).logits[0].double()
+            ref = torch.log_softmax(logits, -1)[1:-1].gather(1, torch.tensor(ids[2:])[:, None])[:, 0].numpy()
+            got = np.asarray([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
+            np.testing.assert_allclose(got, ref, atol=2e-4, err_msg=f"request {k} reported version {version}")
+        assert "default" in seen, "no request was in flight during the update: the test checked nothing"
         assert after["meta_info"]["weight_version"] == "v2"
         assert after["output_ids"] == expected_b
         assert requests.get(srv.url + "/get_model_info").json()["weight_version"] == "v2"
