@@ -1,6 +1,7 @@
 """The SGLang-compatible server over real HTTP on 127.0.0.1 (an in-process aiohttp site).
 
-Shapes are compared field by field with the recorded SGLang responses in tests/fixtures/sglang;
+Shapes are compared field by field with the SGLang response shapes in tests/fixtures/sglang
+(hand-written from SGLang's response models, not recorded: see the README there);
 the official `openai` package talks to the OpenAI endpoints; bad requests must be 400 with
 SGLang bodies and no request (hypothesis fuzz) may produce a 5xx.
 """
