@@ -158,6 +158,7 @@ class TrainerConfig:
     export_every: int = 0                # HF safetensors export every N steps (0 = only at the end)
     log_every: int = 1
     wait_timeout_s: float = 0.0          # stop when no new sample arrives for this long (0 = wait forever)
+    store_wait_s: float = 300.0          # multi-host: how long other processes wait for process 0's sample store
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     def __post_init__(self):

@@ -77,13 +77,17 @@ def _random_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
 
 
 def load_base_model(cfg: ExperimentConfig) -> BaseModel:
+    import jax
+
     from openclaw_jax.models.hub import load_pretrained
+    from openclaw_jax.parallel import multihost
 
     path = cfg.model.path
     if path == "random":
         out = Path(cfg.run_dir) / "base_model"
-        if not (out / "config.json").exists():
+        if jax.process_index() == 0 and not (out / "config.json").exists():
             _random_base_model(cfg, out)
+        multihost.barrier("random_base_model")  # the other processes read what process 0 wrote
         path = str(out)
     loaded = load_pretrained(path, dtype=cfg.model.param_dtype)
     tokenizer = loaded.tokenizer
@@ -102,6 +106,22 @@ def _copy_model(model):
 
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), state))
+
+
+def _process_local_copy(model):
+    """A copy of a (possibly multi-process sharded) model on this process's default device.
+
+    A collective when the model spans processes: every process must call it."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from openclaw_jax.parallel import multihost
+
+    if not multihost.is_multiprocess():
+        return _copy_model(model)
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: jnp.asarray(multihost.to_host(x)), state))
 
 
 def build_trainer(cfg: ExperimentConfig, base: BaseModel):
@@ -192,29 +212,36 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     try:
         # --- serving pool (process 0 talks to it; every process takes part in weight export)
         if cfg.policy.mode == "embedded":
-            if jax.process_count() > 1:
-                raise ConfigError("policy.mode=embedded runs in one process; use policy.mode=external with an "
-                                  "SGLang pool for multi-host training")
-            from openclaw_jax.inference.engine import Engine, EngineConfig
-            from openclaw_jax.inference.server import InferenceServer
+            # Process 0 serves; with several processes every one takes part in gathering the weights.
+            from openclaw_jax.parallel import multihost
 
-            serving = _copy_model(trainer.serving_model())
-            engine = Engine(serving, base.tokenizer, context_length=cfg.policy.context_length or None,
-                            config=EngineConfig(max_batch_size=cfg.policy.max_batch_size),
-                            weight_version=trainer.weight_version, seed=cfg.seed)
-            server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
-                                     served_model_name=Path(base.model_dir).name)
-            runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
-            await runner.setup()
-            site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
-            await site.start()
-            cleanups.append(runner.cleanup)
-            policy_urls = [f"http://{cfg.policy.host}:{runner.addresses[0][1]}"]
-            sync = InProcessWeightSync(engine)
+            serving = await asyncio.to_thread(_process_local_copy, trainer.serving_model())
+            policy_urls, sync = [], None
+            if is_main:
+                from openclaw_jax.inference.engine import Engine, EngineConfig
+                from openclaw_jax.inference.server import InferenceServer
+
+                engine = Engine(serving, base.tokenizer, context_length=cfg.policy.context_length or None,
+                                config=EngineConfig(max_batch_size=cfg.policy.max_batch_size),
+                                weight_version=trainer.weight_version, seed=cfg.seed)
+                server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
+                                         served_model_name=Path(base.model_dir).name)
+                runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
+                await runner.setup()
+                site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
+                await site.start()
+                cleanups.append(runner.cleanup)
+                policy_urls = [f"http://{cfg.policy.host}:{runner.addresses[0][1]}"]
+                sync = InProcessWeightSync(engine)
 
             async def push(graphdef, state, version):
                 # the trainer donates its buffers on the next step: the engine gets its own copy
-                await sync(graphdef, jax.tree.map(lambda x: x.copy(), state), version)
+                if multihost.is_multiprocess():
+                    state = await asyncio.to_thread(multihost.tree_to_host, state)
+                else:
+                    state = jax.tree.map(lambda x: x.copy(), state)
+                if sync is not None:
+                    await sync(graphdef, state, version)
         else:
             from openclaw_jax.rollout.client import PoolClient
 

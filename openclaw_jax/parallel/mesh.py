@@ -127,6 +127,9 @@ def maybe_initialize_distributed() -> bool:
                              "rank (0..JAX_NUM_PROCESSES-1)")
         kwargs["process_id"] = int(os.environ["JAX_PROCESS_ID"])
     logger.info("initialising jax.distributed for %d processes (%s)", count, kwargs or "auto-detected cluster")
+    # CPU processes (the multi-host stand-in on one machine) need a collectives backend; GPUs use NCCL
+    # and ignore this option.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**kwargs)
     _DISTRIBUTED_INITIALIZED = True
     return True

@@ -20,6 +20,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from openclaw_jax.parallel.multihost import place
+
 logger = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "tp")
@@ -170,7 +172,7 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
     state = nnx.state(model)
     shardings = state_shardings(state, mesh, _family_of(model))
     sharded = jax.tree.map(
-        lambda variable, sharding: variable.replace(jax.device_put(variable.get_value(), sharding)),
+        lambda variable, sharding: variable.replace(place(variable.get_value(), sharding)),
         state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
     nnx.update(model, sharded)
     return model

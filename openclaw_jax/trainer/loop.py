@@ -25,6 +25,7 @@ from openclaw_jax.config import ExperimentConfig
 from openclaw_jax.gateway.samples import SampleStore
 from openclaw_jax.losses import overlap_counts, select_hint
 from openclaw_jax.models.lora import LoRAParam
+from openclaw_jax.parallel import multihost
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher
 from openclaw_jax.trainer.checkpoint import Checkpointer
@@ -34,6 +35,19 @@ log = logging.getLogger(__name__)
 
 # A weight push: (plain-model state, version) -> awaitable; see rollout/weight_sync.py.
 WeightPush = Callable[[nnx.GraphDef, nnx.State, str], Awaitable[None]]
+
+
+_WAIT, _TRAIN, _STOP = 0, 1, 2
+
+
+def _agree_on_window(action: int, end: int) -> tuple[int, int]:
+    """Process 0's (action, window end) for every process; a stop anywhere stops everyone."""
+    if not multihost.is_multiprocess():
+        return action, end
+    rows = multihost.agree([action, end])
+    if (rows[:, 0] == _STOP).any():
+        return _STOP, 0
+    return int(rows[0, 0]), int(rows[0, 1])
 
 
 def _k_star(student_ids, teacher_ids, candidate_mask, token_mask, mode):
@@ -60,6 +74,12 @@ class Trainer:
         trainable_shardings = jax.tree.map(lambda x: x.sharding, self.trainable)
         with jax.set_mesh(mesh):
             self.opt_state = jax.jit(self.tx.init)(self.trainable)
+        # every leaf of the checkpointed state lives on the mesh (orbax saves only global arrays
+        # when several processes write one checkpoint)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self.opt_state = jax.tree.map(
+            lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding) else multihost.place(
+                multihost.to_host(x), replicated), self.opt_state)
         opt_shardings = jax.tree.map(lambda x: x.sharding, self.opt_state)
         self.step = 0
         self.sample_offset = 0
@@ -69,7 +89,7 @@ class Trainer:
         # k* per trained token and the hints of the last step, for TensorBoard
         self._last_k_star = np.zeros((0,), np.int32)
         self._last_hints: list[str] = []
-        self.rng = jax.random.key_data(jax.random.key(cfg.seed))
+        self.rng = multihost.place(np.asarray(jax.random.key_data(jax.random.key(cfg.seed))), replicated)
         self.spec = BatchSpec(
             batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
             min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
@@ -117,7 +137,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def _put(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return {k: jax.device_put(v, self._batch_sharding) for k, v in arrays.items()}
+        return {k: multihost.place(v, self._batch_sharding) for k, v in arrays.items()}
 
     def train_on(self, packed: PackedBatch) -> dict[str, float]:
         """One optimizer step on `packed`; returns host metrics (DESIGN names plus step extras)."""
@@ -143,7 +163,7 @@ class Trainer:
                                   inputs.response_mask)
             self.trainable, self.opt_state, metrics = self._train_step(
                 self.graphdef, self.trainable, self.frozen, self.opt_state, inputs, batch)
-            metrics = jax.device_get(metrics)
+            metrics = multihost.tree_to_host(metrics)
             times["train_step"] = time.perf_counter() - t2
         self.step += 1
         total = time.perf_counter() - t0
@@ -161,7 +181,7 @@ class Trainer:
         out["samples/per_step"] = float(n_real)
         out["staleness/mean"] = float(packed.staleness.mean()) if n_real else 0.0
         out["staleness/max"] = float(packed.staleness.max()) if n_real else 0.0
-        self._last_k_star = np.asarray(k_star)[np.asarray(mask) > 0]
+        self._last_k_star = multihost.to_host(k_star)[np.asarray(mask) > 0]
         self._last_hints = [h for s in packed.samples for h in s.hints]
         return out
 
@@ -171,28 +191,44 @@ class Trainer:
                   push_weights: WeightPush | None, stop: asyncio.Event,
                   on_step: Callable[[int, dict[str, float]], Awaitable[None] | None] | None = None,
                   progress: Callable[[str], None] | None = None) -> None:
-        """Train until `trainer.max_steps` or `stop`: wait for samples, step, sync, log, checkpoint."""
+        """Train until `trainer.max_steps` or `stop`: wait for samples, step, sync, log, checkpoint.
+
+        With several processes, process 0 decides each window (it sees the store first: its gateway
+        writes it) and every process trains on the same window; a stop on any process stops all.
+        """
         tcfg = self.cfg.trainer
         batcher = SampleBatcher(store_dir, self.spec)
-        store = SampleStore(store_dir, readonly=True)
+        store = await self._open_store(store_dir, stop)
+        if store is None:
+            return
         last_arrival = time.monotonic()
         try:
-            while self.step < tcfg.max_steps and not stop.is_set():
+            while True:
                 available = store.refresh()
                 waiting = available - self.sample_offset
                 if progress is not None:
                     progress(f"step {self.step}/{tcfg.max_steps}  samples waiting {waiting}")
-                if waiting < tcfg.rollout_batch_size:
-                    if tcfg.wait_timeout_s and time.monotonic() - last_arrival > tcfg.wait_timeout_s:
-                        log.warning("no new samples for %.0f s; stopping", tcfg.wait_timeout_s)
-                        break
+                action, end = _WAIT, 0
+                if self.step >= tcfg.max_steps or stop.is_set():
+                    action = _STOP
+                elif waiting >= tcfg.rollout_batch_size:
+                    action, end = _TRAIN, self.sample_offset + tcfg.rollout_batch_size
+                elif tcfg.wait_timeout_s and time.monotonic() - last_arrival > tcfg.wait_timeout_s:
+                    log.warning("no new samples for %.0f s; stopping", tcfg.wait_timeout_s)
+                    action = _STOP
+                action, end = await asyncio.to_thread(_agree_on_window, action, end)
+                if action == _STOP:
+                    break
+                if action == _WAIT:
                     try:
                         await asyncio.wait_for(stop.wait(), timeout=0.25)
                     except asyncio.TimeoutError:
                         pass
                     continue
                 last_arrival = time.monotonic()
-                start, stop_offset = self.sample_offset, self.sample_offset + tcfg.rollout_batch_size
+                start, stop_offset = self.sample_offset, end
+                if available < stop_offset:  # another process decided: its fsynced records reach us shortly
+                    await self._wait_for_records(store, stop_offset)
                 packed = next(iter(batcher.batches(start, stop_offset, current_version=self.step)), None)
                 if packed is None:  # every sample of the window was dropped (stale or too long)
                     self._uncommitted_windows.append((self.step, start, stop_offset))
@@ -202,7 +238,7 @@ class Trainer:
                 self.sample_offset = stop_offset
                 self._uncommitted_windows.append((self.step, start, stop_offset))
                 metrics["samples/dropped_stale"] = float(batcher.dropped["stale"])
-                metrics["samples/waiting"] = float(available - self.sample_offset)
+                metrics["samples/waiting"] = float(max(available - self.sample_offset, 0))
                 if push_weights is not None and self.step % tcfg.sync_every == 0:
                     t = time.perf_counter()
                     model = self.serving_model()
@@ -224,6 +260,31 @@ class Trainer:
                         await result
         finally:
             store.close()
+
+    async def _open_store(self, store_dir: str, stop: asyncio.Event) -> SampleStore | None:
+        """The store, read-only. Processes other than 0 may start before process 0's gateway has
+        created it: they wait (up to `trainer.store_wait_s`) rather than fail."""
+        deadline = time.monotonic() + self.cfg.trainer.store_wait_s
+        while not os.path.isdir(store_dir):
+            if time.monotonic() > deadline:
+                raise FileNotFoundError(
+                    f"sample store {store_dir!r} did not appear within trainer.store_wait_s="
+                    f"{self.cfg.trainer.store_wait_s} s; process 0's gateway creates it: is process 0 running, and "
+                    "is run_dir on a filesystem every process shares?")
+            if stop.is_set():
+                return None
+            await asyncio.sleep(0.2)
+        return SampleStore(store_dir, readonly=True)
+
+    async def _wait_for_records(self, store: SampleStore, end: int) -> None:
+        deadline = time.monotonic() + self.cfg.trainer.store_wait_s
+        while store.refresh() < end:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"process {jax.process_index()}: process 0 trains on samples up to offset {end}, but only "
+                    f"{len(store)} are visible here after {self.cfg.trainer.store_wait_s} s; run_dir must be on a "
+                    "filesystem every process shares")
+            await asyncio.sleep(0.05)
 
     @staticmethod
     def _step_log(checkpointer: Checkpointer):
