@@ -143,6 +143,7 @@ class TrainerConfig:
     rollout_batch_size: int = 4          # samples per step
     top_k: int = 4                       # K of the top-K OPD branch
     temperature: float = 1.0             # tau; must equal the rollout sampling temperature
+    allow_temperature_mismatch: bool = False  # skip the gateway.temperature == trainer.temperature check
     chunk_size: int = 128                # response positions per LM-head chunk
     max_seq_len: int = 2048              # longest prompt+response (teacher prompts included)
     min_seq_bucket: int = 64
@@ -213,6 +214,11 @@ class ExperimentConfig:
 
     def __post_init__(self):
         _require(bool(self.run_dir), "run_dir must be a directory path")
+        _require(self.trainer.allow_temperature_mismatch or self.gateway.temperature == self.trainer.temperature,
+                 f"gateway.temperature={self.gateway.temperature} differs from trainer.temperature="
+                 f"{self.trainer.temperature}: the trainer's tau must equal the temperature the rollouts were sampled "
+                 "with, or every sample is refused; set them equal (or trainer.allow_temperature_mismatch=true to "
+                 "train on samples from another source)")
 
 
 def load_experiment_config(config_files=(), overrides=(), gin_files=(), gin_bindings=()) -> ExperimentConfig:

@@ -137,7 +137,7 @@ def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b
     max_candidates = 2  # the first sample's third hint is dropped, as the trainer keeps at most this many
     cfg = load_experiment_config([], [
         f"trainer.method={method}", f"loss.hint_selection={selection}", f"loss.subset_mode={subset}",
-        f"trainer.temperature={TAU}", f"trainer.top_k={TOP_K}", "trainer.chunk_size=8",
+        f"trainer.temperature={TAU}", f"gateway.temperature={TAU}", f"trainer.top_k={TOP_K}", "trainer.chunk_size=8",
         "trainer.rollout_batch_size=4", f"gateway.max_candidates={max_candidates}",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.staleness_mode=drop",
         "trainer.optimizer.lr=1e-3"])

@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(r'''
 
     assert len(jax.devices()) == 8
     cfg = load_experiment_config([], ["trainer.rollout_batch_size=8", "trainer.top_k=4", "trainer.chunk_size=4",
-                                      "trainer.temperature=0.7", "trainer.optimizer.lr=1e-3",
+                                      "trainer.temperature=0.7", "gateway.temperature=0.7", "trainer.optimizer.lr=1e-3",
                                       "trainer.optimizer.eps=1e-3", "gateway.max_candidates=3",
                                       "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8"])
     rng = np.random.default_rng(0)

@@ -87,8 +87,11 @@ class Sample:
     hints: list[str] = field(default_factory=list)
     hint_prompt_ids: list[list[int]] = field(default_factory=list)
     weight_version: str | None = None
-    # Sampling temperature the rollout log-probs were computed with (log_softmax(z / T)).
+    # Sampling temperature the rollout log-probs were computed with (log_softmax(z / T)); the
+    # trainer's tau must equal it. top_p / top_k truncated the sampling (not the log-probs).
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
     eval_score: int = 0
     eval_votes: list[int | None] = field(default_factory=list)
     hint_votes: list[int | None] = field(default_factory=list)

@@ -403,7 +403,7 @@ class Gateway:
             tools=req.tools, chat_template_kwargs=req.chat_template_kwargs, prompt_ids=prompt_ids,
             response_ids=list(result.output_ids), response_logprobs=list(result.output_logprobs),
             response_text=result.text, weight_version=result.weight_version,
-            temperature=float(params["temperature"]),
+            temperature=float(params["temperature"]), top_p=float(params["top_p"]), top_k=int(params["top_k"]),
             finish_reason=result.finish_reason.type if result.finish_reason else "")
         self.stats.turns_recorded += 1
         job = self.sessions.complete_turn(ticket, record)
@@ -627,7 +627,7 @@ class Gateway:
             reward=judgement.eval_score if kind != "opd" else 0,
             prompt_ids=turn.prompt_ids, response_ids=turn.response_ids, rollout_logprobs=turn.response_logprobs,
             hints=list(judgement.hints), hint_prompt_ids=hint_prompts, weight_version=turn.weight_version,
-            temperature=turn.temperature, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),
+            temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),
             hint_votes=list(judgement.hint_votes), judge_raw=judgement.raw, judge=judgement.judge,
             next_state=job.next_state.to_dict(), response_text=turn.response_text,
             finish_reason=turn.finish_reason)

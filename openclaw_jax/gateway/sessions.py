@@ -50,6 +50,8 @@ class TurnRecord:
     temperature: float
     finish_reason: str
     created_at: float = field(default_factory=time.time)
+    top_p: float = 1.0
+    top_k: int = -1
 
 
 @dataclass(frozen=True)

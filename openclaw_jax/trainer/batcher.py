@@ -57,6 +57,8 @@ class BatchSpec:
     rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
     max_staleness: int = 2
     staleness_mode: Literal["drop", "importance"] = "drop"
+    # the trainer's tau: a sample sampled at another temperature is refused (None: accept any)
+    temperature: float | None = None
     pad_id: int = 0
 
 
@@ -149,13 +151,26 @@ class SampleBatcher:
     def __init__(self, store_dir: str, spec: BatchSpec):
         self.store_dir = store_dir
         self.spec = spec
-        self.dropped: dict[str, int] = {"stale": 0, "too_long": 0}
+        self.dropped: dict[str, int] = {"stale": 0, "too_long": 0, "temperature": 0}
+        self._warned_temperature = False
 
     def _keep(self, sample: Sample, current_version: int | None) -> bool:
         if sample_length(sample, self.spec) > self.spec.max_seq_len:
             self.dropped["too_long"] += 1
             log.warning("dropping sample %s: %d tokens exceed max_seq_len=%d", sample.sample_id,
                         sample_length(sample, self.spec), self.spec.max_seq_len)
+            return False
+        tau = self.spec.temperature
+        if tau is not None and abs(float(sample.temperature) - tau) > 1e-6:
+            # log-probs at another temperature are another distribution: PPO ratios and the OPD
+            # targets would be wrong for this sample (DESIGN section 6)
+            self.dropped["temperature"] += 1
+            if not self._warned_temperature:
+                self._warned_temperature = True
+                log.warning("refusing sample %s: sampled at temperature %g but trainer.temperature=%g (the rollout "
+                            "log-probs and tau must match; make gateway.temperature equal trainer.temperature and "
+                            "leave gateway.honor_client_sampling off); counted in samples/dropped_temperature, "
+                            "logged once", sample.sample_id, sample.temperature, tau)
             return False
         v = parse_version(sample.weight_version)
         if (self.spec.staleness_mode == "drop" and current_version is not None and v is not None

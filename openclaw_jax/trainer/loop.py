@@ -94,7 +94,8 @@ class Trainer:
             batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
             min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
             min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
-            max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id)
+            max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
+            temperature=tcfg.temperature)
         batch_axes = ("data", "fsdp")
         n_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
         spec = PartitionSpec(batch_axes) if tcfg.rollout_batch_size % n_batch_shards == 0 else PartitionSpec()
@@ -238,6 +239,7 @@ class Trainer:
                 self.sample_offset = stop_offset
                 self._uncommitted_windows.append((self.step, start, stop_offset))
                 metrics["samples/dropped_stale"] = float(batcher.dropped["stale"])
+                metrics["samples/dropped_temperature"] = float(batcher.dropped["temperature"])
                 metrics["samples/waiting"] = float(max(available - self.sample_offset, 0))
                 if push_weights is not None and self.step % tcfg.sync_every == 0:
                     t = time.perf_counter()
