@@ -566,10 +566,37 @@ def test_pause_in_abort_mode_ends_running_requests(srv):
     assert requests.get(srv.url + "/health").status_code == 200
 
 
+def _reference_logprobs_across_versions(models, prompt, output, spans):
+    """Log-probs of `output` as an engine produces them when weights change mid-response,
+    replayed token by token with transformers: the prompt's KV cache by the version of the first
+    token, then each token's step (its input's KV and its logits) by that token's version."""
+    import torch
+    from transformers import DynamicCache
+
+    version_of = [None] * len(output)
+    for span in spans:
+        for j in range(span["start"], span["end"]):
+            version_of[j] = span["version"]
+    assert None not in version_of, f"spans {spans} do not cover the {len(output)} output tokens"
+    cache = DynamicCache()
+    lps = []
+    with torch.no_grad():
+        logits = models[version_of[0]](torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[0, -1]
+        lps.append(float(torch.log_softmax(logits.double(), -1)[output[0]]))
+        for j in range(1, len(output)):
+            logits = models[version_of[j]](torch.tensor([[output[j - 1]]]), past_key_values=cache,
+                                           use_cache=True).logits[0, -1]
+            lps.append(float(torch.log_softmax(logits.double(), -1)[output[j]]))
+    return np.asarray(lps)
+
+
 def test_weight_update_mid_load(srv, tiny_qwen3_dir, tiny_qwen3_dir_b):
+    """Weights swapped while 16 requests generate: serving does not pause, and every response says
+    truthfully which version produced which tokens (checked against its reported log-probs)."""
     import torch
     import transformers
     prompt = [11, 12, 13, 14]
+    hf_a = transformers.AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir).eval()
     hf_b = transformers.AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir_b).eval()
     with torch.no_grad():
         expected_b = hf_b.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None,
@@ -580,42 +607,51 @@ def test_weight_update_mid_load(srv, tiny_qwen3_dir, tiny_qwen3_dir_b):
 
     results: list = []
 
-    def load(k):
-        r = post(srv, "/generate", {"input_ids": [k + 1, k + 2], "return_logprob": True,
-                                    "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}})
-        results.append((k, r))
+    def load(k, max_new=64, stream=False):
+        body = {"input_ids": [k + 1, k + 2], "return_logprob": True, "stream": stream,
+                "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True}}
+        if not stream:
+            r = post(srv, "/generate", body)
+            results.append((k, r.status_code, r.json() if r.status_code == 200 else r.text))
+            return
+        with requests.post(srv.url + "/generate", json=body, stream=True, timeout=300) as resp:
+            last = None
+            for line in resp.iter_lines():
+                if line.startswith(b"data: ") and line != b"data: [DONE]":
+                    last = json.loads(line[6:])
+                    streaming.set()
+            results.append((k, resp.status_code, last))
 
-    workers = [threading.Thread(target=load, args=(k,)) for k in range(24)]
-    for w in workers:
+    # one long streamed request is generating when the update arrives: it must go on, on the new weights
+    streaming = threading.Event()
+    long_request = threading.Thread(target=load, args=(100, CONTEXT - 8, True))
+    long_request.start()
+    assert streaming.wait(60), "the long request never started"
+    workers = [threading.Thread(target=load, args=(k,)) for k in range(16)] + [long_request]
+    for w in workers[:-1]:
         w.start()
-    time.sleep(0.2)
     r = post(srv, "/update_weights_from_disk", {"model_path": str(tiny_qwen3_dir_b), "weight_version": "v2"})
     assert r.status_code == 200, r.text
     assert_same_shape(r.json(), recorded("update_weights_from_disk.json")["response"])
     assert r.json()["success"] and "v2" in r.json()["message"]
     after = post(srv, "/generate", {"input_ids": prompt, "sampling_params": greedy}).json()
     for w in workers:
-        w.join(timeout=120)
+        w.join(timeout=300)
     try:
-        assert all(x.status_code == 200 for _, x in results) and len(results) == 24
-        # Each in-flight response reports the version it was generated with, truthfully: the
-        # log-probs it reports are those that version's weights give its tokens (teacher-forced by
-        # transformers), for every token. A label attached at output time, or weights swapped
-        # under a running request, breaks this.
-        hf = {"default": transformers.AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir).eval(), "v2": hf_b}
-        seen = set()
-        for k, x in results:
-            out = x.json()
-            version = out["meta_info"]["weight_version"]
-            assert version in hf, version
-            seen.add(version)
-            ids = [k + 1, k + 2] + out["output_ids"]
-            with torch.no_grad():
-                logits = hf[version](torch.tensor([ids])).logits[0].double()
-            ref = torch.log_softmax(logits, -1)[1:-1].gather(1, torch.tensor(ids[2:])[:, None])[:, 0].numpy()
+        assert all(status == 200 for _, status, _ in results) and len(results) == 17, results
+        models = {"default": hf_a, "v2": hf_b}
+        versions_seen = []
+        for k, _, out in results:
+            spans = out["meta_info"]["weight_versions"]
+            assert spans[0]["start"] == 0 and spans[-1]["end"] == len(out["output_ids"])
+            assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:])), spans
+            assert out["meta_info"]["weight_version"] == spans[0]["version"]  # the oldest
+            versions_seen.append(tuple(s["version"] for s in spans))
             got = np.asarray([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
-            np.testing.assert_allclose(got, ref, atol=2e-4, err_msg=f"request {k} reported version {version}")
-        assert "default" in seen, "no request was in flight during the update: the test checked nothing"
+            ref = _reference_logprobs_across_versions(models, [k + 1, k + 2], out["output_ids"], spans)
+            np.testing.assert_allclose(got, ref, atol=2e-4, err_msg=f"request {k}: spans {spans}")
+        straddled = dict(zip((k for k, _, _ in results), versions_seen))[100]
+        assert straddled == ("default", "v2"), f"the long request was not served across the update: {straddled}"
         assert after["meta_info"]["weight_version"] == "v2"
         assert after["output_ids"] == expected_b
         assert requests.get(srv.url + "/get_model_info").json()["weight_version"] == "v2"

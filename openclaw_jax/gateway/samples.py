@@ -86,7 +86,10 @@ class Sample:
     rollout_logprobs: list[float]
     hints: list[str] = field(default_factory=list)
     hint_prompt_ids: list[list[int]] = field(default_factory=list)
+    # The weight version that began the response (the oldest it saw: staleness counts from it) and
+    # the one that ended it; they differ when the policy's weights were swapped mid-response.
     weight_version: str | None = None
+    last_weight_version: str | None = None
     # Sampling temperature the rollout log-probs were computed with (log_softmax(z / T)); the
     # trainer's tau must equal it. top_p / top_k truncated the sampling (not the log-probs).
     temperature: float = 1.0

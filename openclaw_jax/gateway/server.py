@@ -403,6 +403,7 @@ class Gateway:
             tools=req.tools, chat_template_kwargs=req.chat_template_kwargs, prompt_ids=prompt_ids,
             response_ids=list(result.output_ids), response_logprobs=list(result.output_logprobs),
             response_text=result.text, weight_version=result.weight_version,
+            last_weight_version=result.last_weight_version,
             temperature=float(params["temperature"]), top_p=float(params["top_p"]), top_k=int(params["top_k"]),
             finish_reason=result.finish_reason.type if result.finish_reason else "")
         self.stats.turns_recorded += 1
@@ -627,6 +628,7 @@ class Gateway:
             reward=judgement.eval_score if kind != "opd" else 0,
             prompt_ids=turn.prompt_ids, response_ids=turn.response_ids, rollout_logprobs=turn.response_logprobs,
             hints=list(judgement.hints), hint_prompt_ids=hint_prompts, weight_version=turn.weight_version,
+            last_weight_version=turn.last_weight_version,
             temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),
             hint_votes=list(judgement.hint_votes), judge_raw=judgement.raw, judge=judgement.judge,
             next_state=job.next_state.to_dict(), response_text=turn.response_text,

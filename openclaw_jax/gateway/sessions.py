@@ -52,6 +52,7 @@ class TurnRecord:
     created_at: float = field(default_factory=time.time)
     top_p: float = 1.0
     top_k: int = -1
+    last_weight_version: str | None = None  # differs from weight_version when weights changed mid-response
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,7 @@ class _Seq:
     row: int = -1
     position: int = 0
     last_token: int = 0
+    step_version: str = ""  # the weight version of the step that produced the token being accepted
 
     @property
     def base_key(self) -> np.ndarray:
@@ -385,12 +386,15 @@ class Engine:
                 return self._abort_all_locked(message)
         return self._call_in_engine(do)
 
-    def swap_weights(self, state: nnx.State, weight_version: str | None = None, *, drain: bool = True,
+    def swap_weights(self, state: nnx.State, weight_version: str | None = None, *, drain: bool = False,
                      timeout: float | None = None) -> None:
-        """Replace the params (same structure, shapes and dtypes) between engine steps.
+        """Replace the params (same structure, shapes and dtypes) between two engine steps.
 
-        drain=True (SGLang's behaviour for /update_weights_from_disk): new sequences wait, running
-        ones finish on the old weights, then the swap happens; every sequence runs on one version.
+        By default serving never pauses: running sequences go on with the new weights from the next
+        decode step (their KV cache so far was computed by the old ones, as SGLang's in-flight weight
+        updates do), and each output records which version produced which tokens
+        (`SequenceOutput.weight_versions`). drain=True instead holds new sequences and lets running
+        ones finish on the old weights first, so every sequence runs on one version.
         """
         new_flat = dict(nnx.to_flat_state(state))
         old_flat = dict(nnx.to_flat_state(self._state))
@@ -654,7 +658,8 @@ class Engine:
         cache = out.pop("cache")
         host = jax.device_get(out)
         for seq in group:
-            seq.out.weight_version = version
+            seq.out.weight_version = version  # the oldest version of this response (its prompt's KV)
+            seq.step_version = version
         if want_input:
             self._record_input_logprobs(group, host)
         return cache, host, lp_len
@@ -716,6 +721,7 @@ class Engine:
         with self._lock:
             out = self._decode(self._state, batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
                                tids, n_top=n_top, k_ids=k_ids)
+            version = self._weight_version
         batch.cache = out.pop("cache")
         host = jax.device_get(out)
         self._steps += 1
@@ -723,6 +729,7 @@ class Engine:
             if seq is None:
                 continue
             seq.position += 1
+            seq.step_version = version
             self._accept_token(seq, host, i)
 
     # ------------------------------------------------------------------ per-token host work
@@ -730,6 +737,7 @@ class Engine:
         token = int(host["tokens"][i])
         out = seq.out
         out.output_ids.append(token)
+        out.record_version(seq.step_version)
         out.output_logprobs.append(float(host["token_lp"][i]))
         k = seq.spec.top_logprobs_num
         if k > 0:

@@ -413,6 +413,7 @@ def build_generate_response(out: SequenceOutput, spec: GenerationSpec, *, return
         "finish_reason": out.finish_reason,
         "prompt_tokens": len(out.prompt_ids),
         "weight_version": out.weight_version,
+        "weight_versions": [dict(span) for span in out.weight_versions],
         "completion_tokens": len(out.output_ids),
         "cached_tokens": out.cached_tokens,
         "e2e_latency": max(0.0, (out.finished_time or now) - out.created_time),

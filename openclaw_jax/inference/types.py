@@ -71,7 +71,10 @@ class SequenceOutput:
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # the version that computed the prompt (the oldest this response saw: staleness is counted from it)
     weight_version: str | None = None
+    # which version produced which output tokens, as SGLang reports it: [{"version", "start", "end"}]
+    weight_versions: list[dict[str, Any]] = field(default_factory=list)
     created_time: float = 0.0
     finished_time: float | None = None
     cached_tokens: int = 0
@@ -79,6 +82,15 @@ class SequenceOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def record_version(self, version: str) -> None:
+        """Output token `len(output_ids) - 1` was produced by weights `version`."""
+        n = len(self.output_ids)
+        if self.weight_versions and self.weight_versions[-1]["version"] == version \
+                and self.weight_versions[-1]["end"] == n - 1:
+            self.weight_versions[-1]["end"] = n
+        else:
+            self.weight_versions.append({"version": version, "start": n - 1, "end": n})
 
     def snapshot(self) -> "SequenceOutput":
         """A copy that later engine steps will not mutate (for streaming)."""
@@ -91,5 +103,6 @@ class SequenceOutput:
             input_top_logprobs=None if self.input_top_logprobs is None else list(self.input_top_logprobs),
             input_token_ids_logprobs=(None if self.input_token_ids_logprobs is None
                                       else list(self.input_token_ids_logprobs)),
-            weight_version=self.weight_version, created_time=self.created_time,
+            weight_version=self.weight_version, weight_versions=[dict(s) for s in self.weight_versions],
+            created_time=self.created_time,
             finished_time=self.finished_time, cached_tokens=self.cached_tokens)

@@ -93,15 +93,23 @@ class GenerateResult:
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
+    # the oldest weight version that produced this response (the first of `weight_versions` when the
+    # worker reports them): staleness and importance correction count from it
     weight_version: str | None
     # prompt log-probs from logprob_start_len on (the first one is None); None when not requested
     input_logprobs: list[float | None] | None
     raw: dict = field(repr=False)
     worker_url: str = ""
+    # which version produced which output tokens: [{"version", "start", "end"}] (empty if not reported)
+    weight_versions: list[dict] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def last_weight_version(self) -> str | None:
+        return str(self.weight_versions[-1]["version"]) if self.weight_versions else self.weight_version
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,14 @@ def generate_result_from_json(body: Any, *, worker_url: str = "", expect_logprob
         input_logprobs = [None if e[0] is None else float(e[0]) for e in _logprob_triples(in_raw, "input_token_logprobs")]
 
     weight_version = meta.get("weight_version")
+    spans = []
+    for span in meta.get("weight_versions") or []:
+        if not (isinstance(span, dict) and "version" in span):
+            raise MalformedResponseError(f"meta_info.weight_versions entry {span!r} from {worker_url} has no version")
+        spans.append({"version": str(span["version"]), "start": int(span.get("start", 0)),
+                      "end": int(span.get("end", 0))})
+    if spans:
+        weight_version = spans[0]["version"]
     return GenerateResult(
         text=text,
         output_ids=list(output_ids),
@@ -195,4 +211,5 @@ def generate_result_from_json(body: Any, *, worker_url: str = "", expect_logprob
         input_logprobs=input_logprobs,
         raw=dict(body),
         worker_url=worker_url,
+        weight_versions=spans,
     )
