@@ -213,8 +213,6 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         # --- serving pool (process 0 talks to it; every process takes part in weight export)
         if cfg.policy.mode == "embedded":
             # Process 0 serves; with several processes every one takes part in gathering the weights.
-            from openclaw_jax.parallel import multihost
-
             serving = await asyncio.to_thread(_process_local_copy, trainer.serving_model())
             policy_urls, sync = [], None
             if is_main:
@@ -235,11 +233,7 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 sync = InProcessWeightSync(engine)
 
             async def push(graphdef, state, version):
-                # the trainer donates its buffers on the next step: the engine gets its own copy
-                if multihost.is_multiprocess():
-                    state = await asyncio.to_thread(multihost.tree_to_host, state)
-                else:
-                    state = jax.tree.map(lambda x: x.copy(), state)
+                # `state` is already detached from the trainer's buffers (Trainer.run hands over a copy)
                 if sync is not None:
                     await sync(graphdef, state, version)
         else:

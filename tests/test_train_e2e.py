@@ -84,12 +84,18 @@ def test_tiny_cpu_run_killed_and_resumed(tmp_path):
     missing = sorted(name for name in design if name not in tags)
     assert not missing, f"TensorBoard lacks DESIGN metrics {missing}"
     for extra in ("rollout/prm_eval_score", "samples/opd_rl", "samples/opd", "samples/rl", "time/old_pass",
-                  "time/teacher_pass", "time/train_step", "time/weight_sync", "tokens_per_s", "weight_version",
+                  "time/teacher_pass", "time/train_step", "time/weight_sync", "time/weight_sync_blocking",
+                  "weight_sync/failures", "tokens_per_s", "weight_version",
                   "staleness/mean", "sel_k_star", "eval/preference_score"):
         assert extra in tags, extra
     assert any(t.startswith("hints") for t in tags)
     steps_logged = sorted({step for step, _ in tags["loss"]})
     assert steps_logged == list(range(1, MAX_STEPS + 1))
+    # the weight sync runs in the background: the trainer waits only for the hand-off (a device copy)
+    blocking = sorted(v.simple_value for step, v in tags["time/weight_sync_blocking"] if step > 1)
+    syncing = sorted(v.simple_value for step, v in tags["time/weight_sync"] if step > 1)
+    assert blocking and syncing and blocking[len(blocking) // 2] < syncing[len(syncing) // 2]
+    assert all(v.simple_value == 0 for _, v in tags["weight_sync/failures"])
 
     # the exported model is a loadable HF checkpoint
     from openclaw_jax.models.hub import load_pretrained

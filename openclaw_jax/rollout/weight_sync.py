@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from flax import nnx
 
@@ -82,6 +83,75 @@ class DiskWeightSync:
         while len(self._written) > self.keep:
             old = self._written.pop(0)
             shutil.rmtree(old, ignore_errors=True)
+
+
+class BackgroundWeightSync:
+    """Runs weight pushes off the trainer's path (DESIGN section 12: async weight sync).
+
+    `submit(graphdef, state, version)` returns at once. At most one push is in flight; a version
+    submitted meanwhile waits, and a newer one replaces it (its weights supersede the older ones:
+    counted in `superseded`, never lost silently). A failed push is retried with back-off
+    `retries` times, then logged as an error and counted in `failures`; the next submitted
+    version tries again. `state` must already be detached from the trainer's buffers (the trainer
+    donates them to its next step). `flush()` waits for everything submitted.
+    """
+
+    def __init__(self, push: Callable[[nnx.GraphDef, nnx.State, str], Awaitable[None]], *, retries: int = 3,
+                 backoff_s: float = 0.5):
+        self._push = push
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._pending: tuple[nnx.GraphDef, nnx.State, str] | None = None
+        self._task: asyncio.Task | None = None
+        self.completed = 0
+        self.superseded = 0
+        self.failures = 0
+        self.last_duration_s: float | None = None   # wall time of the last finished push
+        self.last_version: str | None = None         # the newest version the pool accepted
+
+    @property
+    def in_flight(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def submit(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> None:
+        if self._pending is not None:
+            self.superseded += 1
+            log.info("weight sync: version %s superseded by %s before it was pushed", self._pending[2], version)
+        self._pending = (graphdef, state, version)
+        if not self.in_flight:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._pending is not None:
+            graphdef, state, version = self._pending
+            self._pending = None
+            await self._push_with_retries(graphdef, state, version)
+
+    async def _push_with_retries(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> None:
+        start = time.perf_counter()
+        for attempt in range(self.retries + 1):
+            try:
+                await self._push(graphdef, state, version)
+            except Exception as err:  # noqa: BLE001 - any worker/IO failure: retry, then report
+                if attempt == self.retries:
+                    self.failures += 1
+                    log.error("weight sync of version %s failed after %d attempts: %s: %s; the pool keeps serving "
+                              "version %s until the next sync", version, attempt + 1, type(err).__name__, err,
+                              self.last_version)
+                    return
+                log.warning("weight sync of version %s failed (attempt %d/%d): %s: %s; retrying", version,
+                            attempt + 1, self.retries + 1, type(err).__name__, err)
+                await asyncio.sleep(self.backoff_s * 2 ** attempt)
+            else:
+                self.completed += 1
+                self.last_version = version
+                self.last_duration_s = time.perf_counter() - start
+                return
+
+    async def flush(self) -> None:
+        """Wait until every submitted version has been pushed (or has failed and been reported)."""
+        while self.in_flight:
+            await asyncio.shield(self._task)
 
 
 def worker_urls(policy_urls: Sequence[str], explicit_workers: Sequence[str]) -> list[str]:

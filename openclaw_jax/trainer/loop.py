@@ -26,6 +26,7 @@ from openclaw_jax.gateway.samples import SampleStore
 from openclaw_jax.losses import overlap_counts, select_hint
 from openclaw_jax.models.lora import LoRAParam
 from openclaw_jax.parallel import multihost
+from openclaw_jax.rollout.weight_sync import BackgroundWeightSync
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher
 from openclaw_jax.trainer.checkpoint import Checkpointer
@@ -38,6 +39,14 @@ WeightPush = Callable[[nnx.GraphDef, nnx.State, str], Awaitable[None]]
 
 
 _WAIT, _TRAIN, _STOP = 0, 1, 2
+
+
+def _detach(state: nnx.State) -> nnx.State:
+    """Weights the next (donating) step cannot invalidate: a device copy, or with several processes
+    the full value on the host (a collective: every process calls it at the same step)."""
+    if multihost.is_multiprocess():
+        return multihost.tree_to_host(state)
+    return jax.tree.map(lambda x: x.copy(), state)
 
 
 def _agree_on_window(action: int, end: int) -> tuple[int, int]:
@@ -202,6 +211,7 @@ class Trainer:
         store = await self._open_store(store_dir, stop)
         if store is None:
             return
+        syncer = BackgroundWeightSync(push_weights) if push_weights is not None else None
         last_arrival = time.monotonic()
         try:
             while True:
@@ -241,12 +251,19 @@ class Trainer:
                 metrics["samples/dropped_stale"] = float(batcher.dropped["stale"])
                 metrics["samples/dropped_temperature"] = float(batcher.dropped["temperature"])
                 metrics["samples/waiting"] = float(max(available - self.sample_offset, 0))
-                if push_weights is not None and self.step % tcfg.sync_every == 0:
+                if syncer is not None and self.step % tcfg.sync_every == 0:
+                    # Only the hand-off blocks the trainer: a device copy (its buffers are donated to
+                    # the next step), or with several processes the collective gather to the host.
                     t = time.perf_counter()
-                    model = self.serving_model()
-                    graphdef, state = nnx.split(model)
-                    await push_weights(graphdef, state, self.weight_version)
-                    metrics["time/weight_sync"] = time.perf_counter() - t
+                    graphdef, state = nnx.split(self.serving_model())
+                    state = await asyncio.to_thread(_detach, state)
+                    syncer.submit(graphdef, state, self.weight_version)
+                    metrics["time/weight_sync_blocking"] = time.perf_counter() - t
+                if syncer is not None:
+                    if syncer.last_duration_s is not None:
+                        metrics["time/weight_sync"] = syncer.last_duration_s
+                    metrics["weight_sync/failures"] = float(syncer.failures)
+                    metrics["weight_sync/superseded"] = float(syncer.superseded)
                 metrics["weight_version"] = float(self.step)
                 if writer is not None and self.step % tcfg.log_every == 0:
                     writer.scalars(self.step, metrics)
@@ -262,6 +279,8 @@ class Trainer:
                         await result
         finally:
             store.close()
+            if syncer is not None:  # the pool ends on the newest weights
+                await syncer.flush()
 
     async def _open_store(self, store_dir: str, stop: asyncio.Event) -> SampleStore | None:
         """The store, read-only. Processes other than 0 may start before process 0's gateway has
