@@ -3,6 +3,7 @@
     python bench/gateway.py                      # fast fake SGLang worker (isolates gateway overhead)
     python bench/gateway.py --embedded MODEL_DIR # the embedded JAX server on a real/tiny model
     python bench/gateway.py --policy-url URL     # any running SGLang-compatible worker
+    python bench/gateway.py --embedded random --weight-sync   # + latency with a weight sync every second
 
 Every server is a separate process: the worker, and the gateway (`python -m
 openclaw_jax.gateway`, rule judge, a temporary sample store, so recording, judging and the
@@ -16,6 +17,10 @@ fsynced appends are part of what is measured). The load generator is this proces
    request is the next state of the previous turn, so the judge and the store work too);
    requests/s, latency percentiles, samples stored; and the same load sent directly to the
    worker for comparison.
+3. With ``--weight-sync`` (embedded server only): request latency through the gateway under
+   ``--sync-sessions`` concurrent sessions for ``--sync-seconds``, first without weight updates,
+   then with ``/update_weights_from_disk`` every ``--sync-interval`` seconds (serving must not
+   pause: p99 with syncs / p99 without is the number to watch).
 """
 
 from __future__ import annotations
@@ -167,6 +172,62 @@ async def throughput(url: str, sessions: int, turns: int, max_tokens: int, direc
     return len(latencies) / elapsed, latencies, elapsed
 
 
+async def latency_under_syncs(gw_url: str, worker_url: str, model_dir: str, sessions: int, seconds: float,
+                              interval: float | None, max_tokens: int) -> tuple[list[float], int]:
+    """Latencies of main turns from `sessions` concurrent sessions for `seconds`; with `interval`,
+    a weight update (same files, a new version) is sent to the worker every `interval` seconds."""
+    latencies: list[float] = []
+    syncs = 0
+    deadline = time.perf_counter() + seconds
+
+    async def session(http, k: int):
+        t = 0
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            async with http.post(gw_url + "/v1/chat/completions",
+                                 json={"messages": conversation(k, t % 3), "max_tokens": max_tokens},
+                                 headers={"X-Session-Id": f"sync{k}-{t // 3}", "X-Turn-Type": "side"}) as r:
+                await r.read()
+                assert r.status == 200, (r.status, await r.text())
+            latencies.append((time.perf_counter() - t0) * 1e3)
+            t += 1
+
+    async def updater(http):
+        nonlocal syncs
+        while time.perf_counter() < deadline:
+            await asyncio.sleep(interval)
+            async with http.post(worker_url + "/update_weights_from_disk",
+                                 json={"model_path": model_dir, "weight_version": f"sync{syncs}"}) as r:
+                body = await r.json()
+                assert r.status == 200 and body["success"], body
+            syncs += 1
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        tasks = [session(http, k) for k in range(sessions)]
+        if interval:
+            tasks.append(updater(http))
+        await asyncio.gather(*tasks)
+    return latencies, syncs
+
+
+def make_random_model(out_dir: str, hidden: int = 256, layers: int = 4) -> str:
+    """A random Qwen3-shaped HF checkpoint with the tiny test tokenizer (bigger than the tests')."""
+    from flax import nnx
+
+    from openclaw_jax.models.config import ModelConfig
+    from openclaw_jax.models.decoder import Decoder
+    from openclaw_jax.models.tokenizer import tiny_test_tokenizer
+    from openclaw_jax.models.weights import save_hf_checkpoint
+
+    tok = tiny_test_tokenizer()
+    cfg = ModelConfig(family="qwen3", vocab_size=tok.vocab_size, hidden_size=hidden, intermediate_size=4 * hidden,
+                      num_layers=layers, num_heads=8, num_kv_heads=4, head_dim=hidden // 8, qk_norm=True,
+                      max_position_embeddings=2048, eos_token_id=tuple(tok.eos_token_ids))
+    save_hf_checkpoint(Decoder(cfg, rngs=nnx.Rngs(0)), cfg, out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
 async def store_count(gw_url: str) -> int:
     async with aiohttp.ClientSession() as http:
         async with http.get(gw_url + "/healthz") as r:
@@ -196,6 +257,12 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--fake-out-tokens", type=int, default=8)
+    ap.add_argument("--weight-sync", action="store_true",
+                    help="with --embedded: latency with and without a weight update every --sync-interval s")
+    ap.add_argument("--sync-sessions", type=int, default=8)
+    ap.add_argument("--sync-seconds", type=float, default=30.0)
+    ap.add_argument("--sync-interval", type=float, default=1.0)
+    ap.add_argument("--skip-throughput", action="store_true", help="only the latency sections")
     ap.add_argument("--serve-fake-worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_fake_worker:
@@ -211,6 +278,8 @@ def main() -> int:
         if args.policy_url:
             worker_url, kind = args.policy_url, "external worker"
         elif args.embedded:
+            if args.embedded == "random":
+                args.embedded = make_random_model(os.path.join(store_dir, "random_model"))
             proc, worker_url = start([sys.executable, "-m", "openclaw_jax.inference.server", "--model", args.embedded,
                                       "--port", "0", "--log-level", "warning"], "READY")
             procs.append(proc)
@@ -237,6 +306,26 @@ def main() -> int:
         print(f"  added by the gateway   p50 {pct(gw, 50) - pct(direct, 50):7.2f}  p99 {pct(gw, 99) - pct(direct, 99):7.2f}"
               f"   (paired differences: p50 {pct(added, 50):.2f}, p99 {pct(added, 99):.2f}, "
               f"mean {statistics.mean(added):.2f})")
+
+        if args.weight_sync:
+            if not args.embedded:
+                raise SystemExit("--weight-sync needs --embedded (a worker whose weights this benchmark may update)")
+            # warm-up, untimed: compiles the batch/length buckets and exercises the update path once
+            asyncio.run(latency_under_syncs(gw_url, worker_url, args.embedded, args.sync_sessions,
+                                            args.sync_seconds, args.sync_interval, args.max_tokens))
+            base, _ = asyncio.run(latency_under_syncs(gw_url, worker_url, args.embedded, args.sync_sessions,
+                                                      args.sync_seconds, None, args.max_tokens))
+            synced, n_syncs = asyncio.run(latency_under_syncs(gw_url, worker_url, args.embedded, args.sync_sessions,
+                                                              args.sync_seconds, args.sync_interval, args.max_tokens))
+            print(f"latency under weight syncs, {args.sync_sessions} concurrent sessions, {args.sync_seconds:.0f} s "
+                  f"each (ms):")
+            print(f"  no syncs               p50 {pct(base, 50):7.1f}  p99 {pct(base, 99):7.1f}   ({len(base)} requests)")
+            print(f"  sync every {args.sync_interval:g} s       p50 {pct(synced, 50):7.1f}  p99 {pct(synced, 99):7.1f}"
+                  f"   ({len(synced)} requests, {n_syncs} syncs)")
+            print(f"  ratio                  p50 {pct(synced, 50) / pct(base, 50):7.2f}  "
+                  f"p99 {pct(synced, 99) / pct(base, 99):7.2f}")
+        if args.skip_throughput:
+            return 0
 
         # Warm-up at full concurrency (a JAX worker compiles its batch/length buckets here), untimed.
         asyncio.run(throughput(worker_url, args.sessions, args.turns, args.max_tokens, direct_tokenizer=tokenizer))
