@@ -159,16 +159,47 @@ def test_decoder_blockwise_equals_dense_logits_and_grads():
     def run(attention):
         model = Decoder(cfg.replace(attention=attention), rngs=nnx.Rngs(0))
         weights = jnp.asarray(mask, jnp.float32)[..., None]
-        loss = lambda m: jnp.sum(jax.nn.log_softmax(m(*args)) * weights)  # noqa: E731
-        return (nnx.jit(lambda m: m(*args))(model),) + nnx.jit(nnx.value_and_grad(loss))(model)
 
-    logits_d, loss_d, grads_d = run("dense")
-    logits_b, loss_b, grads_b = run("blockwise")
+        def loss(m):
+            logits = m(*args)
+            return jnp.sum(jax.nn.log_softmax(logits) * weights), logits
+
+        @nnx.jit
+        def go(m):
+            (value, logits), grads = nnx.value_and_grad(loss, has_aux=True)(m)
+            return logits, value, grads, m(ids[:1, 12:])
+
+        return go(model)
+
+    logits_d, loss_d, grads_d, _ = run("dense")
+    logits_b, loss_b, grads_b, alone = run("blockwise")
     assert np.abs(np.asarray(logits_b)[mask] - np.asarray(logits_d)[mask]).max() < 1e-5
     assert abs(float(loss_b) - float(loss_d)) < 1e-5 * abs(float(loss_d))
     for (path, a), (_, b) in zip(nnx.to_flat_state(grads_d), nnx.to_flat_state(grads_b)):
         a, b = np.asarray(a.get_value()), np.asarray(b.get_value())
         assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(a).max()), path
     # the packed second sample equals that sample run alone (attention never crosses a segment)
-    alone = Decoder(cfg.replace(attention="blockwise"), rngs=nnx.Rngs(0))(ids[:1, 12:])
     assert np.abs(np.asarray(alone)[0] - np.asarray(logits_b)[0, 12:]).max() < 1e-5
+
+
+def test_prefill_hidden_equals_decode_into_an_empty_cache():
+    """The engine's prefill (full-forward blockwise attention, several blocks) gives the hidden
+    states and cache of the dense cached path, and decoding continues identically from it."""
+    cfg = ModelConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, attention="blockwise", attention_block_size=8)
+    model = Decoder(cfg, rngs=nnx.Rngs(1))
+    ids = jnp.asarray(np.random.default_rng(1).integers(0, 64, (2, 21)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(21, dtype=jnp.int32), (2, 21))
+
+    @nnx.jit
+    def both(m):
+        a, cache_a = m.prefill_hidden(ids, m.init_cache(2, 24))
+        b, cache_b = m.decode_hidden(ids, positions, m.init_cache(2, 24))
+        nxt = jnp.full((2, 1), 5, jnp.int32), jnp.full((2, 1), 21, jnp.int32)
+        return a, b, cache_a, cache_b, m.decode_hidden(*nxt, cache_a)[0], m.decode_hidden(*nxt, cache_b)[0]
+
+    a, b, cache_a, cache_b, step_a, step_b = both(model)
+    assert np.abs(np.asarray(a) - np.asarray(b)).max() < 1e-5
+    for x, y in zip(cache_a, cache_b):
+        assert x.shape == y.shape and np.abs(np.asarray(x) - np.asarray(y)).max() < 1e-5
+    assert np.abs(np.asarray(step_a) - np.asarray(step_b)).max() < 1e-5

@@ -37,9 +37,12 @@ import jax.numpy as jnp
 
 IMPLEMENTATIONS = ("dense", "blockwise", "fused", "auto")
 
-# Default block sizes of the blockwise kernel (see bench/attention.py for the measurements).
-BLOCK_Q = 512
-BLOCK_K = 512
+# Block size (tokens, queries and keys) of the blockwise kernel when none is given (0): on CPU
+# 128 is both the fastest and the smallest in bench/attention.py (2 cores, L 512-2048); on an
+# accelerator larger blocks amortise the per-iteration loop overhead (512: a guess, not measured
+# here; `auto` runs the fused kernel there anyway unless a padding/segment mask is needed).
+CPU_BLOCK = 128
+ACCELERATOR_BLOCK = 512
 
 _NEG = -1e30  # finite "minus infinity" for masked scores (exp underflows to exactly 0)
 
@@ -54,7 +57,8 @@ class AttentionMask(NamedTuple):
     kv_mask: jax.Array | None = None      # [B, S] bool: False hides key j (padding)
     segment_ids: jax.Array | None = None  # [B, L] int: attention never crosses a segment (packing)
     implementation: str = "auto"          # one of IMPLEMENTATIONS
-    block_size: int = 512                 # blockwise: query and key block (tokens)
+    block_size: int = 0                   # blockwise: query and key block (tokens); 0: by backend
+    return_kv: bool = False               # the layer also returns its k, v (prefill into a cache)
 
 
 def check_implementation(name: str) -> str:
@@ -93,7 +97,7 @@ def resolve_implementation(name: str, q: jax.Array, *, has_mask: bool) -> str:
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, kv_mask: jax.Array | None = None,
               segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
-              implementation: str = "auto", block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> jax.Array:
+              implementation: str = "auto", block_q: int = 0, block_k: int = 0) -> jax.Array:
     """Masked grouped-query attention (see the module docstring for the mask rule)."""
     _check_shapes(q, k, v)
     segment_ids, kv_segment_ids = _segments(q, k, segment_ids, kv_segment_ids)
@@ -165,7 +169,7 @@ def dense_attention(q, k, v, *, causal=True, kv_mask=None, segment_ids=None, kv_
 
 
 def blockwise_attention(q, k, v, *, causal=True, kv_mask=None, segment_ids=None, kv_segment_ids=None,
-                        block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+                        block_q: int = 0, block_k: int = 0):
     """Flash-style attention in pure JAX; memory linear in L and S in forward and backward."""
     segment_ids, kv_segment_ids = _segments(q, k, segment_ids, kv_segment_ids)
     B, L, N, D = q.shape
@@ -187,10 +191,14 @@ def blockwise_attention(q, k, v, *, causal=True, kv_mask=None, segment_ids=None,
     return out[:, :L].reshape(B, L, N, D)
 
 
+def default_block_size() -> int:
+    return CPU_BLOCK if jax.default_backend() == "cpu" else ACCELERATOR_BLOCK
+
+
 def _block(n: int, block: int) -> int:
-    if block <= 0:
-        raise AttentionConfigError(f"attention block size must be > 0, got {block}")
-    return min(block, _round_up(n, 8))
+    if block < 0:
+        raise AttentionConfigError(f"attention block size must be >= 0 (0: by backend), got {block}")
+    return min(block or default_block_size(), _round_up(n, 8))
 
 
 def _round_up(n: int, m: int) -> int:
@@ -348,7 +356,7 @@ def cached_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: 
 
 
 def remat_query_block_attention(q, k, v, *, causal=True, kv_mask=None, segment_ids=None, kv_segment_ids=None,
-                                block_q: int = BLOCK_Q):
+                                block_q: int = 0):
     """Dense attention of one query block at a time over all keys, each block under `jax.checkpoint`.
 
     Memory `[B, K, G, block_q, S]` per step (linear in S) in forward and backward; no causal block

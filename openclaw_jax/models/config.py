@@ -138,8 +138,8 @@ class ModelConfig:
     remat: bool = False
     # attention kernel: dense (reference) | blockwise (memory linear in length) | fused (cuDNN) | auto.
     attention: str = "auto"
-    # query/key block of the blockwise kernel (tokens); bench/attention.py measures the choice.
-    attention_block_size: int = 512
+    # query/key block of the blockwise kernel (tokens); 0: by backend (models/attention.py).
+    attention_block_size: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
 
@@ -147,7 +147,7 @@ class ModelConfig:
         if self.family not in FAMILIES:
             raise ModelConfigError(f"model family {self.family!r} is not supported; use one of {FAMILIES}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_position_embeddings", "attention_block_size"):
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ModelConfigError(f"model.{name}={value!r} must be a positive integer")
@@ -159,6 +159,9 @@ class ModelConfig:
                 raise ModelConfigError(f"model.{name}={getattr(self, name)!r} is not one of {DTYPES}")
         if self.rope_theta <= 0:
             raise ModelConfigError(f"model.rope_theta={self.rope_theta!r} must be > 0")
+        if not isinstance(self.attention_block_size, int) or self.attention_block_size < 0:
+            raise ModelConfigError(f"model.attention_block_size={self.attention_block_size!r} must be an integer "
+                                   ">= 0 (0: by backend)")
         if self.attention not in ATTENTION:
             raise ModelConfigError(f"model.attention={self.attention!r} is not one of {ATTENTION}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):

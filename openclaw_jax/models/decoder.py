@@ -149,7 +149,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x, cos, sin, mask, cache_k, cache_v, write_positions):
         """Full forward (cache None): causal attention under `mask` (an `AttentionMask`: padding,
-        segments, implementation); returns (out, None, None).
+        segments, implementation); returns (out, None, None), or (out, k, v) with
+        `mask.return_kv` (prefill into an empty cache).
 
         Cached: attend to the cache slots before this call's first position (read in place) and
         to this call's own tokens causally by position; returns (out, k, v) of the new tokens,
@@ -162,6 +163,8 @@ class Attention(nnx.Module):
         if cache_k is None:
             out = attention(q, k, v, causal=True, kv_mask=mask.kv_mask, segment_ids=mask.segment_ids,
                             implementation=mask.implementation, block_q=mask.block_size, block_k=mask.block_size)
+            if mask.return_kv:
+                return self.o_proj(out), k, v
             return self.o_proj(out), None, None
         out = cached_attention(q, k, v, cache_k, cache_v, write_positions)
         return self.o_proj(out), k.astype(cache_k.dtype), v.astype(cache_v.dtype)
@@ -275,6 +278,18 @@ class Decoder(nnx.Module):
         """Like `decode` but returns final-norm hidden states `[B, L, H]`."""
         return self._run(input_ids, positions.astype(jnp.int32), None, cache)
 
+    def prefill_hidden(self, input_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """`decode_hidden` of tokens at positions 0..L-1 into an *empty* cache (a prompt prefill).
+
+        Same result, but the attention is the full forward's (`cfg.attention`: blockwise or fused,
+        no `[L, L]` scores or mask), not the dense attention over the cache. Right padding is
+        harmless (causal); k/v are written at slots 0..L-1.
+        """
+        B, L = input_ids.shape
+        positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+        mask = AttentionMask(None, None, self.cfg.attention, self.cfg.attention_block_size, return_kv=True)
+        return self._run(input_ids, positions, mask, cache)
+
     # -- internals ----------------------------------------------------------------------------
 
     def _run(self, input_ids, positions, mask, cache: KVCache | None):
@@ -301,8 +316,11 @@ class Decoder(nnx.Module):
             ck = constrain(cache.k, cache_axes, cfg.family)
             cv = constrain(cache.v, cache_axes, cfg.family)
             # The layers only read the cache; this call's k/v ([layers, B, L, K, D]) are written
-            # once afterwards, in place when the caller donates the cache.
-            h, (new_k, new_v) = jax.lax.scan(layer, h, (stacked, ck, cv))
+            # once afterwards, in place when the caller donates the cache. A prefill (mask given)
+            # does not read the empty cache at all.
+            cache_xs = (None, None) if mask is not None else (ck, cv)
+            h, (new_k, new_v) = jax.lax.scan(layer, h, (stacked,) + cache_xs)
+            new_k, new_v = new_k.astype(ck.dtype), new_v.astype(cv.dtype)
             rows = jnp.broadcast_to(jnp.arange(input_ids.shape[0])[:, None], positions.shape)
             # mode="drop": slots past the cache end (padding beyond max_len) are ignored.
             ck = ck.at[:, rows, positions].set(new_k, mode="drop")
