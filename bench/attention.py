@@ -8,6 +8,10 @@ Dense is skipped (and reported as such) above --dense-max tokens.
 
     python bench/attention.py [--lengths 512,1024,2048] [--heads 8] [--kv-heads 2] [--head-dim 64]
                               [--blocks 128,256,512] [--dtype float32] [--repeats 3]
+
+With --decoder: instead, compiled temporaries (no run) of a whole decoder's forward+backward
+(remat on, loss on the final hidden states; Qwen3-shaped: --layers, --hidden, heads as above)
+with model.attention dense vs blockwise at each length.
 """
 
 from __future__ import annotations
@@ -58,7 +62,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (0: memory only)")
     parser.add_argument("--dense-max", type=int, default=4096, help="skip dense above this length")
+    parser.add_argument("--decoder", action="store_true", help="whole-decoder compiled memory instead")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=1024)
     args = parser.parse_args()
+    if args.decoder:
+        decoder_memory(args)
+        return
 
     dt = jnp.dtype(args.dtype)
     rng = np.random.default_rng(0)
@@ -86,6 +96,34 @@ def main() -> None:
             temp, secs = measure(fn, (q, k, v, w), args.repeats)
             print(f"{L:>6} {name:<24} {temp / 2**20:>10.1f} {temp / d_temp:>8.3f} {1000 * secs:>9.1f} "
                   f"{secs / d_time:>8.2f}")
+
+
+def decoder_memory(args) -> None:
+    from flax import nnx
+
+    from openclaw_jax.models.config import ModelConfig
+    from openclaw_jax.models.decoder import Decoder
+
+    cfg = ModelConfig(family="qwen3", vocab_size=4096, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                      num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
+                      head_dim=args.head_dim, qk_norm=True, remat=True, dtype=args.dtype, param_dtype=args.dtype)
+    print(f"\ndecoder forward+backward compiled temporaries (MiB), {args.layers} layers, hidden {args.hidden}, "
+          f"{args.heads}/{args.kv_heads} heads x {args.head_dim}, {args.dtype}, remat, batch {args.batch}")
+    print(f"{'L':>6} {'dense':>10} {'blockwise':>10} {'ratio':>7}")
+    for L in (int(x) for x in args.lengths.split(",")):
+        temps = []
+        for attention in ("dense", "blockwise"):
+            abstract = nnx.eval_shape(lambda a=attention: Decoder(cfg.replace(attention=a), rngs=nnx.Rngs(0)))
+            graphdef, state = nnx.split(abstract)
+
+            def loss(state, ids, graphdef=graphdef):
+                hidden = nnx.merge(graphdef, state).hidden_states(ids)
+                return jnp.sum(jnp.square(hidden.astype(jnp.float32)))
+
+            ids = jax.ShapeDtypeStruct((args.batch, L), jnp.int32)
+            compiled = jax.jit(jax.grad(loss)).lower(state, ids).compile()
+            temps.append(compiled.memory_analysis().temp_size_in_bytes)
+        print(f"{L:>6} {temps[0] / 2**20:>10.1f} {temps[1] / 2**20:>10.1f} {temps[1] / temps[0]:>7.3f}")
 
 
 if __name__ == "__main__":

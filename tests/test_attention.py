@@ -203,3 +203,23 @@ def test_prefill_hidden_equals_decode_into_an_empty_cache():
     for x, y in zip(cache_a, cache_b):
         assert x.shape == y.shape and np.abs(np.asarray(x) - np.asarray(y)).max() < 1e-5
     assert np.abs(np.asarray(step_a) - np.asarray(step_b)).max() < 1e-5
+
+
+def test_attention_flops_counts_the_visited_blocks():
+    """attention_flops: the per-block count equals XLA's cost analysis where the loops run once
+    (one block), and the causal pair count equals a brute-force count of visible block pairs."""
+    B, L, N, K, D = 1, 64, 4, 2, 64
+    q = jax.ShapeDtypeStruct((B, L, N, D), jnp.float32)
+    kv = jax.ShapeDtypeStruct((B, L, K, D), jnp.float32)
+    fn = lambda q, k, v: A.attention(q, k, v, implementation="blockwise", block_q=64, block_k=64)  # noqa: E731
+    fwd = jax.jit(fn).lower(q, kv, kv).compile().cost_analysis()["flops"]
+    out, vjp = jax.vjp(fn, *(jnp.zeros(x.shape, x.dtype) for x in (q, kv, kv)))
+    bwd = jax.jit(lambda f, ct: f(ct)).lower(vjp, out).compile().cost_analysis()["flops"]
+    count = A.attention_flops(B, L, L, N, D, block_q=64, block_k=64)
+    assert 1.0 <= fwd / count["forward"] < 1.1, (fwd, count)  # elementwise ops add a few percent
+    assert 1.0 <= bwd / count["backward"] < 1.1, (bwd, count)
+    for Lq, S, bq, bk in [(37, 37, 8, 16), (100, 100, 32, 32), (20, 50, 8, 8)]:
+        pairs = sum(any(j <= i + S - Lq for i in range(qb * bq, qb * bq + bq) for j in range(kb * bk, kb * bk + bk))
+                    for qb in range(-(-Lq // bq)) for kb in range(-(-S // bk)))
+        got = A.attention_flops(1, Lq, S, 1, 1, block_q=bq, block_k=bk)["forward"]
+        assert got == 4 * pairs * bq * bk, (Lq, S, bq, bk)

@@ -321,6 +321,33 @@ def _flash_bwd(static, res, dout):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+def attention_flops(batch: int, q_len: int, kv_len: int, heads: int, head_dim: int, *, causal: bool = True,
+                    implementation: str = "blockwise", block_q: int = 0, block_k: int = 0) -> dict[str, int]:
+    """Matmul FLOPs the kernel executes: {"forward": ..., "backward": ...} (the backward alone).
+
+    XLA's `cost_analysis()` counts a while-loop body once, whatever its trip count, so compiled
+    FLOPs miss almost all of the blockwise kernel's work (and the layer scan's); a planner adds
+    this count instead. Blockwise counts the (query block, key block) pairs it visits, padding
+    and causal skipping included; dense and fused count the full L x S score matrix.
+    Forward: QK^T and PV (4 flops per score per head_dim); backward: QK^T recomputed, dV, dP,
+    dQ, dK for blockwise (10), dV, dP, dQ, dK for dense (8).
+    """
+    check_implementation(implementation)
+    per_score = 2 * batch * heads * head_dim
+    if implementation != "blockwise":
+        scores = q_len * kv_len
+        return {"forward": 2 * per_score * scores, "backward": 4 * per_score * scores}
+    bq, bk = _block(q_len, block_q), _block(kv_len, block_k)
+    nq, nk = _round_up(q_len, bq) // bq, _round_up(kv_len, bk) // bk
+    offset = kv_len - q_len
+    pairs = 0
+    for i in range(nq):
+        hi = nk if not causal else min(max((i + 1) * bq - 1 + offset, -1), nk * bk - 1) // bk + 1
+        pairs += hi
+    scores = pairs * bq * bk
+    return {"forward": 2 * per_score * scores, "backward": 5 * per_score * scores}
+
+
 # -- decode over a KV cache ---------------------------------------------------------------------------
 
 
