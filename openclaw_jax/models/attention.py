@@ -72,6 +72,9 @@ def fused_unsupported_reason(q: jax.Array, *, has_mask: bool) -> str | None:
     backend = jax.default_backend()
     if backend != "gpu":
         return f"the fused kernel (cuDNN) needs a GPU backend; this one is {backend!r}"
+    capability = getattr(jax.devices()[0], "compute_capability", None)
+    if capability is not None and float(capability) < 8.0:
+        return f"the fused kernel (cuDNN flash attention) needs compute capability >= 8.0, got {capability}"
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         return f"the fused kernel needs bfloat16/float16 inputs, got {q.dtype} (set model.dtype=bfloat16)"
     head_dim = q.shape[-1]
