@@ -96,6 +96,7 @@ def load_base_model(cfg: ExperimentConfig) -> BaseModel:
     model = loaded.model  # params and activations in cfg.model.param_dtype (== cfg.model.dtype)
     if cfg.model.remat:  # read at call time by the decoder's layer scan
         model.cfg = model.cfg.replace(remat=True)
+    model.cfg = model.cfg.replace(attention=cfg.model.attention)  # read at call time too
     return BaseModel(model, tokenizer, path, dict(loaded.hf_config or {}))
 
 
