@@ -163,7 +163,8 @@ class Gateway:
         self._store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sample-store")
         self._api_key = cfg.api_key.encode("utf-8") if cfg.api_key else None
         self.guard = cfg.guard
-        self.connections = G.ConnectionGuard(self.guard, "gateway")
+        self.connections = G.ConnectionGuard(self.guard, "gateway",
+                                             error_body=lambda status, message: GatewayHTTPError(status, message).body())
         self.budget: TextBudget | None = None
         self.writer: StoreWriter | None = None
         self._stop_ids: list[int] = []
@@ -210,7 +211,8 @@ class Gateway:
         self.budget = TextBudget(self.tokenizer, max_tokens=cfg.max_prompt_tokens)
         self.writer = StoreWriter(self.store, self._store_executor, max_pending=cfg.store_queue_max,
                                   max_backoff_s=cfg.store_retry_max_backoff_s,
-                                  degraded_after_s=cfg.store_degraded_after_s, on_written=self._sample_written)
+                                  degraded_after_s=cfg.store_degraded_after_s, on_written=self._sample_written,
+                                  on_error=self._store_error)
         self.writer.start()
         self._queue = asyncio.Queue(maxsize=cfg.max_pending_judgements)
         self._workers = [asyncio.create_task(self._judge_worker(i), name=f"judge-worker-{i}")
@@ -664,6 +666,9 @@ class Gateway:
         if not self.writer.submit(sample):
             self.stats.samples_dropped_store += 1
         return sample
+
+    def _store_error(self) -> None:
+        self.stats.store_errors += 1
 
     def _sample_written(self, offset: int, sample: Sample) -> None:
         """Called by the store writer once ``sample`` is durable at ``offset``."""

@@ -41,13 +41,15 @@ class StoreWriterStats:
 class StoreWriter:
     def __init__(self, store: SampleStore, executor: concurrent.futures.Executor, *, max_pending: int,
                  max_backoff_s: float, degraded_after_s: float,
-                 on_written: Callable[[int, Sample], None] | None = None) -> None:
+                 on_written: Callable[[int, Sample], None] | None = None,
+                 on_error: Callable[[], None] | None = None) -> None:
         self.store = store
         self.executor = executor
         self.max_pending = max_pending
         self.max_backoff_s = max_backoff_s
         self.degraded_after_s = degraded_after_s
         self.on_written = on_written
+        self.on_error = on_error
         self.stats = StoreWriterStats()
         self.last_error: str | None = None
         self._failing_since: float | None = None
@@ -137,7 +139,7 @@ class StoreWriter:
                 continue
             except Exception:  # noqa: BLE001 - cannot succeed on retry: drop this one, keep the rest
                 self._pending.popleft()
-                self.stats.errors += 1
+                self._count_error()
                 self.stats.dropped += 1
                 logger.exception("sample of session %s turn %d cannot be written to %s; dropped", sample.session_id,
                                  sample.turn_index, self.store.directory)
@@ -156,8 +158,13 @@ class StoreWriter:
                 except Exception:  # noqa: BLE001
                     logger.exception("sample listener failed")
 
-    def _failed(self, err: OSError) -> None:
+    def _count_error(self) -> None:
         self.stats.errors += 1
+        if self.on_error is not None:
+            self.on_error()
+
+    def _failed(self, err: OSError) -> None:
+        self._count_error()
         self._consecutive_failures += 1
         self.last_error = f"{type(err).__name__}: {err}"
         if self._failing_since is None:

@@ -106,7 +106,8 @@ class InferenceServer:
         self.api_key = api_key
         self._api_key_bytes = api_key.encode("utf-8") if api_key else None
         self.guard = guard or G.GuardConfig(prefix="--")
-        self.connections = G.ConnectionGuard(self.guard, "inference server")
+        self.connections = G.ConnectionGuard(self.guard, "inference server",
+                                             error_body=lambda status, message: P.native_error_body(message))
         # Texts that could not fit the context in any tokenization are refused before tokenizing.
         self.budget = TextBudget(tokenizer, max_tokens=self.context_length, max_text_chars=max_text_chars)
         self.weight_loader = weight_loader or default_weight_loader(engine)

@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from openclaw_jax.serving import json_safe
 
@@ -252,24 +252,81 @@ class _RateLimitedLog:
         logger.warning(msg + extra, *args)
 
 
-def _raw_json_response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"error": {"message": message, "code": status}}).encode()
+ErrorBody = Callable[[int, str], dict]
+
+
+def default_error_body(status: int, message: str) -> dict:
+    return {"error": {"message": message, "code": status}}
+
+
+def _raw_json_response(status: int, reason: str, message: str, error_body: ErrorBody) -> bytes:
+    body = json.dumps(error_body(status, message)).encode()
     return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             f"Connection: close\r\n\r\n").encode() + body
 
 
-class ConnectionGuard:
-    """Counts connections of one server and wraps each in a :class:`_GuardedProtocol`."""
+def _answer_and_close(transport: Any, response: bytes, linger_s: float = 0.5) -> None:
+    """Send ``response``, half-close, and close a little later: closing at once with unread input
+    would make the kernel reset the connection, and the client could lose the response."""
+    transport.write(response)
+    try:
+        transport.write_eof()
+    except (OSError, RuntimeError, NotImplementedError):
+        pass
+    transport.pause_reading()
+    asyncio.get_running_loop().call_later(linger_s, transport.abort)
 
-    def __init__(self, cfg: GuardConfig, name: str = "server") -> None:
+
+class _JSONErrorRequestHandler(RequestHandler):
+    """aiohttp's request handler, but a request that is not even valid HTTP (bad framing, a content
+    coding the parser refuses, an oversize header line) is answered with a JSON body too."""
+
+    __slots__ = ()
+    error_body: ErrorBody = staticmethod(default_error_body)
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response has started; no error response can follow")
+        if status >= 500:
+            trace = new_trace_id()
+            logger.error("internal error (trace id %s) while reading a request from %s", trace, request.remote,
+                         exc_info=exc)
+            text = f"internal server error (trace id {trace})"
+        else:
+            logger.info("malformed HTTP request from %s: %s", request.remote, message or exc)
+            text = "malformed HTTP request: " + " ".join(str(message or exc or "").split())[:300]
+        resp = web.Response(status=status, text=json.dumps(self.error_body(status, text)),
+                            content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+class ConnectionGuard:
+    """Counts connections of one server and wraps each in a :class:`_GuardedProtocol`.
+
+    ``error_body(status, message)`` shapes the JSON of the answers given below the application
+    (connection refused, header timeout, malformed HTTP), as the server's own errors are shaped.
+    """
+
+    def __init__(self, cfg: GuardConfig, name: str = "server", error_body: ErrorBody = default_error_body) -> None:
         self.cfg = cfg
         self.name = name
+        self.error_body = error_body
+        self._handler_class = type("GuardedRequestHandler", (_JSONErrorRequestHandler,),
+                                   {"__slots__": (), "error_body": staticmethod(error_body)})
         self.stats = GuardStats()
         self._by_handler: dict[int, _GuardedProtocol] = {}
         self._refused_log = _RateLimitedLog()
         self._timeout_log = _RateLimitedLog()
 
-    def factory(self, make_handler: Callable[[], asyncio.BaseProtocol]) -> Callable[[], asyncio.Protocol]:
+    def factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
+        """Protocol factory for ``loop.create_server``: aiohttp's handlers of ``server``, guarded."""
+        cls = self._handler_class
+
+        def make_handler() -> RequestHandler:
+            return cls(server, loop=server._loop, **server._kwargs)
+
         return lambda: _GuardedProtocol(self, make_handler)
 
     def middleware(self) -> Callable:
@@ -299,6 +356,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
+        self._counted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard, cfg = self._guard, self._guard.cfg
@@ -309,12 +367,13 @@ class _GuardedProtocol(asyncio.Protocol):
                 "%s: connection limit reached (%d open, %s=%d): refusing the connection from %s "
                 "with 503 (%d refused so far)", guard.name, guard.stats.connections_open, cfg.key("max_connections"),
                 cfg.max_connections, transport.get_extra_info("peername"), guard.stats.connections_refused)
-            transport.write(_raw_json_response(  # type: ignore[attr-defined]
-                503, "Service Unavailable", f"too many open connections (limit {cfg.max_connections}); retry later"))
-            transport.close()
+            _answer_and_close(transport, _raw_json_response(
+                503, "Service Unavailable", f"too many open connections (limit {cfg.max_connections}); retry later",
+                guard.error_body))
             return
         guard.stats.connections_open += 1
         guard.stats.connections_total += 1
+        self._counted = True
         self._inner = self._make_handler()
         guard._by_handler[id(self._inner)] = self
         self._inner.connection_made(transport)
@@ -343,13 +402,13 @@ class _GuardedProtocol(asyncio.Protocol):
             return
         guard, cfg = self._guard, self._guard.cfg
         guard.stats.header_timeouts += 1
+        self._release()  # closing: its slot is free for a new connection now
         guard._timeout_log.warning(
             "%s: closing the connection from %s: no complete request headers within %g s (%s; "
             "%d such connection(s) closed so far)", guard.name, self._transport.get_extra_info("peername"),
             cfg.header_timeout_s, cfg.key("header_timeout_s"), guard.stats.header_timeouts)
-        self._transport.write(_raw_json_response(
-            408, "Request Timeout", f"no complete request headers within {cfg.header_timeout_s:g} s"))
-        self._transport.close()
+        _answer_and_close(self._transport, _raw_json_response(
+            408, "Request Timeout", f"no complete request headers within {cfg.header_timeout_s:g} s", guard.error_body))
 
     def data_received(self, data: bytes) -> None:
         if self._inner is None:
@@ -369,12 +428,17 @@ class _GuardedProtocol(asyncio.Protocol):
         if self._inner is not None:
             self._inner.resume_writing()
 
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._guard.stats.connections_open -= 1
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
+        self._release()
         if self._inner is None:
             return
         guard = self._guard
-        guard.stats.connections_open -= 1
         guard._by_handler.pop(id(self._inner), None)
         inner, self._inner = self._inner, None
         inner.connection_lost(exc)
