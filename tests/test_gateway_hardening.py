@@ -1,6 +1,6 @@
 """The gateway under hostile input and a full disk (issue 12).
 
-Reproducers are 4xx JSON answers; a 7 MB message and a 400 k-character one do not stall a small
+Reproducers are 4xx JSON answers; a 7 MB message and a 200 k-character one do not stall a small
 request; the sample store on a really full filesystem (a 512 KiB tmpfs filled to ENOSPC; where
 mounting is not permitted, ENOSPC injected at the store's OS-write call instead) makes /healthz
 say "degraded", /readyz 503, counts store_errors apart from judge errors, keeps the samples in a
@@ -94,12 +94,12 @@ def test_reproducers_are_4xx_json_and_big_messages_do_not_stall(make_env):
     session = requests.Session()
     small = lambda: session.post(url, json=HI, timeout=30).raise_for_status()  # noqa: E731
     seven = {"messages": [{"role": "user", "content": "word " * 1_400_000}]}
-    long = {"messages": [{"role": "user", "content": "a " * 200_000}]}
+    long = {"messages": [{"role": "user", "content": "a " * 100_000}]}
     for body, needle, what in [
             # 7 MB in one message: refused before rendering (it could not fit gateway.max_prompt_tokens).
             (seven, "conversation is too long", "7 MB message"),
-            # 400 k characters could fit in principle: rendered and tokenized off the loop, then refused.
-            (long, "at most 32768 are accepted", "400 k-char message")]:
+            # 200 k characters could fit in principle: rendered and tokenized off the loop, then refused.
+            (long, "at most 32768 are accepted", "200 k-char message")]:
         worst = []
         for _ in range(3):
             reply, latencies = small_latency_during(lambda: requests.post(url, json=body, timeout=60), small)
