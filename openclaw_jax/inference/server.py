@@ -667,31 +667,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--shutdown-timeout", type=float, default=30.0)
     ap.add_argument("--log-level", default="info")
-    limits = ap.add_argument_group("request limits (larger/slower requests get a 4xx JSON error)")
-    d = G.GuardConfig()
-    limits.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413)")
+    limits = G.add_cli_arguments(ap)
     limits.add_argument("--max-text-chars", type=int, default=None,
                         help="longest text/prompt/messages in characters (400 before tokenizing; default: the most "
                              "characters that could fit the context length in any tokenization)")
-    limits.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deepest JSON nesting (400)")
-    limits.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
-                        help="seconds for the whole body to arrive (408)")
-    limits.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
-                        help="seconds for complete request headers after connecting or the first byte (408, close)")
-    limits.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout_s,
-                        help="idle keep-alive connections are closed after this many seconds")
-    limits.add_argument("--max-connections", type=int, default=d.max_connections,
-                        help="open connections beyond this are answered 503 and closed")
     return ap
-
-
-def guard_config_from_args(args: argparse.Namespace) -> G.GuardConfig:
-    if args.max_text_chars is not None and args.max_text_chars < 1:
-        raise ValueError(f"--max-text-chars={args.max_text_chars} must be >= 1")
-    return G.GuardConfig(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
-                         max_json_depth=args.max_json_depth, header_timeout_s=args.header_timeout,
-                         keepalive_timeout_s=args.keepalive_timeout, max_connections=args.max_connections,
-                         prefix="--")
 
 
 def _bind_socket(host: str, port: int) -> socket.socket:
@@ -728,7 +708,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = build_arg_parser()
     args = ap.parse_args(argv)
     try:
-        guard = guard_config_from_args(args)
+        guard = G.config_from_cli(args)
+        if args.max_text_chars is not None and args.max_text_chars < 1:
+            raise ValueError(f"--max-text-chars={args.max_text_chars} must be >= 1")
     except ValueError as exc:
         ap.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",

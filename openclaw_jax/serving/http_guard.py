@@ -21,6 +21,7 @@ imports neither of them.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import hmac
@@ -81,6 +82,31 @@ class GuardConfig:
 
     def replace(self, **changes: Any) -> "GuardConfig":
         return dataclasses.replace(self, **changes)
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The GuardConfig fields as command-line flags (``--max-body-bytes``, ``--header-timeout``, ...)."""
+    d = GuardConfig()
+    group = parser.add_argument_group("request limits (larger or slower requests get a 4xx JSON error)")
+    group.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413)")
+    group.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deepest JSON nesting (400)")
+    group.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
+                       help="seconds for the whole body to arrive (408)")
+    group.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
+                       help="seconds for complete request headers after connecting or a request's first byte "
+                            "(408, then the connection is closed)")
+    group.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout_s,
+                       help="idle keep-alive connections are closed after this many seconds")
+    group.add_argument("--max-connections", type=int, default=d.max_connections,
+                       help="open connections beyond this are answered 503 and closed")
+    return group
+
+
+def config_from_cli(args: argparse.Namespace) -> GuardConfig:
+    """GuardConfig from the flags of :func:`add_cli_arguments` (errors name the flags)."""
+    return GuardConfig(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
+                       max_json_depth=args.max_json_depth, header_timeout_s=args.header_timeout,
+                       keepalive_timeout_s=args.keepalive_timeout, max_connections=args.max_connections, prefix="--")
 
 
 class RequestRejected(Exception):
