@@ -248,8 +248,9 @@ def test_slow_header_connections_hit_the_timeout_and_the_cap(make_env, caplog):
     assert "no complete request headers within 1 s (gateway.header_timeout_s" in text
 
 
-def test_seeded_fuzz_never_5xx(make_env):
+def test_seeded_fuzz_never_5xx(make_env, caplog):
     env = make_env(default_max_tokens=2)
+    caplog.set_level(logging.INFO)
 
     def check(req, status, text):
         if status >= 400:
@@ -263,6 +264,8 @@ def test_seeded_fuzz_never_5xx(make_env):
     assert env.chat([{"role": "user", "content": "still there?"}]).choices[0].message.content is not None
     env.drain()
     assert env.gateway.stats.judge_errors == 0 and env.gateway.stats.store_errors == 0
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [(r.name, r.getMessage()) for r in errors[:5]]
 
 
 def test_gateway_process_memory_stays_bounded(loop_thread, tokenizer, tmp_path):

@@ -152,6 +152,9 @@ def test_seeded_fuzz_never_5xx(hard_srv):
     assert counts["5xx"] == 0 and counts["2xx"] >= 30 and counts["4xx"] >= 150, counts
     assert requests.get(hard_srv.url + "/health", timeout=30).status_code == 200
     assert post(hard_srv, "/generate", SMALL).json()["output_ids"] == before
+    # No internal error was logged either (aiohttp's own "Unhandled exception" included).
+    log = hard_srv.log.read_text()
+    assert "Traceback" not in log and "internal error" not in log and "Unhandled exception" not in log, log[-3000:]
 
 
 def test_non_utf8_authorization_is_401_json(tiny_qwen3_dir):
