@@ -95,7 +95,10 @@ def test_reproducers_are_4xx_json_and_big_messages_do_not_stall(make_env):
     small = lambda: session.post(url, json=HI, timeout=30).raise_for_status()  # noqa: E731
     seven = {"messages": [{"role": "user", "content": "word " * 1_400_000}]}
     long = {"messages": [{"role": "user", "content": "a " * 100_000}]}
+    many = {"messages": [{"role": "user", "content": "a"}] * 200_000}
     for body, needle, what in [
+            # 200 k messages (6.8 MB): validated on a worker thread, refused before rendering.
+            (many, "200000 messages cannot fit 32768 tokens", "200 k-message conversation"),
             # 7 MB in one message: refused before rendering (it could not fit gateway.max_prompt_tokens).
             (seven, "conversation is too long", "7 MB message"),
             # 200 k characters could fit in principle: rendered and tokenized off the loop, then refused.
@@ -293,7 +296,8 @@ def test_gateway_process_memory_stays_bounded(loop_thread, tokenizer, tmp_path):
         print(f"\ngateway RSS MiB: start {rss[0]:.0f}, after each 7 MB message {[round(x) for x in rss[1:8]]}, "
               f"after 120 fuzz requests {rss[-1]:.0f}")
         mib = len(seven) / 2 ** 20
-        assert rss[7] - rss[0] < 8 * mib and rss[7] - rss[2] < 2 * mib and rss[-1] - rss[7] < 2 * mib, rss
+        # Large blocks go back to the OS when freed: no more than a few copies of one body stay resident.
+        assert max(rss) - rss[0] < 4 * mib and rss[-1] - rss[0] < 4 * mib, rss
     finally:
         proc.terminate()
         proc.wait(timeout=30)

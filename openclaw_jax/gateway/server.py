@@ -61,6 +61,7 @@ from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
 from openclaw_jax.inference.tool_calls import openai_tool_calls, parse_tool_calls, safe_stream_prefix
 from openclaw_jax.serving import http_guard as G
+from openclaw_jax.serving.offload import return_large_blocks_to_the_os
 from openclaw_jax.serving.text_budget import TextBudget, message_chars
 from openclaw_jax.rollout.client import (
     GenerateResult,
@@ -336,17 +337,12 @@ class Gateway:
         return web.json_response(body)
 
     # ----------------------------------------------------------------- chat completions
-    def _render(self, messages, tools, template_kwargs) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                 **template_kwargs)
-        return [int(t) for t in ids]
-
     async def _render_prompt(self, req: ChatCompletionRequest) -> list[int]:
         # Typical prompts render inline (a thread hand-off would cost more than the rendering); a
         # large conversation renders and tokenizes on a worker thread; one that could not fit
         # gateway.max_prompt_tokens in any tokenization is refused before any work.
         chars = message_chars(req.messages, req.tools)
-        why = self.budget.too_long(chars)
+        why = self.budget.conversation_too_long(req.messages, chars)
         if why is not None:
             raise bad_request(f"the conversation is too long: {why} (gateway.max_prompt_tokens)", param="messages")
         try:
@@ -387,7 +383,11 @@ class Gateway:
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
         session = parse_session_info(request.headers, body)
-        req = parse_chat_request(body)
+        messages = body.get("messages")
+        if isinstance(messages, list) and len(messages) > self.cfg.max_prompt_tokens:  # before validating each
+            raise bad_request(f"the conversation is too long: {self.budget.conversation_too_long(messages, 0)} "
+                              "(gateway.max_prompt_tokens)", param="messages")
+        req = await G.parse_off_loop(request, parse_chat_request, body)
         prompt_ids = await self._render_prompt(req)
         main = session.turn_type == "main"
         params = self._sampling_params(req, main)
@@ -649,10 +649,10 @@ class Gateway:
             return None
         hint_prompts = []
         for hint in judgement.hints:
-            # Inline, one candidate at a time, yielding in between: a thread would only add GIL
-            # hand-offs to the requests being served.
-            hint_prompts.append(self._render(hint_augmented_messages(turn.prompt_messages, hint), turn.tools,
-                                             turn.chat_template_kwargs))
+            # One candidate at a time, yielding in between; inline when small (a thread would only add
+            # GIL hand-offs), on a worker thread when large (the budget decides).
+            hint_prompts.append(await self.budget.render(hint_augmented_messages(turn.prompt_messages, hint),
+                                                         tools=turn.tools, **turn.chat_template_kwargs))
             await asyncio.sleep(0)
         sample = Sample(
             session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
@@ -701,6 +701,7 @@ class Gateway:
 
 async def start_gateway(cfg: GatewayConfig, **components: Any) -> tuple[Gateway, web.AppRunner, str]:
     """Start a gateway on cfg.host:cfg.port; returns (gateway, runner, base URL). Stop with ``stop_gateway``."""
+    return_large_blocks_to_the_os()
     gateway = Gateway(cfg, **components)
     await gateway.start()
     runner = web.AppRunner(gateway.make_app(), access_log=None, handle_signals=False, **gateway.guard.runner_kwargs())

@@ -42,6 +42,7 @@ from openclaw_jax.inference import tool_calls as TC
 from openclaw_jax.inference.engine import Engine, EngineConfig, EngineError
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
 from openclaw_jax.serving import http_guard as G
+from openclaw_jax.serving.offload import return_large_blocks_to_the_os
 from openclaw_jax.serving.text_budget import TextBudget, message_chars
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class InferenceServer:
     def __init__(self, engine: Engine, tokenizer: Any, *, model_path: str, served_model_name: str | None = None,
                  tokenizer_path: str | None = None, api_key: str | None = None,
                  weight_loader: WeightLoader | None = None, guard: G.GuardConfig | None = None,
-                 max_text_chars: int | None = None):
+                 max_text_chars: int | None = None, max_request_tokens: int | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.vocab_size = engine.vocab_size
@@ -110,6 +111,8 @@ class InferenceServer:
                                              error_body=lambda status, message: P.native_error_body(message))
         # Texts that could not fit the context in any tokenization are refused before tokenizing.
         self.budget = TextBudget(tokenizer, max_tokens=self.context_length, max_text_chars=max_text_chars)
+        # Prompt + completion tokens over all sequences of one request (n and batch lists included).
+        self.max_request_tokens = max_request_tokens or self.context_length * 1024
         self.weight_loader = weight_loader or default_weight_loader(engine)
         self._update_lock = asyncio.Lock()
         self._token_text_cache: dict[int, str] = {}
@@ -201,8 +204,34 @@ class InferenceServer:
             raise P.ProtocolError(str(exc)) from None
         return await self.budget.encode_many(texts)
 
-    def _validate(self, ids: Sequence[int], sampling) -> None:
+    def _refuse_long_input_ids(self, body: Any) -> None:
+        """Prompts that cannot fit (one longer than the context, or more ids in all than the request may
+        take) are refused before their ids are validated one by one."""
+        ids = body.get("input_ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list):
+            return
+        seqs = [s for s in (ids if ids and isinstance(ids[0], list) else [ids]) if isinstance(s, list)]
+        for seq in seqs:
+            if len(seq) >= self.context_length:
+                raise P.ProtocolError(f"The input ({len(seq)} tokens) is longer than the model's context length "
+                                      f"({self.context_length} tokens).")
+        if sum(map(len, seqs)) > self.max_request_tokens:
+            raise P.ProtocolError(f"the request asks for more than {self.max_request_tokens} tokens (prompts plus "
+                                  "completions over all its sequences; --max-request-tokens); split it")
+
+    def _refuse_many_messages(self, body: Any) -> None:
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if isinstance(messages, list) and len(messages) > self.context_length:
+            raise P.ProtocolError(f"the messages: {self.budget.conversation_too_long(messages, 0)}")
+
+    def _validate(self, ids: Sequence[int], sampling, total: list[int]) -> None:
+        """Checks one prompt; ``total[0]`` accumulates the request's tokens against --max-request-tokens."""
         P.validate_prompt(ids, sampling, context_length=self.context_length, vocab_size=self.vocab_size)
+        new = sampling.max_new_tokens if sampling.max_new_tokens is not None else self.context_length - len(ids)
+        total[0] += (len(ids) + new) * sampling.n
+        if total[0] > self.max_request_tokens:
+            raise P.ProtocolError(f"the request asks for more than {self.max_request_tokens} tokens (prompts plus "
+                                  "completions over all its sequences; --max-request-tokens); split it")
 
     def _submit_checked(self, spec: GenerationSpec, stream: bool):
         if self.state.shutting_down:
@@ -257,24 +286,28 @@ class InferenceServer:
         return resp
 
     # ------------------------------------------------------------------ /generate
-    async def _generate_specs(self, req: P.GenerateRequest) -> tuple[list[GenerationSpec], list[P.GenerateItem]]:
+    async def _generate_specs(self, request: web.Request, req: P.GenerateRequest) -> list[GenerationSpec]:
         texts = [item.text or "" for item in req.items if item.input_ids is None]
-        encoded = iter(await self._encode_all(texts, "text") if texts else [])
-        specs, items = [], []
+        encoded = await self._encode_all(texts, "text") if texts else []
+        return await G.parse_off_loop(request, self._build_generate_specs, req, encoded)
+
+    def _build_generate_specs(self, req: P.GenerateRequest, encoded_texts: list[list[int]]) -> list[GenerationSpec]:
+        encoded = iter(encoded_texts)
+        specs, total = [], [0]
         for idx, item in enumerate(req.items):
             ids = list(item.input_ids) if item.input_ids is not None else next(encoded)
-            self._validate(ids, item.sampling)
+            self._validate(ids, item.sampling, total)
             base_rid = item.rid or P.new_request_id("")
             n = item.sampling.n
             for j in range(n):
                 specs.append(item.spec(ids, sample_index=j, rid=base_rid if n == 1 else f"{base_rid}-{j}"))
-                items.append(item)
-        return specs, items
+        return specs
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        req = P.parse_generate_request(body, vocab_size=self.vocab_size)
-        specs, _ = await self._generate_specs(req)
+        self._refuse_long_input_ids(body)
+        req = await G.parse_off_loop(request, P.parse_generate_request, body, vocab_size=self.vocab_size)
+        specs = await self._generate_specs(request, req)
         single = not req.is_batch and len(specs) == 1
         build = functools.partial(P.build_generate_response, return_text_in_logprobs=req.return_text_in_logprobs,
                                   token_text=self.token_text)
@@ -303,7 +336,7 @@ class InferenceServer:
                 messages = messages[:-1] + [{"role": "user", "content": messages[-1]["content"]}]
         tools = req.tools if req.tool_choice != "none" else None
         chars = message_chars(messages, tools) + len(prefix or "")
-        why = self.budget.too_long(chars)
+        why = self.budget.conversation_too_long(messages, chars)
         if why is not None:
             raise P.ProtocolError(f"the messages: {why}")
         try:
@@ -315,7 +348,7 @@ class InferenceServer:
         return ids
 
     def _chat_specs(self, req: P.ChatRequest, ids: list[int]) -> list[GenerationSpec]:
-        self._validate(ids, req.sampling)
+        self._validate(ids, req.sampling, [0])
         base = req.rid or P.new_request_id("")
         return [GenerationSpec(prompt_ids=tuple(ids), sampling=req.sampling, return_logprob=req.logprobs,
                                top_logprobs_num=req.top_logprobs, rid=base if req.sampling.n == 1 else f"{base}-{j}",
@@ -332,7 +365,8 @@ class InferenceServer:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        req = P.parse_chat_request(body, vocab_size=self.vocab_size)
+        self._refuse_many_messages(body)
+        req = await G.parse_off_loop(request, P.parse_chat_request, body, vocab_size=self.vocab_size)
         ids = await self._chat_prompt(req)
         specs = self._chat_specs(req, ids)
         request_id = "chatcmpl-" + (req.rid or P.new_request_id(""))
@@ -407,7 +441,7 @@ class InferenceServer:
     # ------------------------------------------------------------------ /v1/completions
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        req = P.parse_completion_request(body, vocab_size=self.vocab_size)
+        req = await G.parse_off_loop(request, P.parse_completion_request, body, vocab_size=self.vocab_size)
         texts = [p for p in req.prompts if not isinstance(p, tuple)]
         encoded = iter(await self._encode_all(texts, "prompt") if texts else [])
         prompts_ids = [list(p) if isinstance(p, tuple) else next(encoded) for p in req.prompts]
@@ -415,8 +449,9 @@ class InferenceServer:
         want_lp = req.logprobs is not None
         specs = []
         base = req.rid or P.new_request_id("")
+        total = [0]
         for p, ids in enumerate(prompts_ids):
-            self._validate(ids, req.sampling)
+            self._validate(ids, req.sampling, total)
             for j in range(req.sampling.n):
                 specs.append(GenerationSpec(prompt_ids=tuple(ids), sampling=req.sampling, return_logprob=want_lp,
                                             top_logprobs_num=req.logprobs or 0,
@@ -671,6 +706,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-text-chars", type=int, default=None,
                         help="longest text/prompt/messages in characters (400 before tokenizing; default: the most "
                              "characters that could fit the context length in any tokenization)")
+    limits.add_argument("--max-request-tokens", type=int, default=None,
+                        help="most prompt + completion tokens over all sequences of one request (400; default: "
+                             "1024 x the context length)")
     return ap
 
 
@@ -684,6 +722,7 @@ def _bind_socket(host: str, port: int) -> socket.socket:
 
 
 async def serve(server: InferenceServer, sock: socket.socket, shutdown_timeout: float) -> None:
+    return_large_blocks_to_the_os()
     app = server.make_app()
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
                            **server.guard.runner_kwargs())
@@ -709,8 +748,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         guard = G.config_from_cli(args)
-        if args.max_text_chars is not None and args.max_text_chars < 1:
-            raise ValueError(f"--max-text-chars={args.max_text_chars} must be >= 1")
+        for flag in ("max_text_chars", "max_request_tokens"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
     except ValueError as exc:
         ap.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -726,7 +766,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30))))
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
-                             guard=guard, max_text_chars=args.max_text_chars)
+                             guard=guard, max_text_chars=args.max_text_chars,
+                             max_request_tokens=args.max_request_tokens)
     sock = _bind_socket(args.host, args.port)
     try:
         asyncio.run(serve(server, sock, args.shutdown_timeout))

@@ -38,13 +38,16 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from openclaw_jax.serving import json_safe
+from openclaw_jax.serving.offload import run_heavy
 
 logger = logging.getLogger(__name__)
 
 # Content codings aiohttp decodes for us; anything else is answered 415.
 DECODED_CODINGS = frozenset({"identity", "gzip", "x-gzip", "deflate"})
-# Bodies larger than this are JSON-decoded on a worker thread.
+# Bodies larger than this are JSON-decoded, and then parsed, on a worker thread.
 OFFLOAD_BYTES = 256 << 10
+# Where read_json leaves the body size on the request (aiohttp requests are mappings for this).
+BODY_BYTES_KEY = "openclaw.body_bytes"
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,16 @@ async def read_json(request: web.BaseRequest, cfg: GuardConfig, *, allow_nonfini
                     empty_message: str | None = None) -> Any:
     """Read and strictly decode a JSON body (see the module docstring); 4xx as RequestRejected."""
     raw = await read_body(request, cfg)
+    request[BODY_BYTES_KEY] = len(raw)
     return await decode_json(raw, cfg, allow_nonfinite=allow_nonfinite, empty_message=empty_message)
+
+
+async def parse_off_loop(request: web.Request, parse: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``parse(*args, **kwargs)`` (pure validation of a decoded body), on a worker thread when the
+    body was large: validating millions of elements takes seconds, and the loop must keep serving."""
+    if request.get(BODY_BYTES_KEY, 0) < OFFLOAD_BYTES:
+        return parse(*args, **kwargs)
+    return await run_heavy(parse, *args, **kwargs)
 
 
 async def decode_json(raw: bytes | bytearray, cfg: GuardConfig, *, allow_nonfinite: bool = False,
@@ -173,7 +185,7 @@ async def decode_json(raw: bytes | bytearray, cfg: GuardConfig, *, allow_nonfini
     decode = lambda: json_safe.loads(raw, max_depth=cfg.max_json_depth,  # noqa: E731
                                      allow_nonfinite=allow_nonfinite)
     try:
-        return decode() if len(raw) < OFFLOAD_BYTES else await asyncio.to_thread(decode)
+        return decode() if len(raw) < OFFLOAD_BYTES else await run_heavy(decode)
     except json_safe.JSONRejected as err:
         raise RequestRejected(400, str(err)) from None
 

@@ -16,10 +16,11 @@ the interpreter switches back to the loop every few milliseconds.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 from typing import Any, Mapping, Sequence
+
+from openclaw_jax.serving.offload import run_heavy
 
 # Below this many characters, tokenizing/rendering inline costs less than a thread hand-off.
 OFFLOAD_CHARS = 16_384
@@ -88,6 +89,13 @@ class TextBudget:
         return (f"{chars} characters of text cannot fit {self.max_tokens} tokens (at most {self.max_text_chars} "
                 f"characters are accepted: no token of this vocabulary spans more than {self.token_chars})")
 
+    def conversation_too_long(self, messages: Sequence[Any], chars: int) -> str | None:
+        """Why a conversation is refused before rendering, or None. Besides the characters: every chat
+        template we serve renders each message with at least one token (its role header)."""
+        if len(messages) > self.max_tokens:
+            return f"{len(messages)} messages cannot fit {self.max_tokens} tokens (each takes at least one)"
+        return self.too_long(chars)
+
     def _encode_now(self, texts: Sequence[str]) -> list[list[int]]:
         batch = getattr(self.tokenizer, "encode_batch", None)
         if batch is not None:
@@ -105,7 +113,7 @@ class TextBudget:
         """Token ids of each text (no special tokens added); on a worker thread when they are large."""
         if sum(len(t) for t in texts) < self.offload_chars:
             return [list(self.tokenizer.encode(t)) for t in texts]
-        return await asyncio.to_thread(self._encode_now, texts)
+        return await run_heavy(self._encode_now, texts)
 
     async def encode(self, text: str) -> list[int]:
         return (await self.encode_many([text]))[0]
@@ -123,5 +131,5 @@ class TextBudget:
         def render_text() -> str:
             return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
 
-        text = await asyncio.to_thread(render_text)
-        return [int(t) for t in (await asyncio.to_thread(self._encode_now, [text]))[0]]
+        text = await run_heavy(render_text)
+        return [int(t) for t in (await run_heavy(self._encode_now, [text]))[0]]
