@@ -47,7 +47,8 @@ DECODED_CODINGS = frozenset({"identity", "gzip", "x-gzip", "deflate"})
 # Bodies larger than this are JSON-decoded, and then parsed, on a worker thread.
 OFFLOAD_BYTES = 256 << 10
 # Where read_json leaves the body size on the request (aiohttp requests are mappings for this).
-BODY_BYTES_KEY = "openclaw.body_bytes"
+BODY_BYTES_KEY: Any = (web.RequestKey("openclaw.body_bytes", int) if hasattr(web, "RequestKey")
+                       else "openclaw.body_bytes")
 
 
 @dataclass(frozen=True)
