@@ -61,7 +61,7 @@ from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
 from openclaw_jax.inference.tool_calls import openai_tool_calls, parse_tool_calls, safe_stream_prefix
 from openclaw_jax.serving import http_guard as G
-from openclaw_jax.serving.offload import return_large_blocks_to_the_os
+from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.serving.text_budget import TextBudget, message_chars
 from openclaw_jax.rollout.client import (
     GenerateResult,
@@ -714,6 +714,7 @@ async def start_gateway(cfg: GatewayConfig, **components: Any) -> tuple[Gateway,
         await gateway.close(grace_s=0)
         raise
     port = sock.getsockname()[1]
+    freeze_startup_heap()
     return gateway, runner, f"http://{cfg.host}:{port}"
 
 

@@ -42,7 +42,7 @@ from openclaw_jax.inference import tool_calls as TC
 from openclaw_jax.inference.engine import Engine, EngineConfig, EngineError
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
 from openclaw_jax.serving import http_guard as G
-from openclaw_jax.serving.offload import return_large_blocks_to_the_os
+from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.serving.text_budget import TextBudget, message_chars
 
 logger = logging.getLogger(__name__)
@@ -729,6 +729,7 @@ async def serve(server: InferenceServer, sock: socket.socket, shutdown_timeout: 
     await runner.setup()
     site = G.GuardedSite(runner, sock, server.connections)
     await site.start()
+    freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -51,3 +51,14 @@ def return_large_blocks_to_the_os(threshold_bytes: int = 1 << 20) -> bool:
         return False
     M_MMAP_THRESHOLD = -3
     return bool(mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now (modules, the model, the tokenizer) out of the cyclic garbage
+    collector's reach (``gc.freeze``). A large request allocates hundreds of thousands of objects,
+    which can trigger a full collection; without this it scans the whole startup heap while holding
+    the interpreter lock (measured: 0.9 s with JAX loaded), stalling every other request."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
