@@ -13,6 +13,7 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from openclaw_jax.configlib import ConfigError
+from openclaw_jax.serving.http_guard import GuardConfig
 
 
 def _require(cond: bool, message: str) -> None:
@@ -37,6 +38,14 @@ class GatewayConfig:
     # variable OPENCLAW_GATEWAY_API_KEY by the CLI, so it need not appear on a command line.
     api_key: str | None = None
     max_body_bytes: int = 8 << 20           # larger request bodies get HTTP 413
+    max_json_depth: int = 64                # deeper JSON nesting gets HTTP 400
+    body_timeout_s: float = 60.0            # the whole body must arrive within this (else 408)
+    header_timeout_s: float = 10.0          # complete request headers within this of connecting (else 408, close)
+    keepalive_timeout_s: float = 75.0       # idle keep-alive connections are closed after this
+    max_connections: int = 1024             # open connections beyond this get 503 and are closed
+    # Longest rendered prompt in tokens (HTTP 400 beyond it); a conversation with more characters
+    # than could fit this many tokens in any tokenization is refused before rendering.
+    max_prompt_tokens: int = 32768
     model: str = "smollm2"                  # tokenizer + chat template: an HF dir or "smollm2"
     model_name: str = ""                    # id shown in /v1/models ("" = derived from `model`)
 
@@ -73,12 +82,28 @@ class GatewayConfig:
     max_sessions: int = 100_000
     shutdown_grace_s: float = 30.0          # on SIGTERM, wait this long for running judgements
     segment_max_bytes: int = 64 << 20
+    # A failed store write is retried with back-off (up to this many seconds apart) for as long as it
+    # fails; meanwhile up to store_queue_max samples wait in memory (more are dropped and counted), and
+    # after store_degraded_after_s of failure /healthz says "degraded" and /readyz answers 503.
+    store_queue_max: int = 10_000
+    store_retry_max_backoff_s: float = 5.0
+    store_degraded_after_s: float = 1.0
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "gateway.host must be a bind address such as 127.0.0.1")
         _require(0 <= self.port < 65536, f"gateway.port={self.port} must be in [0, 65535] (0 = ephemeral)")
         _require(self.max_body_bytes >= 1024,
                  f"gateway.max_body_bytes={self.max_body_bytes} must be >= 1024 (a chat request needs room)")
+        try:
+            self.guard
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        _require(self.max_prompt_tokens >= 16, f"gateway.max_prompt_tokens={self.max_prompt_tokens} must be >= 16")
+        _require(self.store_queue_max >= 1, f"gateway.store_queue_max={self.store_queue_max} must be >= 1")
+        _require(self.store_retry_max_backoff_s > 0,
+                 f"gateway.store_retry_max_backoff_s={self.store_retry_max_backoff_s} must be > 0")
+        _require(self.store_degraded_after_s >= 0,
+                 f"gateway.store_degraded_after_s={self.store_degraded_after_s} must be >= 0")
         _require(bool(self.model), "gateway.model must name an HF model directory or 'smollm2'")
         for i, url in enumerate(self.policy_urls):
             _check_url(f"gateway.policy_urls[{i}]", url)
@@ -114,6 +139,14 @@ class GatewayConfig:
         _require(self.shutdown_grace_s >= 0, f"gateway.shutdown_grace_s={self.shutdown_grace_s} must be >= 0")
         _require(self.segment_max_bytes >= 1 << 16,
                  f"gateway.segment_max_bytes={self.segment_max_bytes} must be >= 65536")
+
+    @property
+    def guard(self) -> GuardConfig:
+        """The HTTP limits (body, JSON depth, timeouts, connections) as the shared guard's config."""
+        return GuardConfig(max_body_bytes=self.max_body_bytes, body_timeout_s=self.body_timeout_s,
+                           max_json_depth=self.max_json_depth, header_timeout_s=self.header_timeout_s,
+                           keepalive_timeout_s=self.keepalive_timeout_s, max_connections=self.max_connections,
+                           prefix="gateway")
 
     @property
     def judge_pool_urls(self) -> tuple[str, ...]:

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from openclaw_jax.serving import json_safe
+
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 TURN_TYPES = ("main", "side")
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -67,46 +69,6 @@ def bad_request(message: str, param: str | None = None) -> GatewayHTTPError:
 
 
 # ----------------------------------------------------------------------------- JSON and strings
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
-
-
-def parse_json_body(raw: bytes) -> Any:
-    """Strict JSON: UTF-8, no NaN/Infinity, no lone surrogates, bounded nesting."""
-    if not raw:
-        raise bad_request("the request body is empty; send a JSON object with 'messages'")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise bad_request(f"the request body is not valid UTF-8 ({err.reason} at byte {err.start})") from None
-    try:
-        body = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        raise bad_request("the request body nests JSON too deeply") from None
-    except ValueError as err:
-        raise bad_request(f"the request body is not valid JSON: {err}") from None
-    _check_strings(body, "body", depth=0)
-    return body
-
-
-def _check_strings(value: Any, where: str, depth: int) -> None:
-    """Every string must be encodable as UTF-8 (JSON allows lone surrogates like "\\ud800")."""
-    if depth > 64:
-        raise bad_request(f"{where} nests JSON more than 64 levels deep")
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise bad_request(f"{where} contains an invalid unicode code point (a lone surrogate)") from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_strings(k, where, depth + 1)
-            _check_strings(v, f"{where}.{k}" if len(where) < 200 else where, depth + 1)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_strings(v, f"{where}[{i}]" if len(where) < 200 else where, depth + 1)
-
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -260,9 +222,10 @@ def _normalise_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(args, str):
             # Chat templates render arguments as a mapping (SGLang does the same before templating).
             try:
-                args = json.loads(args) if args.strip() else {}
-            except (ValueError, RecursionError):
-                raise bad_request(f"{cw}.function.arguments must be a JSON object (text)", param="messages") from None
+                args = json_safe.loads(args, what=f"{cw}.function.arguments") if args.strip() else {}
+            except json_safe.JSONRejected as err:
+                raise bad_request(f"{cw}.function.arguments must be a JSON object (text): {err}",
+                                  param="messages") from None
         if not isinstance(args, dict):
             raise bad_request(f"{cw}.function.arguments must be a JSON object", param="messages")
         call_id = call.get("id")

@@ -255,6 +255,13 @@ def scan_segment(path: str, segment: int, start: int = 0) -> SegmentScan:
     return SegmentScan(records, start + pos, file_bytes, problem, skipped)
 
 
+def write_fully(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (the one place the store writes record bytes)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _fsync_directory(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -330,18 +337,28 @@ class SampleStore:
             self._open_segment(0 if last is None else last + 1, create=True)
 
     def _open_segment(self, segment: int, *, create: bool) -> None:
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
+        """Switch appends to ``segment``; on failure (e.g. a full disk) the current state is unchanged."""
         path = os.path.join(self.directory, segment_name(segment))
         flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o644)
-        if create:
-            if self.fsync:
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileExistsError:
+            # An earlier attempt created it and then failed (e.g. ENOSPC on fsync): reuse it while empty.
+            if not (create and segment not in self._segments and os.path.getsize(path) == 0):
+                raise
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            if create and self.fsync:
                 os.fsync(fd)
                 _fsync_directory(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        if create:
             self._segments.append(segment)
             self._scanned_until[segment] = 0
+        if self._write_fd is not None:
+            os.close(self._write_fd)
         self._write_fd = fd
         self._write_segment = segment
         self._write_pos = os.fstat(fd).st_size
@@ -433,23 +450,21 @@ class SampleStore:
             self._check_open()
             if self.readonly:
                 raise SampleStoreError(f"sample store {self.directory!r} was opened read-only")
-            if self._write_pos > 0 and self._write_pos + len(record) > self.segment_max_bytes:
+            if self._write_segment in self._torn or (
+                    self._write_pos > 0 and self._write_pos + len(record) > self.segment_max_bytes):
                 self._open_segment(self._write_segment + 1, create=True)
             start = self._write_pos
             try:
-                written = 0
-                while written < len(record):
-                    written += os.write(self._write_fd, record[written:])
+                write_fully(self._write_fd, record)
                 if self.fsync:
                     os.fsync(self._write_fd)
             except BaseException:
-                # Leave no partial record behind for the next append to follow: cut it off, or,
-                # if even that fails, abandon this segment so new records start clean.
+                # Leave no partial record behind for the next append to follow: cut it off, or, if even
+                # that fails, mark this segment torn so that the next append starts a new one.
                 try:
                     os.ftruncate(self._write_fd, start)
                 except OSError:
                     self._torn[self._write_segment] = f"failed write at byte {start}"
-                    self._open_segment(self._write_segment + 1, create=True)
                 raise
             self._write_pos = start + len(record)
             self._scanned_until[self._write_segment] = self._write_pos

@@ -10,21 +10,26 @@ Background path:
 
 What is durable and what is not:
   * an appended sample is never lost (the store fsyncs before ``append`` returns);
+  * a sample the store cannot take (full disk, ...) waits in a bounded in-memory queue while the
+    write is retried with back-off (gateway/store_writer.py); ``/healthz`` says ``degraded`` and
+    ``/readyz`` answers 503 meanwhile; samples beyond the queue bound are dropped and counted;
   * turns waiting for their next state, and scored pairs queued or being judged, live in
     memory only: a SIGKILL loses them (they produce no sample, and nothing is written
     half-way). A graceful stop (SIGTERM/SIGINT) stops taking requests and waits up to
     ``shutdown_grace_s`` for queued judgements to finish and be stored.
 
-Errors: bad input -> 400/401/404/405/413 with an OpenAI-shaped JSON body; pool trouble ->
-502 (worker error), 503 (no healthy worker), 504 (timed out), with no turn recorded; a
-judge failure is no vote. A 500 would be a bug (it is logged with its traceback).
+Errors: bad input -> 400/401/404/405/408/413/415 with an OpenAI-shaped JSON body (one error
+boundary, openclaw_jax.serving.http_guard); pool trouble -> 502 (worker error), 503 (no healthy
+worker), 504 (timed out), with no turn recorded; a judge failure is no vote. A 500 would be a
+bug (logged with its traceback and a trace id that the response carries). Bodies are size-
+checked before reading, conversations before rendering; large ones are decoded and rendered on
+worker threads. Connections are capped and must send their headers within a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hmac
 import json
 import logging
 import os
@@ -42,20 +47,22 @@ from openclaw_jax.gateway.protocol import (
     bad_request,
     chat_chunk,
     chat_completion,
-    error_body,
     logprobs_content,
     model_list,
     new_completion_id,
     now_s,
     parse_chat_request,
-    parse_json_body,
     parse_session_info,
     sse,
     usage,
 )
 from openclaw_jax.gateway.samples import Sample, SampleStore
+from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
 from openclaw_jax.inference.tool_calls import openai_tool_calls, parse_tool_calls, safe_stream_prefix
+from openclaw_jax.serving import http_guard as G
+from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
+from openclaw_jax.serving.text_budget import TextBudget, message_chars
 from openclaw_jax.rollout.client import (
     GenerateResult,
     NoHealthyWorkerError,
@@ -122,7 +129,8 @@ class GatewayStats:
     judge_errors: int = 0
     no_sample: int = 0
     samples: int = 0
-    store_errors: int = 0
+    store_errors: int = 0            # failed store writes (each retry counts); judge_errors never include them
+    samples_dropped_store: int = 0   # samples lost because the store could not take them
 
 
 class _ClientGone(Exception):
@@ -155,6 +163,11 @@ class Gateway:
         self._active_jobs = 0
         self._store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sample-store")
         self._api_key = cfg.api_key.encode("utf-8") if cfg.api_key else None
+        self.guard = cfg.guard
+        self.connections = G.ConnectionGuard(self.guard, "gateway",
+                                             error_body=lambda status, message: GatewayHTTPError(status, message).body())
+        self.budget: TextBudget | None = None
+        self.writer: StoreWriter | None = None
         self._stop_ids: list[int] = []
         self._sample_listeners: list[Callable[[int, Sample], None]] = []
 
@@ -196,6 +209,12 @@ class Gateway:
         if self.store is None:
             self.store = SampleStore(cfg.store_dir, segment_max_bytes=cfg.segment_max_bytes)
             self._owned.append(self.store)
+        self.budget = TextBudget(self.tokenizer, max_tokens=cfg.max_prompt_tokens)
+        self.writer = StoreWriter(self.store, self._store_executor, max_pending=cfg.store_queue_max,
+                                  max_backoff_s=cfg.store_retry_max_backoff_s,
+                                  degraded_after_s=cfg.store_degraded_after_s, on_written=self._sample_written,
+                                  on_error=self._store_error)
+        self.writer.start()
         self._queue = asyncio.Queue(maxsize=cfg.max_pending_judgements)
         self._workers = [asyncio.create_task(self._judge_worker(i), name=f"judge-worker-{i}")
                          for i in range(cfg.judge_concurrency)]
@@ -221,6 +240,8 @@ class Gateway:
                              return_exceptions=True)
         self._workers = []
         self._housekeeping = None
+        if self.writer is not None:
+            await self.writer.close(grace_s)
         for owned in reversed(self._owned):
             if isinstance(owned, PoolClient):
                 await owned.close()
@@ -236,11 +257,20 @@ class Gateway:
 
     # ----------------------------------------------------------------- app
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self._error_middleware])
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[
+            G.error_boundary(self._render_error, name="gateway"), self.connections.middleware(),
+            self._error_middleware])
         app.router.add_post("/v1/chat/completions", self.handle_chat)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/healthz", self.handle_healthz)
+        app.router.add_get("/readyz", self.handle_readyz)
         return app
+
+    def _render_error(self, request: web.BaseRequest, status: int, message: str) -> web.Response:
+        """The error boundary's answers (guard rejections, router 404/405, bugs) in our JSON shape."""
+        if status < 500:
+            self.stats.client_errors += 1
+        return web.json_response(GatewayHTTPError(status, message).body(), status=status)
 
     @web.middleware
     async def _error_middleware(self, request: web.Request, handler):
@@ -250,35 +280,14 @@ class Gateway:
             if err.status < 500:
                 self.stats.client_errors += 1
             return web.json_response(err.body(), status=err.status, headers=err.headers)
-        except web.HTTPException as err:
-            if err.status < 400:
-                raise
-            # Router 404/405, aiohttp's 413 for an oversize body, ...: same JSON shape as ours.
-            self.stats.client_errors += 1
-            message = err.text or err.reason
-            if err.status == 413:
-                message = (f"the request body exceeds the gateway's limit of {self.cfg.max_body_bytes} bytes "
-                           "(gateway.max_body_bytes)")
-            headers = {k: v for k, v in err.headers.items() if k.lower() in ("allow",)}
-            return web.json_response(error_body(message, err_type="invalid_request_error"
-                                                if err.status != 413 else "request_too_large"),
-                                     status=err.status, headers=headers)
         except (ConnectionResetError, _ClientGone):
             # Nobody is listening any more; 499 = "client closed request" (never actually sent).
             return web.Response(status=499)
-        except Exception:  # noqa: BLE001 - a bug: log it with its traceback and answer JSON
-            logger.exception("internal error while handling %s %s", request.method, request.path)
-            return web.json_response(error_body("internal gateway error (see the gateway log)", err_type="api_error"),
-                                     status=500)
 
     def _check_auth(self, request: web.Request) -> None:
         if self._api_key is None:
             return
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        given = token.strip().encode("utf-8", "surrogateescape") if scheme.lower() == "bearer" else b""
-        # compare_digest on both branches: the time taken does not depend on where the key differs.
-        if not hmac.compare_digest(given, self._api_key):
+        if not G.bearer_matches(request.headers, self._api_key):
             raise GatewayHTTPError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
                                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
@@ -287,14 +296,38 @@ class Gateway:
         self._check_auth(request)
         return web.json_response(model_list(self.cfg.served_model_name, self.started_at))
 
+    def _problems(self) -> list[str]:
+        """Why the gateway is not fully working right now (empty = ok)."""
+        problems = []
+        if self.policy is None or not self.policy.healthy_urls():
+            problems.append("no healthy policy worker")
+        if self.store is None or self.writer is None:
+            problems.append("the sample store is not open")
+        elif self.writer.degraded:
+            problems.append(f"the sample store {self.store.directory} cannot be written ({self.writer.last_error}) "
+                            f"for {self.writer.failing_for_s:.1f} s: {self.writer.pending} sample(s) wait in memory, "
+                            f"{self.writer.stats.dropped} dropped")
+        return problems
+
+    async def handle_readyz(self, request: web.Request) -> web.Response:
+        """200 when the gateway serves and records samples; 503 (with the reasons) otherwise."""
+        problems = self._problems()
+        return web.json_response({"ready": not problems, "problems": problems}, status=503 if problems else 200)
+
     async def handle_healthz(self, request: web.Request) -> web.Response:
         policy_healthy = self.policy.healthy_urls() if self.policy is not None else []
+        problems = self._problems()
+        store: dict[str, Any] = {"directory": self.store.directory if self.store is not None else None,
+                                 "samples": len(self.store) if self.store is not None else 0}
+        if self.writer is not None:
+            store.update(self.writer.status())
         body = {
-            "status": "ok",
+            "status": "degraded" if problems else "ok",
+            "problems": problems,
             "policy": {"urls": self.policy.urls if self.policy else [], "healthy": policy_healthy},
             "judge": getattr(self.judge, "name", None),
-            "store": {"directory": self.store.directory if self.store else None,
-                      "samples": len(self.store) if self.store else 0},
+            "store": store,
+            "connections": asdict(self.connections.stats),
             "sessions": len(self.sessions),
             "pending_turns": self.sessions.pending_turns(),
             "queued_judgements": self._queue.qsize() if self._queue else 0,
@@ -304,23 +337,16 @@ class Gateway:
         return web.json_response(body)
 
     # ----------------------------------------------------------------- chat completions
-    async def _read_body(self, request: web.Request) -> bytes:
-        length = request.content_length
-        if length is not None and length > self.cfg.max_body_bytes:
-            raise GatewayHTTPError(413, f"the request body ({length} bytes) exceeds the gateway's limit of "
-                                        f"{self.cfg.max_body_bytes} bytes (gateway.max_body_bytes)")
-        return await request.read()
-
-    def _render(self, messages, tools, template_kwargs) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                 **template_kwargs)
-        return [int(t) for t in ids]
-
-    def _render_prompt(self, req: ChatCompletionRequest) -> list[int]:
-        # Inline on the event loop: Jinja rendering holds the GIL anyway, and handing it to a
-        # thread cost more (GIL hand-offs, ~ms) than the rendering itself for typical prompts.
+    async def _render_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        # Typical prompts render inline (a thread hand-off would cost more than the rendering); a
+        # large conversation renders and tokenizes on a worker thread; one that could not fit
+        # gateway.max_prompt_tokens in any tokenization is refused before any work.
+        chars = message_chars(req.messages, req.tools)
+        why = self.budget.conversation_too_long(req.messages, chars)
+        if why is not None:
+            raise bad_request(f"the conversation is too long: {why} (gateway.max_prompt_tokens)", param="messages")
         try:
-            ids = self._render(req.messages, req.tools, req.chat_template_kwargs)
+            ids = await self.budget.render(req.messages, chars=chars, tools=req.tools, **req.chat_template_kwargs)
         except GatewayHTTPError:
             raise
         except Exception as err:  # noqa: BLE001 - a template may raise anything for odd conversations
@@ -328,6 +354,9 @@ class Gateway:
                               param="messages") from None
         if not ids:
             raise bad_request("the chat template rendered an empty prompt", param="messages")
+        if len(ids) > self.cfg.max_prompt_tokens:
+            raise bad_request(f"the prompt has {len(ids)} tokens; at most {self.cfg.max_prompt_tokens} are accepted "
+                              "(gateway.max_prompt_tokens)", param="messages")
         return ids
 
     def _sampling_params(self, req: ChatCompletionRequest, main: bool) -> dict[str, Any]:
@@ -349,13 +378,17 @@ class Gateway:
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
         self._check_auth(request)
-        raw = await self._read_body(request)
-        body = parse_json_body(raw)
+        body = await G.read_json(request, self.guard,
+                                 empty_message="the request body is empty; send a JSON object with 'messages'")
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
         session = parse_session_info(request.headers, body)
-        req = parse_chat_request(body)
-        prompt_ids = self._render_prompt(req)
+        messages = body.get("messages")
+        if isinstance(messages, list) and len(messages) > self.cfg.max_prompt_tokens:  # before validating each
+            raise bad_request(f"the conversation is too long: {self.budget.conversation_too_long(messages, 0)} "
+                              "(gateway.max_prompt_tokens)", param="messages")
+        req = await G.parse_off_loop(request, parse_chat_request, body)
+        prompt_ids = await self._render_prompt(req)
         main = session.turn_type == "main"
         params = self._sampling_params(req, main)
 
@@ -606,7 +639,7 @@ class Gateway:
     def _judge_seed(turn: TurnRecord) -> int:
         return zlib.crc32(f"{turn.session_id}\x00{turn.turn_index}\x00{turn.created_at}".encode()) * 1000
 
-    async def _score_and_store(self, job: ScoringJob) -> int | None:
+    async def _score_and_store(self, job: ScoringJob) -> Sample | None:
         turn = job.turn
         judgement = await self.judge.judge(turn.response_text, job.next_state, seed=self._judge_seed(turn))
         self.stats.judgements += 1
@@ -615,13 +648,12 @@ class Gateway:
             self.stats.no_sample += 1
             logger.debug("session %s turn %d: eval 0 and no hint -> no sample", turn.session_id, turn.turn_index)
             return None
-        loop = asyncio.get_running_loop()
         hint_prompts = []
         for hint in judgement.hints:
-            # Inline, one candidate at a time, yielding in between: a thread would only add GIL
-            # hand-offs to the requests being served.
-            hint_prompts.append(self._render(hint_augmented_messages(turn.prompt_messages, hint), turn.tools,
-                                             turn.chat_template_kwargs))
+            # One candidate at a time, yielding in between; inline when small (a thread would only add
+            # GIL hand-offs), on a worker thread when large (the budget decides).
+            hint_prompts.append(await self.budget.render(hint_augmented_messages(turn.prompt_messages, hint),
+                                                         tools=turn.tools, **turn.chat_template_kwargs))
             await asyncio.sleep(0)
         sample = Sample(
             session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
@@ -633,25 +665,32 @@ class Gateway:
             hint_votes=list(judgement.hint_votes), judge_raw=judgement.raw, judge=judgement.judge,
             next_state=job.next_state.to_dict(), response_text=turn.response_text,
             finish_reason=turn.finish_reason)
-        try:
-            offset = await loop.run_in_executor(self._store_executor, self.store.append, sample)
-        except Exception:
-            self.stats.store_errors += 1
-            raise
+        if not self.writer.submit(sample):
+            self.stats.samples_dropped_store += 1
+        return sample
+
+    def _store_error(self) -> None:
+        self.stats.store_errors += 1
+
+    def _sample_written(self, offset: int, sample: Sample) -> None:
+        """Called by the store writer once ``sample`` is durable at ``offset``."""
         self.stats.samples += 1
-        logger.info("sample %d: session %s turn %d kind %s reward %s, %d hint(s)", offset, turn.session_id,
-                    turn.turn_index, kind, sample.reward, len(sample.hints))
+        logger.info("sample %d: session %s turn %d kind %s reward %s, %d hint(s)", offset, sample.session_id,
+                    sample.turn_index, sample.kind, sample.reward, len(sample.hints))
         for listener in self._sample_listeners:
             try:
                 listener(offset, sample)
             except Exception:  # noqa: BLE001
                 logger.exception("sample listener failed")
-        return offset
 
     async def drain(self, timeout_s: float = 60.0) -> None:
-        """Wait until every queued judgement is done (tests, benchmarks, shutdown)."""
-        assert self._queue is not None
+        """Wait until every queued judgement is done and its sample written (tests, benchmarks, shutdown)."""
+        assert self._queue is not None and self.writer is not None
+        deadline = asyncio.get_running_loop().time() + timeout_s
         await asyncio.wait_for(self._queue.join(), timeout=timeout_s)
+        if not await self.writer.flush(deadline - asyncio.get_running_loop().time()):
+            raise asyncio.TimeoutError(f"{self.writer.pending} sample(s) still wait for the store: "
+                                       f"{self.writer.last_error}")
 
     async def _housekeeping_loop(self) -> None:
         interval = max(1.0, min(60.0, self.cfg.session_idle_timeout_s / 10))
@@ -664,18 +703,20 @@ class Gateway:
 
 async def start_gateway(cfg: GatewayConfig, **components: Any) -> tuple[Gateway, web.AppRunner, str]:
     """Start a gateway on cfg.host:cfg.port; returns (gateway, runner, base URL). Stop with ``stop_gateway``."""
+    return_large_blocks_to_the_os()
     gateway = Gateway(cfg, **components)
     await gateway.start()
-    runner = web.AppRunner(gateway.make_app(), access_log=None, handle_signals=False)
+    runner = web.AppRunner(gateway.make_app(), access_log=None, handle_signals=False, **gateway.guard.runner_kwargs())
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port)
     try:
-        await site.start()
+        sock = G.bind_socket(cfg.host, cfg.port)
+        await G.GuardedSite(runner, sock, gateway.connections).start()
     except OSError:
         await runner.cleanup()
         await gateway.close(grace_s=0)
         raise
-    port = runner.addresses[0][1]
+    port = sock.getsockname()[1]
+    freeze_startup_heap()
     return gateway, runner, f"http://{cfg.host}:{port}"
 
 

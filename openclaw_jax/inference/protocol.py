@@ -13,7 +13,6 @@ Error bodies (what SGLang sends):
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
@@ -26,6 +25,7 @@ from openclaw_jax.inference.types import (
     SamplingParams,
     SequenceOutput,
 )
+from openclaw_jax.serving import json_safe
 
 TokenText = Callable[[int], str]
 
@@ -54,15 +54,11 @@ def openai_error_body(message: str, *, err_type: str = "BadRequestError", code: 
 
 
 def parse_json_body(raw: bytes) -> Any:
-    """Decode a request body; malformed JSON is a 400, not a 500."""
-    if not raw:
-        raise ProtocolError("the request body is empty; send a JSON object")
+    """Decode a request body (strict UTF-8, bounded depth, no lone surrogates); problems are a 400."""
     try:
-        return json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise ProtocolError(f"the request body is not UTF-8: {exc}") from None
-    except ValueError as exc:
-        raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
+        return json_safe.loads(raw, allow_nonfinite=True)
+    except json_safe.JSONRejected as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,9 +556,9 @@ def _normalize_message(i: int, msg: Any) -> dict[str, Any]:
             if isinstance(args, str):
                 # Chat templates render arguments as a mapping (as SGLang does before templating).
                 try:
-                    args = json.loads(args) if args.strip() else {}
-                except ValueError:
-                    raise ProtocolError("Assistant tool call function.arguments must be valid JSON.") from None
+                    args = json_safe.loads(args, what="function.arguments") if args.strip() else {}
+                except json_safe.JSONRejected as exc:
+                    raise ProtocolError(f"Assistant tool call function.arguments must be valid JSON: {exc}") from None
                 if not isinstance(args, dict):
                     raise ProtocolError("Assistant tool call function.arguments must be a JSON object.")
                 fn["arguments"] = args

@@ -8,8 +8,11 @@ bodies): `/generate` (single, batch lists, n > 1, streaming), `/v1/chat/completi
 `/get_model_info`, `/update_weights_from_disk`, `/pause_generation`,
 `/continue_generation`, `/flush_cache`.
 
-Every request-shaped problem is a 400 with an SGLang body; the aiohttp event loop only
-parses, tokenizes and formats, while all JAX work happens on the engine thread.
+Every request-shaped problem is a 4xx with an SGLang body (one error boundary: see
+`openclaw_jax.serving.http_guard`; a 500 is a bug and carries a trace id). Bodies, texts and
+prompts are size-checked before any work; large bodies are decoded and large texts tokenized
+on worker threads, so one huge request does not stall the others; all JAX work happens on
+the engine thread. Connections are capped and must send their headers within a timeout.
 SIGTERM/SIGINT stop accepting connections, let in-flight requests finish (up to
 `--shutdown-timeout`), then stop the engine.
 """
@@ -19,8 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
-import hmac
 import json
 import logging
 import os
@@ -38,6 +41,9 @@ from openclaw_jax.inference import protocol as P
 from openclaw_jax.inference import tool_calls as TC
 from openclaw_jax.inference.engine import Engine, EngineConfig, EngineError
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
+from openclaw_jax.serving import http_guard as G
+from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
+from openclaw_jax.serving.text_budget import TextBudget, message_chars
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +96,8 @@ class InferenceServer:
 
     def __init__(self, engine: Engine, tokenizer: Any, *, model_path: str, served_model_name: str | None = None,
                  tokenizer_path: str | None = None, api_key: str | None = None,
-                 weight_loader: WeightLoader | None = None):
+                 weight_loader: WeightLoader | None = None, guard: G.GuardConfig | None = None,
+                 max_text_chars: int | None = None, max_request_tokens: int | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.vocab_size = engine.vocab_size
@@ -98,13 +105,23 @@ class InferenceServer:
         self.state = ServerState(model_path=str(model_path), tokenizer_path=tokenizer_path or str(model_path),
                                  served_model_name=served_model_name or str(model_path))
         self.api_key = api_key
+        self._api_key_bytes = api_key.encode("utf-8") if api_key else None
+        self.guard = guard or G.GuardConfig(prefix="--")
+        self.connections = G.ConnectionGuard(self.guard, "inference server",
+                                             error_body=lambda status, message: P.native_error_body(message))
+        # Texts that could not fit the context in any tokenization are refused before tokenizing.
+        self.budget = TextBudget(tokenizer, max_tokens=self.context_length, max_text_chars=max_text_chars)
+        # Prompt + completion tokens over all sequences of one request (n and batch lists included).
+        self.max_request_tokens = max_request_tokens or self.context_length * 1024
         self.weight_loader = weight_loader or default_weight_loader(engine)
         self._update_lock = asyncio.Lock()
         self._token_text_cache: dict[int, str] = {}
 
     # ------------------------------------------------------------------ app
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth_middleware, self._error_middleware], client_max_size=64 << 20)
+        boundary = G.error_boundary(self._render_error, name="inference server")
+        app = web.Application(middlewares=[boundary, self.connections.middleware(), self._auth_middleware,
+                                           self._error_middleware], client_max_size=self.guard.max_body_bytes)
         r = app.router
         r.add_route("POST", "/generate", self.generate)
         r.add_route("PUT", "/generate", self.generate)
@@ -145,12 +162,15 @@ class InferenceServer:
             return json_response(P.openai_error_body(message, err_type=err_type, code=status), status)
         return json_response(P.native_error_body(message), status)
 
+    def _render_error(self, request: web.BaseRequest, status: int, message: str) -> web.Response:
+        if status in (404, 405):  # FastAPI's (hence SGLang's) body for unknown routes and methods
+            return json_response({"detail": message}, status)
+        return self._error(request, message, status)  # type: ignore[arg-type]
+
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler):
-        if self.api_key and not request.path.startswith("/health"):
-            header = request.headers.get("Authorization", "")
-            token = header[7:] if header.startswith("Bearer ") else ""
-            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+        if self._api_key_bytes and not request.path.startswith("/health"):
+            if not G.bearer_matches(request.headers, self._api_key_bytes):
                 return json_response({"error": "Unauthorized"}, 401)
         return await handler(request)
 
@@ -160,22 +180,13 @@ class InferenceServer:
             return await handler(request)
         except P.ProtocolError as exc:
             return self._error(request, exc.message, exc.status)
-        except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
-            # FastAPI's (hence SGLang's) body for unknown routes and methods
-            return json_response({"detail": exc.reason}, exc.status)
-        except web.HTTPException:
-            raise
-        except (asyncio.CancelledError, ConnectionResetError):
-            raise
         except EngineError as exc:
             logger.error("engine error on %s: %s", request.path, exc)
             return self._error(request, str(exc), 503 if self.state.shutting_down else 500)
-        except Exception as exc:  # a bug: log it, answer 500, keep serving
-            logger.exception("internal error on %s", request.path)
-            return self._error(request, f"Internal server error: {type(exc).__name__}: {exc}", 500)
+        # Anything else (4xx from the guard or aiohttp, bugs) is handled by the error boundary.
 
     async def _json(self, request: web.Request) -> Any:
-        return P.parse_json_body(await request.read())
+        return await G.read_json(request, self.guard, allow_nonfinite=True)
 
     # ------------------------------------------------------------------ helpers
     def token_text(self, token_id: int) -> str:
@@ -185,11 +196,42 @@ class InferenceServer:
             self._token_text_cache[token_id] = text
         return text
 
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+    async def _encode_all(self, texts: Sequence[str], what: str) -> list[list[int]]:
+        """Token ids of each text; texts that cannot fit the context are refused before tokenizing."""
+        try:
+            self.budget.check(texts, what)
+        except ValueError as exc:
+            raise P.ProtocolError(str(exc)) from None
+        return await self.budget.encode_many(texts)
 
-    def _validate(self, ids: Sequence[int], sampling) -> None:
+    def _refuse_long_input_ids(self, body: Any) -> None:
+        """Prompts that cannot fit (one longer than the context, or more ids in all than the request may
+        take) are refused before their ids are validated one by one."""
+        ids = body.get("input_ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list):
+            return
+        seqs = [s for s in (ids if ids and isinstance(ids[0], list) else [ids]) if isinstance(s, list)]
+        for seq in seqs:
+            if len(seq) >= self.context_length:
+                raise P.ProtocolError(f"The input ({len(seq)} tokens) is longer than the model's context length "
+                                      f"({self.context_length} tokens).")
+        if sum(map(len, seqs)) > self.max_request_tokens:
+            raise P.ProtocolError(f"the request asks for more than {self.max_request_tokens} tokens (prompts plus "
+                                  "completions over all its sequences; --max-request-tokens); split it")
+
+    def _refuse_many_messages(self, body: Any) -> None:
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if isinstance(messages, list) and len(messages) > self.context_length:
+            raise P.ProtocolError(f"the messages: {self.budget.conversation_too_long(messages, 0)}")
+
+    def _validate(self, ids: Sequence[int], sampling, total: list[int]) -> None:
+        """Checks one prompt; ``total[0]`` accumulates the request's tokens against --max-request-tokens."""
         P.validate_prompt(ids, sampling, context_length=self.context_length, vocab_size=self.vocab_size)
+        new = sampling.max_new_tokens if sampling.max_new_tokens is not None else self.context_length - len(ids)
+        total[0] += (len(ids) + new) * sampling.n
+        if total[0] > self.max_request_tokens:
+            raise P.ProtocolError(f"the request asks for more than {self.max_request_tokens} tokens (prompts plus "
+                                  "completions over all its sequences; --max-request-tokens); split it")
 
     def _submit_checked(self, spec: GenerationSpec, stream: bool):
         if self.state.shutting_down:
@@ -244,22 +286,28 @@ class InferenceServer:
         return resp
 
     # ------------------------------------------------------------------ /generate
-    def _generate_specs(self, req: P.GenerateRequest) -> tuple[list[GenerationSpec], list[P.GenerateItem]]:
-        specs, items = [], []
+    async def _generate_specs(self, request: web.Request, req: P.GenerateRequest) -> list[GenerationSpec]:
+        texts = [item.text or "" for item in req.items if item.input_ids is None]
+        encoded = await self._encode_all(texts, "text") if texts else []
+        return await G.parse_off_loop(request, self._build_generate_specs, req, encoded)
+
+    def _build_generate_specs(self, req: P.GenerateRequest, encoded_texts: list[list[int]]) -> list[GenerationSpec]:
+        encoded = iter(encoded_texts)
+        specs, total = [], [0]
         for idx, item in enumerate(req.items):
-            ids = list(item.input_ids) if item.input_ids is not None else self._encode(item.text or "")
-            self._validate(ids, item.sampling)
+            ids = list(item.input_ids) if item.input_ids is not None else next(encoded)
+            self._validate(ids, item.sampling, total)
             base_rid = item.rid or P.new_request_id("")
             n = item.sampling.n
             for j in range(n):
                 specs.append(item.spec(ids, sample_index=j, rid=base_rid if n == 1 else f"{base_rid}-{j}"))
-                items.append(item)
-        return specs, items
+        return specs
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        req = P.parse_generate_request(body, vocab_size=self.vocab_size)
-        specs, _ = self._generate_specs(req)
+        self._refuse_long_input_ids(body)
+        req = await G.parse_off_loop(request, P.parse_generate_request, body, vocab_size=self.vocab_size)
+        specs = await self._generate_specs(request, req)
         single = not req.is_batch and len(specs) == 1
         build = functools.partial(P.build_generate_response, return_text_in_logprobs=req.return_text_in_logprobs,
                                   token_text=self.token_text)
@@ -276,7 +324,7 @@ class InferenceServer:
         return resp
 
     # ------------------------------------------------------------------ /v1/chat/completions
-    def _chat_prompt(self, req: P.ChatRequest) -> list[int]:
+    async def _chat_prompt(self, req: P.ChatRequest) -> list[int]:
         if req.input_ids is not None:
             return list(req.input_ids)
         messages = req.messages
@@ -287,18 +335,20 @@ class InferenceServer:
             else:
                 messages = messages[:-1] + [{"role": "user", "content": messages[-1]["content"]}]
         tools = req.tools if req.tool_choice != "none" else None
+        chars = message_chars(messages, tools) + len(prefix or "")
+        why = self.budget.conversation_too_long(messages, chars)
+        if why is not None:
+            raise P.ProtocolError(f"the messages: {why}")
         try:
-            ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                     tokenize=True, **req.chat_template_kwargs)
+            ids = await self.budget.render(messages, chars=chars, tools=tools, **req.chat_template_kwargs)
         except Exception as exc:  # template errors are the request's fault (roles, missing fields)
             raise P.ProtocolError(f"failed to apply the chat template: {type(exc).__name__}: {exc}") from None
-        ids = list(ids)
         if prefix:
-            ids += self._encode(prefix)
+            ids += (await self._encode_all([prefix], "the final assistant message"))[0]
         return ids
 
     def _chat_specs(self, req: P.ChatRequest, ids: list[int]) -> list[GenerationSpec]:
-        self._validate(ids, req.sampling)
+        self._validate(ids, req.sampling, [0])
         base = req.rid or P.new_request_id("")
         return [GenerationSpec(prompt_ids=tuple(ids), sampling=req.sampling, return_logprob=req.logprobs,
                                top_logprobs_num=req.top_logprobs, rid=base if req.sampling.n == 1 else f"{base}-{j}",
@@ -315,8 +365,9 @@ class InferenceServer:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        req = P.parse_chat_request(body, vocab_size=self.vocab_size)
-        ids = self._chat_prompt(req)
+        self._refuse_many_messages(body)
+        req = await G.parse_off_loop(request, P.parse_chat_request, body, vocab_size=self.vocab_size)
+        ids = await self._chat_prompt(req)
         specs = self._chat_specs(req, ids)
         request_id = "chatcmpl-" + (req.rid or P.new_request_id(""))
         created = int(time.time())
@@ -390,14 +441,17 @@ class InferenceServer:
     # ------------------------------------------------------------------ /v1/completions
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        req = P.parse_completion_request(body, vocab_size=self.vocab_size)
-        prompts_ids = [list(p) if isinstance(p, tuple) else self._encode(p) for p in req.prompts]
+        req = await G.parse_off_loop(request, P.parse_completion_request, body, vocab_size=self.vocab_size)
+        texts = [p for p in req.prompts if not isinstance(p, tuple)]
+        encoded = iter(await self._encode_all(texts, "prompt") if texts else [])
+        prompts_ids = [list(p) if isinstance(p, tuple) else next(encoded) for p in req.prompts]
         prompt_texts = [p if isinstance(p, str) else self.tokenizer.decode(list(p)) for p in req.prompts]
         want_lp = req.logprobs is not None
         specs = []
         base = req.rid or P.new_request_id("")
+        total = [0]
         for p, ids in enumerate(prompts_ids):
-            self._validate(ids, req.sampling)
+            self._validate(ids, req.sampling, total)
             for j in range(req.sampling.n):
                 specs.append(GenerationSpec(prompt_ids=tuple(ids), sampling=req.sampling, return_logprob=want_lp,
                                             top_logprobs_num=req.logprobs or 0,
@@ -498,7 +552,8 @@ class InferenceServer:
         return json_response({"model_path": self.state.model_path, "served_model_name": self.state.served_model_name,
                               "context_length": self.context_length, "max_running_requests": cfg.max_batch_size,
                               "weight_version": self.engine.weight_version, "version": "openclaw-jax",
-                              "paused": self.engine.paused})
+                              "paused": self.engine.paused, "max_text_chars": self.budget.max_text_chars,
+                              "connections": dataclasses.asdict(self.connections.stats)})
 
     # ------------------------------------------------------------------ weights / control
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
@@ -506,6 +561,8 @@ class InferenceServer:
             upd = P.parse_update_weights_request(await self._json(request))
         except P.ProtocolError as exc:
             return json_response(P.update_weights_body(False, exc.message), 400)
+        except G.RequestRejected as exc:
+            return json_response(P.update_weights_body(False, exc.message), exc.status)
         async with self._update_lock:
             try:
                 state = await asyncio.to_thread(self.weight_loader, upd.model_path, upd.load_format)
@@ -524,10 +581,10 @@ class InferenceServer:
         return json_response(P.update_weights_body(True, message, 0))
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        raw = await request.read()
+        raw = await G.read_body(request, self.guard)
         mode = "abort"
         if raw.strip():
-            body = P.parse_json_body(raw)
+            body = await G.decode_json(raw, self.guard, allow_nonfinite=True)
             if isinstance(body, dict) and body.get("mode") is not None:
                 mode = body["mode"]
         if mode not in ("abort", "in_place", "retract"):
@@ -645,6 +702,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--shutdown-timeout", type=float, default=30.0)
     ap.add_argument("--log-level", default="info")
+    limits = G.add_cli_arguments(ap)
+    limits.add_argument("--max-text-chars", type=int, default=None,
+                        help="longest text/prompt/messages in characters (400 before tokenizing; default: the most "
+                             "characters that could fit the context length in any tokenization)")
+    limits.add_argument("--max-request-tokens", type=int, default=None,
+                        help="most prompt + completion tokens over all sequences of one request (400; default: "
+                             "1024 x the context length)")
     return ap
 
 
@@ -658,11 +722,14 @@ def _bind_socket(host: str, port: int) -> socket.socket:
 
 
 async def serve(server: InferenceServer, sock: socket.socket, shutdown_timeout: float) -> None:
+    return_large_blocks_to_the_os()
     app = server.make_app()
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
+                           **server.guard.runner_kwargs())
     await runner.setup()
-    site = web.SockSite(runner, sock)
+    site = G.GuardedSite(runner, sock, server.connections)
     await site.start()
+    freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -678,7 +745,15 @@ async def serve(server: InferenceServer, sock: socket.socket, shutdown_timeout: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    ap = build_arg_parser()
+    args = ap.parse_args(argv)
+    try:
+        guard = G.config_from_cli(args)
+        for flag in ("max_text_chars", "max_request_tokens"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+    except ValueError as exc:
+        ap.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     model, tokenizer, hf_config, source = load_for_serving(args.model, dtype=args.dtype)
@@ -691,7 +766,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         min_batch_bucket=args.min_batch_bucket,
                                         kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30))))
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
-    server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key)
+    server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
+                             guard=guard, max_text_chars=args.max_text_chars,
+                             max_request_tokens=args.max_request_tokens)
     sock = _bind_socket(args.host, args.port)
     try:
         asyncio.run(serve(server, sock, args.shutdown_timeout))
