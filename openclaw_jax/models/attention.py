@@ -18,7 +18,8 @@ Implementations
   the flash-attention backward (recomputes each block's probabilities from the saved row
   log-sum-exp), so neither the forward nor the backward holds more than one
   `[B, K, G, block_q, block_k]` score block: temporaries are linear in L. With `causal`, key
-  blocks entirely in a query block's future are skipped (about half the FLOPs of dense).
+  blocks entirely in a query block's future are skipped (about half the FLOPs of dense). A
+  sequence that fits in one block runs the dense formula (same memory, no loops to compile).
 - `fused`: `jax.nn.dot_product_attention(implementation="cudnn")` (cuDNN flash attention);
   needs a GPU, bfloat16/float16 inputs, head_dim a multiple of 8 (<= 128, 256 on Hopper), and
   supports the causal mask only (no `kv_mask` / segment ids: right padding needs no mask under
@@ -180,6 +181,11 @@ def blockwise_attention(q, k, v, *, causal=True, kv_mask=None, segment_ids=None,
     bq = _block(L, block_q)
     bk = _block(S, block_k)
     lp, sp = _round_up(L, bq), _round_up(S, bk)
+    if lp == bq and sp == bk:
+        # One block each way: the dense formula is the same computation with the same memory (one
+        # [bq, bk] score block) and compiles faster (no loops).
+        return dense_attention(q, k, v, causal=causal, kv_mask=kv_mask, segment_ids=segment_ids,
+                               kv_segment_ids=kv_segment_ids)
     qg = _pad(q.reshape(B, L, K, N // K, D), 1, lp)
     kp, vp = _pad(k.astype(q.dtype), 1, sp), _pad(v.astype(q.dtype), 1, sp)
     kv_valid = jnp.broadcast_to(jnp.arange(sp) < S, (B, sp))
@@ -331,17 +337,17 @@ def attention_flops(batch: int, q_len: int, kv_len: int, heads: int, head_dim: i
     XLA's `cost_analysis()` counts a while-loop body once, whatever its trip count, so compiled
     FLOPs miss almost all of the blockwise kernel's work (and the layer scan's); a planner adds
     this count instead. Blockwise counts the (query block, key block) pairs it visits, padding
-    and causal skipping included; dense and fused count the full L x S score matrix.
+    and causal skipping included; dense, fused and one-block blockwise count the full L x S scores.
     Forward: QK^T and PV (4 flops per score per head_dim); backward: QK^T recomputed, dV, dP,
     dQ, dK for blockwise (10), dV, dP, dQ, dK for dense (8).
     """
     check_implementation(implementation)
     per_score = 2 * batch * heads * head_dim
-    if implementation != "blockwise":
-        scores = q_len * kv_len
-        return {"forward": 2 * per_score * scores, "backward": 4 * per_score * scores}
     bq, bk = _block(q_len, block_q), _block(kv_len, block_k)
     nq, nk = _round_up(q_len, bq) // bq, _round_up(kv_len, bk) // bk
+    if implementation != "blockwise" or nq == nk == 1:  # one block runs the dense formula
+        scores = q_len * kv_len
+        return {"forward": 2 * per_score * scores, "backward": 4 * per_score * scores}
     offset = kv_len - q_len
     pairs = 0
     for i in range(nq):
