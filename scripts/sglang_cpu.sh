@@ -12,6 +12,10 @@
 #                                                    sglang_router on 127.0.0.1:P (foreground)
 #   scripts/sglang_cpu.sh wait URL [URL ...]         until each URL answers GET /health with 200
 #   scripts/sglang_cpu.sh python [args]              the venv's python (with the CPU kernel stand-in)
+#   scripts/sglang_cpu.sh tiny-model [CONFIG [key=value ...]]
+#                                                    write the random base model of CONFIG (default
+#                                                    configs/tiny_sglang_cpu.yaml) to <run_dir>/base_model
+#                                                    with the project's python (python3, or $PYTHON)
 #
 # The venv lives in <repo>/.venv-sglang (git-ignored; override with SGLANG_CPU_VENV). It holds the
 # pinned sglang (whose wheel pulls a CUDA build of torch: it runs fine without a GPU, ~11 GB) and
@@ -30,7 +34,7 @@ PY_BIN="${SGLANG_CPU_PYTHON:-python3}"
 
 die() { echo "sglang_cpu.sh: $*" >&2; exit 1; }
 
-usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 ready() { [[ -f "$STAMP" && "$(cat "$STAMP")" == "${REQUIREMENTS[*]}" && -x "$VENV/bin/python" ]]; }
 
@@ -136,6 +140,29 @@ cmd_wait() {
   done
 }
 
+cmd_tiny_model() {
+  local config="${1:-$REPO/configs/tiny_sglang_cpu.yaml}"
+  [[ $# -gt 0 ]] && shift
+  # The project's own code writes the model (config.json, safetensors, tokenizer files), exactly as
+  # `python -m openclaw_jax.train` would for model.path=random; the run then loads this directory.
+  "${PYTHON:-python3}" - "$config" "$@" <<'PY'
+import sys
+from pathlib import Path
+from openclaw_jax.config import load_experiment_config
+from openclaw_jax.train import load_base_model
+cfg = load_experiment_config([sys.argv[1]], sys.argv[2:])
+out = Path(cfg.model.path)
+if (out / "config.json").exists():
+    print(f"base model already there: {out}")
+    sys.exit(0)
+if out != Path(cfg.run_dir) / "base_model":
+    sys.exit(f"tiny-model writes <run_dir>/base_model, but model.path={cfg.model.path!r}; set model.path to "
+             f"{Path(cfg.run_dir) / 'base_model'}")
+load_base_model(load_experiment_config([sys.argv[1]], [*sys.argv[2:], "model.path=random"]))
+print(f"wrote the random base model to {out}")
+PY
+}
+
 case "${1:-}" in
   setup) shift; cmd_setup "$@" ;;
   check) shift; cmd_check "$@" ;;
@@ -143,6 +170,7 @@ case "${1:-}" in
   router) shift; cmd_router "$@" ;;
   wait) shift; cmd_wait "$@" ;;
   python) shift; cmd_python "$@" ;;
+  tiny-model) shift; cmd_tiny_model "$@" ;;
   -h|--help|help) usage ;;
   *) usage >&2; exit 2 ;;
 esac

@@ -76,3 +76,41 @@ def tiny_run_dir(tmp_path_factory):
     assert proc.returncode == 0, f"tiny run failed:\n{proc.stderr[-4000:]}"
     assert (run_dir / "summary.json").is_file()
     return run_dir
+
+
+# ==============================================================================================
+# sglang (pytest -m sglang): real SGLang 0.5.23 workers on CPU, started by scripts/sglang_cpu.sh
+# (its venv: `bash scripts/sglang_cpu.sh setup`). Two workers serve sglang_model_dir for the whole
+# session; a test that kills one restarts it; a test that changes weights loads what it needs first.
+# ==============================================================================================
+
+
+@pytest.fixture(scope="session")
+def sglang_model_dir(tmp_path_factory):
+    """The tiny random Qwen3 (seed 0) with a 2048-token context: the judge's prompts are ~700 tokens."""
+    return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("sglang_model") / "model", seed=0, max_positions=2048)
+
+
+@pytest.fixture(scope="session")
+def sglang_model_dir_b(tmp_path_factory):
+    """Same shape as `sglang_model_dir`, other random weights (seed 1): for weight updates."""
+    return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("sglang_model_b") / "model", seed=1, max_positions=2048)
+
+
+@pytest.fixture(scope="session")
+def sglang_workers(sglang_model_dir, tmp_path_factory):
+    """Two real SGLang workers (tests/_sglang.py `SGLangProcess`) serving `sglang_model_dir`."""
+    from _sglang import SGLangProcess, require_sglang_venv
+
+    require_sglang_venv()
+    log_dir = tmp_path_factory.mktemp("sglang_logs")
+    workers = [SGLangProcess.worker(sglang_model_dir, log_dir=log_dir, name=f"worker{i}") for i in range(2)]
+    try:
+        for w in workers:
+            w.launch()
+        for w in workers:
+            w.wait_healthy()
+        yield workers
+    finally:
+        for w in workers:
+            w.kill()
