@@ -108,7 +108,7 @@ cmd_serve() {
   cmd_check >/dev/null || exit 1
   sglang_env
   exec "$VENV/bin/python" -m sglang.launch_server --model-path "$model" --host 127.0.0.1 --port "$port" \
-    --device cpu --attention-backend torch_native --dtype float32 --max-total-tokens 4096 \
+    --device cpu --attention-backend torch_native --dtype float32 --max-total-tokens 4096 --sleep-on-idle \
     --log-level warning "${extra[@]}"
 }
 

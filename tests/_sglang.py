@@ -103,3 +103,44 @@ class SGLangProcess:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=30)
+
+
+class WorkerPair:
+    """The session's two SGLang workers, started on first use and stopped after the last sglang test.
+
+    Two workers hold ~7 GB of memory, and without --sleep-on-idle (which sglang_cpu.sh passes) SGLang's
+    scheduler busy-polls while idle (measured: a third of a core per idle worker; ~1% with it), so the
+    workers must not outlive the `sglang` tests: the `pytest_runtest_teardown` hook in conftest.py
+    calls `stop()` when the next test is not one of them, and `ensure()` starts them again if a later
+    test needs them.
+    """
+
+    def __init__(self, model_dir, log_dir: Path):
+        self.model_dir = model_dir
+        self.log_dir = Path(log_dir)
+        self.workers: list[SGLangProcess] = []
+        self.starts = 0
+
+    def ensure(self) -> list[SGLangProcess]:
+        if self.workers and all(w.alive() for w in self.workers):
+            return self.workers
+        self.stop()
+        self.starts += 1
+        fresh = [SGLangProcess.worker(self.model_dir, log_dir=self.log_dir, name=f"worker{i}-start{self.starts}")
+                 for i in range(2)]
+        try:
+            for w in fresh:
+                w.launch()
+            for w in fresh:
+                w.wait_healthy()
+        except BaseException:
+            for w in fresh:
+                w.kill()
+            raise
+        self.workers[:] = fresh
+        return self.workers
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.kill()
+        self.workers.clear()

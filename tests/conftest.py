@@ -97,20 +97,31 @@ def sglang_model_dir_b(tmp_path_factory):
     return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("sglang_model_b") / "model", seed=1, max_positions=2048)
 
 
+_SGLANG_PAIRS: list = []
+
+
 @pytest.fixture(scope="session")
-def sglang_workers(sglang_model_dir, tmp_path_factory):
-    """Two real SGLang workers (tests/_sglang.py `SGLangProcess`) serving `sglang_model_dir`."""
-    from _sglang import SGLangProcess, require_sglang_venv
+def sglang_pair(sglang_model_dir, tmp_path_factory):
+    """Manager of the two SGLang workers (tests/_sglang.py `WorkerPair`); fails under CI without the venv."""
+    from _sglang import WorkerPair, require_sglang_venv
 
     require_sglang_venv()
-    log_dir = tmp_path_factory.mktemp("sglang_logs")
-    workers = [SGLangProcess.worker(sglang_model_dir, log_dir=log_dir, name=f"worker{i}") for i in range(2)]
-    try:
-        for w in workers:
-            w.launch()
-        for w in workers:
-            w.wait_healthy()
-        yield workers
-    finally:
-        for w in workers:
-            w.kill()
+    pair = WorkerPair(sglang_model_dir, tmp_path_factory.mktemp("sglang_logs"))
+    _SGLANG_PAIRS.append(pair)
+    yield pair
+    pair.stop()
+    _SGLANG_PAIRS.remove(pair)
+
+
+@pytest.fixture
+def sglang_workers(sglang_pair):
+    """[worker0, worker1], both healthy, serving `sglang_model_dir` (weights: whatever the last test left)."""
+    return sglang_pair.ensure()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # Idle SGLang workers still burn CPU: stop them as soon as the sglang tests are over.
+    if _SGLANG_PAIRS and item.get_closest_marker("sglang") is not None and (
+            nextitem is None or nextitem.get_closest_marker("sglang") is None):
+        for pair in _SGLANG_PAIRS:
+            pair.stop()
