@@ -35,6 +35,12 @@ HINT_SEPARATOR = "\n\n" + HINT_HEADER
 VALID_SCORES = (-1, 0, 1)
 NEXT_STATE_ROLES = ("user", "tool")
 
+# Optional regex constraints for an SGLang judge pool (`sampling_params.regex`, SGLang's grammar-guided
+# decoding): a small judge then always answers in the parseable format. Our embedded server rejects
+# `regex`, so these are only for SGLang workers. A brief reason, then the box:
+EVAL_VOTE_REGEX = r"[A-Za-z0-9 ,.'-]{0,80}\\boxed\{(-1|0|1)\}"
+HINT_VOTE_REGEX = r"\\boxed\{-1\}|\\boxed\{1\} \[HINT_START\][A-Za-z0-9 ,.'-]{11,200}\[HINT_END\]"
+
 
 @dataclass(frozen=True)
 class NextState:
@@ -285,13 +291,18 @@ class ModelJudge:
     Each call renders the judge prompt with the judge model's chat template, samples at
     ``temperature`` with its own seed (``seed + i``), and is bounded by ``timeout_s``. A
     failed or timed-out call counts as no vote; the judgement itself never raises for pool
-    trouble.
+    trouble. ``eval_regex``/``hint_regex`` (e.g. :data:`EVAL_VOTE_REGEX`, :data:`HINT_VOTE_REGEX`) are
+    sent as SGLang's ``sampling_params.regex`` to force the answer format (SGLang pools only).
+
+    ``sampling_seed`` (``seed + i``) is sent with every call, but SGLang only honours it when started
+    with ``--enable-deterministic-inference``; otherwise the votes are independent samples anyway.
     """
 
     def __init__(self, pool: Any, tokenizer: _ChatTokenizer, *, votes: int = 3, temperature: float = 0.6,
                  max_new_tokens: int = 1024, max_candidates: int = 3, min_chars: int = 10,
                  timeout_s: float = 300.0, name: str = "model",
-                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+                 chat_template_kwargs: dict[str, Any] | None = None, eval_regex: str | None = None,
+                 hint_regex: str | None = None) -> None:
         if votes <= 0:
             raise ValueError(f"judge votes={votes} must be > 0")
         self.pool = pool
@@ -304,14 +315,18 @@ class ModelJudge:
         self.timeout_s = timeout_s
         self.name = name
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.eval_regex = eval_regex
+        self.hint_regex = hint_regex
 
     def _render(self, messages: list[dict[str, str]]) -> list[int]:
         return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                        **self.chat_template_kwargs))
 
-    async def _call(self, input_ids: list[int], seed: int) -> str | None:
+    async def _call(self, input_ids: list[int], seed: int, regex: str | None = None) -> str | None:
         params = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
                   "sampling_seed": seed, "skip_special_tokens": True}
+        if regex is not None:
+            params["regex"] = regex
         try:
             result = await asyncio.wait_for(self.pool.generate(input_ids, sampling_params=params),
                                             timeout=self.timeout_s)
@@ -327,8 +342,8 @@ class ModelJudge:
         hint_ids = self._render(hint_vote_messages(response_text, next_state))
         m = self.votes
         outputs = await asyncio.gather(
-            *(self._call(eval_ids, seed + i) for i in range(m)),
-            *(self._call(hint_ids, seed + m + i) for i in range(m)))
+            *(self._call(eval_ids, seed + i, self.eval_regex) for i in range(m)),
+            *(self._call(hint_ids, seed + m + i, self.hint_regex) for i in range(m)))
         return build_judgement(outputs[:m], outputs[m:], max_candidates=self.max_candidates,
                                min_chars=self.min_chars, judge=self.name)
 

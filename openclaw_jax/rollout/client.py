@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 # Statuses that say "try again (maybe elsewhere)" rather than "your request is wrong".
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _MAX_BACKOFF_S = 5.0
+PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 class _RetryableFailure(Exception):
@@ -103,7 +104,7 @@ class PoolClient:
     def __init__(self, urls: Sequence[str], *, max_concurrency: int = 64, request_timeout_s: float = 120.0,
                  max_retries: int = 3, backoff_s: float = 0.2, health_interval_s: float = 2.0,
                  api_key: str | None = None, health_timeout_s: float = 5.0,
-                 weight_update_timeout_s: float = 900.0):
+                 weight_update_timeout_s: float = 900.0, vocab_size: int | None = None):
         if isinstance(urls, str):
             urls = [urls]
         cleaned = [str(u).rstrip("/") for u in urls]
@@ -120,6 +121,11 @@ class PoolClient:
             raise ValueError(f"max_retries={max_retries} must be >= 0")
         if request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s={request_timeout_s} must be > 0")
+        if vocab_size is not None and vocab_size < 1:
+            raise ValueError(f"vocab_size={vocab_size} must be >= 1 (or None to send ids unchecked)")
+        # SGLang (0.5.23) does not range-check input_ids: an id >= vocab_size crashes the worker's scheduler,
+        # and retrying elsewhere would crash the next worker too. With vocab_size the client refuses them.
+        self.vocab_size = None if vocab_size is None else int(vocab_size)
         self._workers = [_Worker(u) for u in cleaned]
         self.max_concurrency = int(max_concurrency)
         self.request_timeout_s = float(request_timeout_s)
@@ -298,14 +304,21 @@ class PoolClient:
             f"{method} {path} failed after {self.max_retries + 1} attempt(s) on the pool {self.urls}", attempts=attempts)
 
     # ------------------------------------------------------------------ generate
-    @staticmethod
-    def _generate_payload(input_ids, text, sampling_params, return_logprob, top_logprobs_num, logprob_start_len,
-                          rid, stream) -> dict[str, Any]:
+    def _check_ids(self, ids: list[int]) -> list[int]:
+        if self.vocab_size is not None:
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"input_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size}); SGLang "
+                                 "would crash on them, so the request was not sent")
+        return ids
+
+    def _generate_payload(self, input_ids, text, sampling_params, return_logprob, top_logprobs_num,
+                          logprob_start_len, rid, stream) -> dict[str, Any]:
         if (input_ids is None) == (text is None):
             raise ValueError("pass exactly one of input_ids (list[int]) or text (str) to generate")
         payload: dict[str, Any] = {"sampling_params": dict(sampling_params or {})}
         if input_ids is not None:
-            payload["input_ids"] = [int(t) for t in input_ids]
+            payload["input_ids"] = self._check_ids([int(t) for t in input_ids])
         else:
             payload["text"] = text
         want_logprob = bool(return_logprob or top_logprobs_num > 0 or logprob_start_len >= 0)
@@ -363,7 +376,7 @@ class PoolClient:
         if is_text:
             payload["text"] = [str(p) for p in prompts]
         else:
-            payload["input_ids"] = [[int(t) for t in p] for p in prompts]
+            payload["input_ids"] = [self._check_ids([int(t) for t in p]) for p in prompts]
         n = int((sampling_params or {}).get("n", 1) or 1)
         expect = bool(payload.get("return_logprob"))
         single = self._parse_generate(expect, int(top_logprobs_num))
@@ -515,11 +528,19 @@ class PoolClient:
         return out
 
     async def pause_generation(self, mode: str | None = None) -> dict[str, Any]:
-        """POST `/pause_generation` to every worker; {url: {"status", "body", "error"}}."""
-        return await self._fan_out_simple("POST", "/pause_generation", {"mode": mode} if mode else None)
+        """POST `/pause_generation` to every worker; {url: {"status", "body", "error"}}.
+
+        `mode` (SGLang): "abort" (its default: running requests end with finish_reason abort, which
+        this client retries), "retract" (back to the waiting queue) or "in_place" (kept, frozen).
+        Requests that arrive while paused wait until `continue_generation`.
+        """
+        if mode is not None and mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {mode!r} must be one of {PAUSE_MODES} (or None for the worker's default)")
+        # SGLang 0.5.23 answers 400 to a body-less POST here: always send a JSON object
+        return await self._fan_out_simple("POST", "/pause_generation", {"mode": mode} if mode else {})
 
     async def continue_generation(self) -> dict[str, Any]:
-        return await self._fan_out_simple("POST", "/continue_generation")
+        return await self._fan_out_simple("POST", "/continue_generation", {})
 
     async def flush_cache(self) -> dict[str, Any]:
         return await self._fan_out_simple("POST", "/flush_cache")

@@ -96,7 +96,8 @@ class GenerateResult:
     # the oldest weight version that produced this response (the first of `weight_versions` when the
     # worker reports them): staleness and importance correction count from it
     weight_version: str | None
-    # prompt log-probs from logprob_start_len on (the first one is None); None when not requested
+    # prompt log-probs from logprob_start_len on (the first one is None); None when log-probs were not
+    # requested; [] from SGLang when only output log-probs were (logprob_start_len=-1)
     input_logprobs: list[float | None] | None
     raw: dict = field(repr=False)
     worker_url: str = ""
@@ -135,7 +136,12 @@ def _logprob_triples(value: Any, what: str) -> list[list[Any]]:
 
 def generate_result_from_json(body: Any, *, worker_url: str = "", expect_logprobs: bool = False,
                               top_logprobs_num: int = 0) -> GenerateResult:
-    """Parse one `/generate` response object; raise MalformedResponseError on anything unexpected."""
+    """Parse one `/generate` response object; raise MalformedResponseError on anything unexpected.
+
+    Fields this parser does not use are kept in `raw` and otherwise ignored: real SGLang (0.5.23) also
+    sends `weight_versions`, `cached_tokens_details`, `num_retractions`, `reasoning_tokens`, `dp_rank`,
+    `output_token_logprobs_length` and `response_sent_to_client_ts` (tests/fixtures/sglang holds recordings).
+    """
     if not isinstance(body, Mapping):
         raise MalformedResponseError(f"/generate answered {type(body).__name__}, expected a JSON object: {body!r:.200}")
     if "error" in body and "meta_info" not in body:

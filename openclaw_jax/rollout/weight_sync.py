@@ -69,16 +69,20 @@ class DiskWeightSync:
                     shutil.copy2(src, out / name)
         return out
 
+    async def push_path(self, path: str | Path, version: str) -> None:
+        """Tell every worker to load the HF directory `path` as `version`; raise if any worker refuses."""
+        results = await self.client.update_weights_from_disk(str(path), weight_version=str(version))
+        failed = [r for r in results if not r.success]
+        if failed:
+            raise WeightSyncError("workers rejected weights %s from %s: %s" % (
+                version, path, "; ".join(f"{r.url}: {r.message}" for r in failed)))
+        log.info("weights pushed to %d worker(s): weight_version=%s (%s)", len(results), version, path)
+
     async def __call__(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> None:
         path = await asyncio.to_thread(self._write, graphdef, state, version)
         if self.client is None:  # multi-host: every process writes its part, process 0 tells the pool
             return
-        results = await self.client.update_weights_from_disk(str(path), weight_version=version)
-        failed = [r for r in results if not r.success]
-        if failed:
-            raise WeightSyncError("workers rejected weights %s: %s" % (
-                version, "; ".join(f"{r.url}: {r.message}" for r in failed)))
-        log.info("weights pushed to %d worker(s): weight_version=%s (%s)", len(results), version, path)
+        await self.push_path(path, version)
         self._written.append(path)
         while len(self._written) > self.keep:
             old = self._written.pop(0)
