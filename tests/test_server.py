@@ -49,9 +49,10 @@ SGLANG_ONLY_FIELDS = {
           "has_image_understanding", "has_audio_understanding", "model_type", "architectures", "embedding"},
 }
 # Fields our embedded server sends that SGLang 0.5.23 leaves out of these recordings (null fields it
-# excludes; e2e_latency only in a stream's last chunk). OpenAI clients and our pool client accept both.
+# excludes; e2e_latency and weight_versions only in a stream's last chunk). OpenAI clients and our pool
+# client accept both.
 OURS_ONLY_FIELDS = {
-    "$.meta_info": {"e2e_latency"},
+    "$.meta_info": {"e2e_latency", "weight_versions"},
     "$.choices.message": {"tool_calls"},
     "$.choices.delta": {"role", "tool_calls"},
     "$": {"usage"},
