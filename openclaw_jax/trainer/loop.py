@@ -55,6 +55,25 @@ def make_optimizer(cfg: ExperimentConfig):
                             b2=opt.b2, eps=opt.eps, grad_clip=opt.grad_clip)
 
 
+def optimizer_shardings(tx, trainable: Any, mesh: jax.sharding.Mesh) -> Any:
+    """Shardings of `tx.init(trainable)`: every moment leaf like the param it mirrors (matched by
+    key-path suffix and shape), scalars (counts) replicated. Without this the init's outputs,
+    which do not depend on the params' values, may come out replicated on every device."""
+    by_path = {tuple(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(trainable)}
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def pick(path, leaf):
+        path = tuple(path)
+        for k in range(len(path)):
+            param = by_path.get(path[k:])
+            if param is not None and tuple(param.shape) == tuple(leaf.shape):
+                return param.sharding
+        return replicated
+
+    abstract = jax.eval_shape(tx.init, trainable)
+    return jax.tree_util.tree_map_with_path(pick, abstract)
+
+
 def jit_phases(cfg: ExperimentConfig, settings: S.StepSettings, tx, schedule, trainable_shardings,
                opt_shardings) -> dict[str, Callable]:
     """The jitted phases of one step, as the Trainer runs them (the planner lowers these same objects)."""
@@ -93,9 +112,9 @@ class Trainer:
         self.settings = step_settings(cfg)
         self.tx, self.schedule = make_optimizer(cfg)
         trainable_shardings = jax.tree.map(lambda x: x.sharding, self.trainable)
+        opt_shardings = optimizer_shardings(self.tx, self.trainable, mesh)
         with jax.set_mesh(mesh):
-            self.opt_state = jax.jit(self.tx.init)(self.trainable)
-        opt_shardings = jax.tree.map(lambda x: x.sharding, self.opt_state)
+            self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.trainable)
         self.step = 0
         self.sample_offset = 0
         # (step, first offset, end offset) trained since the last checkpoint; written to the
