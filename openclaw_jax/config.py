@@ -76,6 +76,9 @@ class ModelSourceConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     remat: bool = False
+    # attention kernel: dense (reference) | blockwise (memory linear in length) | fused (cuDNN, GPU)
+    # | auto (fused where it applies, else blockwise); see openclaw_jax/models/attention.py.
+    attention: Literal["dense", "blockwise", "fused", "auto"] = "auto"
     random: RandomModelConfig = field(default_factory=RandomModelConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 

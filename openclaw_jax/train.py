@@ -94,7 +94,7 @@ def load_base_model(cfg: ExperimentConfig) -> BaseModel:
     mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
     teacher_dtype = cfg.model.dtype if cfg.trainer.teacher == "initial" else None
     loaded = load_pretrained(path, mesh=mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
-                             teacher_dtype=teacher_dtype, remat=cfg.model.remat)
+                             teacher_dtype=teacher_dtype, remat=cfg.model.remat, attention=cfg.model.attention)
     tokenizer = loaded.tokenizer
     if cfg.model.tokenizer not in ("auto",) and cfg.model.path != "random":
         tokenizer = _tokenizer_by_name(cfg.model.tokenizer)
@@ -126,7 +126,8 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
     if teacher is None:
         from openclaw_jax.models.hub import load_pretrained
 
-        teacher = load_pretrained(cfg.trainer.teacher, mesh=mesh, dtype=cfg.model.dtype, tokenizer=False).model
+        teacher = load_pretrained(cfg.trainer.teacher, mesh=mesh, dtype=cfg.model.dtype, attention=cfg.model.attention,
+                                  tokenizer=False).model
     if cfg.model.lora.enabled:
         lc = cfg.model.lora
         student = add_lora(student, LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets),

@@ -17,14 +17,18 @@ _CLASSES = {
 
 def make_hf_model(family: str, *, tie: bool, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
                   hidden: int = 32, vocab: int = 256, layers: int = 2, rope_theta: float = 10000.0,
-                  seed: int = 0) -> tuple[torch.nn.Module, ModelConfig]:
+                  seed: int = 0, rope_scaling: dict | None = None,
+                  max_position_embeddings: int = 128) -> tuple[torch.nn.Module, ModelConfig]:
     """A random HF model with *every* weight randomised (norms around 1, not all ones; biases
-    non-zero) and the ModelConfig parsed from its HF config dict."""
+    non-zero) and the ModelConfig parsed from its HF config dict. `rope_scaling`: an HF scaling
+    dict (e.g. `{"rope_type": "yarn", ...}`), given to the HF config as `rope_scaling`."""
     config_cls, model_cls = _CLASSES[family]
     kwargs = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
-                  rope_theta=rope_theta, tie_word_embeddings=tie, max_position_embeddings=128,
+                  rope_theta=rope_theta, tie_word_embeddings=tie, max_position_embeddings=max_position_embeddings,
                   rms_norm_eps=1e-6, attn_implementation="eager")
+    if rope_scaling is not None:
+        kwargs["rope_scaling"] = dict(rope_scaling)
     if family == "qwen2":
         kwargs.pop("head_dim")  # Qwen2 derives head_dim = hidden / heads
     hf_config = config_cls(**kwargs)

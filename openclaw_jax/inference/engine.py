@@ -96,9 +96,8 @@ def _prefill_impl(graphdef, state, input_ids, lengths, temps, top_p, top_k, min_
                   n_top: int, k_ids: int, want_input: bool):
     model = nnx.merge(graphdef, state)
     b, lp_len = input_ids.shape
-    positions = jnp.broadcast_to(jnp.arange(lp_len, dtype=jnp.int32), (b, lp_len))
-    cache = model.init_cache(b, lp_len)
-    hidden, cache = model.decode_hidden(input_ids, positions, cache)
+    # the prompt attends causally to itself: the full-forward attention (blockwise/fused), no [L, L] scores
+    hidden, cache = model.prefill_hidden(input_ids, model.init_cache(b, lp_len))
     last = hidden[jnp.arange(b), lengths - 1]
     logits = model.logits(last)
     out = _sample_outputs(logits, temps, top_p, top_k, min_p, keys, jnp.zeros((b,), jnp.int32), token_ids,

@@ -2,7 +2,8 @@
 
 One frozen dataclass describes every family; `from_hf_dict` / `to_hf_dict` translate the
 HF `config.json` (both key styles: `rope_theta` or `rope_parameters.rope_theta`,
-`torch_dtype` or `dtype`).
+`torch_dtype` or `dtype`; RoPE scaling from the legacy `rope_scaling` dict or from
+`rope_parameters`: types `llama3` (Llama-3.1/3.2) and `yarn` (YaRN-extended Qwen), others rejected).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any, Mapping
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION = ("dense", "blockwise", "fused", "auto")  # see openclaw_jax.models.attention
+ROPE_SCALING_TYPES = ("llama3", "yarn")
 
 # HF `model_type` -> our family name.
 _HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
@@ -21,6 +24,92 @@ _HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "
 
 class ModelConfigError(ValueError):
     """A model config value is missing or not supported."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling (HF `rope_parameters` / `rope_scaling`); maths in `models/rope.py`.
+
+    `llama3`: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings.
+    `yarn`: factor, original_max_position_embeddings, beta_fast/beta_slow (32/1), truncate (True),
+    attention_factor (None: from factor, mscale, mscale_all_dim as HF does).
+    """
+
+    rope_type: str
+    factor: float
+    original_max_position_embeddings: int
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_SCALING_TYPES:
+            raise ModelConfigError(f"rope scaling type {self.rope_type!r} is not supported; use one of "
+                                   f"{ROPE_SCALING_TYPES} (or no scaling)")
+        if not self.factor or self.factor < 1.0:
+            raise ModelConfigError(f"rope scaling factor={self.factor!r} must be >= 1")
+        if self.original_max_position_embeddings <= 0:
+            raise ModelConfigError(f"rope scaling original_max_position_embeddings="
+                                   f"{self.original_max_position_embeddings!r} must be > 0")
+        if self.rope_type == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ModelConfigError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor > 0, got "
+                                   f"{self.high_freq_factor} and {self.low_freq_factor}")
+
+    @classmethod
+    def from_hf(cls, params: Mapping[str, Any], hf: Mapping[str, Any]) -> "RopeScaling | None":
+        """From an HF scaling dict (`rope_scaling` or `rope_parameters`); None for unscaled RoPE."""
+        rope_type = params.get("rope_type", params.get("type")) or "default"
+        if rope_type == "default":
+            return None
+        if rope_type not in ROPE_SCALING_TYPES:
+            raise ModelConfigError(
+                f"config.json rope scaling type {rope_type!r} is not supported; supported: {ROPE_SCALING_TYPES} "
+                "(or none)")
+        if float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor")) or 1.0) != 1.0:
+            raise ModelConfigError("config.json partial_rotary_factor != 1 is not supported")
+        # As HF: a top-level original_max_position_embeddings wins, else the scaling dict's, else
+        # max_position_embeddings.
+        original = hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") \
+            or hf.get("max_position_embeddings")
+        if original is None:
+            raise ModelConfigError(f"config.json {rope_type} rope scaling needs original_max_position_embeddings")
+        factor = params.get("factor")
+        if factor is None and rope_type == "yarn" and hf.get("max_position_embeddings"):
+            factor = hf["max_position_embeddings"] / original
+        if factor is None:
+            raise ModelConfigError(f"config.json {rope_type} rope scaling needs a factor")
+        values: dict[str, Any] = dict(rope_type=rope_type, factor=float(factor),
+                                      original_max_position_embeddings=int(original))
+        if rope_type == "llama3":
+            for key in ("low_freq_factor", "high_freq_factor"):
+                if params.get(key) is None:
+                    raise ModelConfigError(f"config.json llama3 rope scaling needs {key}")
+                values[key] = float(params[key])
+        else:
+            values["beta_fast"] = float(params.get("beta_fast") or 32.0)
+            values["beta_slow"] = float(params.get("beta_slow") or 1.0)
+            values["truncate"] = bool(params.get("truncate", True))
+            for key in ("attention_factor", "mscale", "mscale_all_dim"):
+                if params.get(key) is not None:
+                    values[key] = float(params[key])
+        return cls(**values)
+
+    def to_hf(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rope_type": self.rope_type, "factor": self.factor,
+                               "original_max_position_embeddings": self.original_max_position_embeddings}
+        if self.rope_type == "llama3":
+            out.update(low_freq_factor=self.low_freq_factor, high_freq_factor=self.high_freq_factor)
+        else:
+            out.update(beta_fast=self.beta_fast, beta_slow=self.beta_slow, truncate=self.truncate)
+            for key in ("attention_factor", "mscale", "mscale_all_dim"):
+                if getattr(self, key) is not None:
+                    out[key] = getattr(self, key)
+        return out
 
 
 @dataclass(frozen=True)
@@ -34,6 +123,7 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     # q/k/v projections carry a bias (Qwen2).
@@ -46,6 +136,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     # rematerialise each decoder block in the backward pass (training memory).
     remat: bool = False
+    # attention kernel: dense (reference) | blockwise (memory linear in length) | fused (cuDNN) | auto.
+    attention: str = "auto"
+    # query/key block of the blockwise kernel (tokens); 0: by backend (models/attention.py).
+    attention_block_size: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
 
@@ -65,6 +159,14 @@ class ModelConfig:
                 raise ModelConfigError(f"model.{name}={getattr(self, name)!r} is not one of {DTYPES}")
         if self.rope_theta <= 0:
             raise ModelConfigError(f"model.rope_theta={self.rope_theta!r} must be > 0")
+        if not isinstance(self.attention_block_size, int) or self.attention_block_size < 0:
+            raise ModelConfigError(f"model.attention_block_size={self.attention_block_size!r} must be an integer "
+                                   ">= 0 (0: by backend)")
+        if self.attention not in ATTENTION:
+            raise ModelConfigError(f"model.attention={self.attention!r} is not one of {ATTENTION}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ModelConfigError(f"model.rope_scaling={self.rope_scaling!r} must be a RopeScaling or None; "
+                                   "parse HF dicts with RopeScaling.from_hf")
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -87,13 +189,13 @@ class ModelConfig:
         family = _HF_MODEL_TYPES[model_type]
         rope_theta = hf.get("rope_theta")
         rope_params = hf.get("rope_parameters") or {}
+        if any(isinstance(value, Mapping) for value in rope_params.values()):
+            raise ModelConfigError("config.json rope_parameters per layer type is not supported; "
+                                   "one RoPE for all layers is")
         if rope_theta is None:
             rope_theta = rope_params.get("rope_theta", 10000.0)
-        scaling = hf.get("rope_scaling") or {}
-        rope_type = scaling.get("rope_type", scaling.get("type")) or rope_params.get("rope_type", "default")
-        if rope_type not in ("default", None):
-            raise ModelConfigError(
-                f"config.json rope scaling type {rope_type!r} is not supported; only unscaled RoPE is")
+        # The legacy `rope_scaling` dict, or the newer `rope_parameters` (which also holds rope_theta).
+        rope_scaling = RopeScaling.from_hf(hf.get("rope_scaling") or rope_params, hf)
         num_heads = int(hf["num_attention_heads"])
         hidden = int(hf["hidden_size"])
         head_dim = hf.get("head_dim") or hidden // num_heads
@@ -113,6 +215,7 @@ class ModelConfig:
             num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
             head_dim=int(head_dim),
             rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bool(hf.get("attention_bias", family == "qwen2")),
@@ -147,6 +250,8 @@ class ModelConfig:
             "attention_dropout": 0.0,
             "use_cache": True,
         }
+        if self.rope_scaling is not None:
+            hf["rope_scaling"] = self.rope_scaling.to_hf()
         if self.family in ("llama", "qwen3"):
             hf["attention_bias"] = self.attention_bias
         if self.family == "llama":

@@ -32,8 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from openclaw_jax.models.attention import AttentionMask, attention, cached_attention
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.lora import LoRAConfig, LoRAParam
+from openclaw_jax.models.rope import apply_rope, rope_sin_cos
 from openclaw_jax.parallel.sharding import constrain
 
 _INIT_STDDEV = 0.02  # HF `initializer_range` default for these families.
@@ -146,7 +148,9 @@ class Attention(nnx.Module):
         self.dtype = dt
 
     def __call__(self, x, cos, sin, mask, cache_k, cache_v, write_positions):
-        """Full forward (cache None): attend under `mask`; returns (out, None, None).
+        """Full forward (cache None): causal attention under `mask` (an `AttentionMask`: padding,
+        segments, implementation); returns (out, None, None), or (out, k, v) with
+        `mask.return_kv` (prefill into an empty cache).
 
         Cached: attend to the cache slots before this call's first position (read in place) and
         to this call's own tokens causally by position; returns (out, k, v) of the new tokens,
@@ -157,8 +161,12 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache_k is None:
-            return self.o_proj(attend(q, k, v, mask, self.dtype)), None, None
-        out = attend_cached(q, k, v, cache_k, cache_v, write_positions, self.dtype)
+            out = attention(q, k, v, causal=True, kv_mask=mask.kv_mask, segment_ids=mask.segment_ids,
+                            implementation=mask.implementation, block_q=mask.block_size, block_k=mask.block_size)
+            if mask.return_kv:
+                return self.o_proj(out), k, v
+            return self.o_proj(out), None, None
+        out = cached_attention(q, k, v, cache_k, cache_v, write_positions)
         return self.o_proj(out), k.astype(cache_k.dtype), v.astype(cache_v.dtype)
 
 
@@ -198,64 +206,6 @@ class Block(nnx.Module):
         return constrain(h, ("batch", "seq", "act_embed"), self.family), cache_k, cache_v
 
 
-def rope_sin_cos(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin `[B, L, head_dim]` in float32 for rotate-half RoPE."""
-    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-    inv_freq = 1.0 / (theta ** exponents)
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq
-    angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate-half RoPE on x `[B, L, heads, head_dim]` (in float32, result in x's dtype)."""
-    x32 = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """Grouped-query attention. q `[B,L,N,D]`, k/v `[B,S,K,D]`, mask bool `[B,L,S]` -> `[B,L,N,D]`.
-
-    Query head n uses KV head n // (N/K) (HF `repeat_kv` order). Scores and softmax in float32;
-    a fully masked row gets uniform weights instead of NaN.
-    """
-    B, L, N, D = q.shape
-    K = k.shape[2]
-    q = q.reshape(B, L, K, N // K, D)
-    scores = jnp.einsum("blkgd,bskd->bkgls", q, k, preferred_element_type=jnp.float32) * (D ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bkgls,bskd->blkgd", probs, v.astype(dtype))
-    return out.reshape(B, L, N, D)
-
-
-def attend_cached(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
-                  positions: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """Attention of this call's queries over the cache and this call's own keys, in one softmax.
-
-    q, k_new, v_new `[B, L, *, D]` at `positions [B, L]` (contiguous per row); cache_k/v
-    `[B, S, K, D]`. Cache slot j is visible when j < positions[b, 0] (written by earlier calls);
-    new token i is visible to query l when positions[b, i] <= positions[b, l].
-    """
-    B, L, N, D = q.shape
-    S, K = cache_k.shape[1], cache_k.shape[2]
-    qg = q.reshape(B, L, K, N // K, D)
-    scale = D ** -0.5
-    neg = jnp.finfo(jnp.float32).min
-    old = jnp.einsum("blkgd,bskd->bkgls", qg, cache_k.astype(dtype), preferred_element_type=jnp.float32) * scale
-    old_mask = jnp.arange(S, dtype=jnp.int32)[None, None, :] < positions[:, :1, None]          # [B, 1, S]
-    old = jnp.where(old_mask[:, None, None, :, :], old, neg)
-    new = jnp.einsum("blkgd,bikd->bkgli", qg, k_new.astype(dtype), preferred_element_type=jnp.float32) * scale
-    new_mask = positions[:, None, :] <= positions[:, :, None]                                  # [B, L, L]
-    new = jnp.where(new_mask[:, None, None, :, :], new, neg)
-    probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(dtype)
-    out = (jnp.einsum("bkgls,bskd->blkgd", probs[..., :S], cache_v.astype(dtype))
-           + jnp.einsum("bkgli,bikd->blkgd", probs[..., S:], v_new.astype(dtype)))
-    return out.reshape(B, L, N, D)
-
-
 class Decoder(nnx.Module):
     """Causal LM. `Decoder(cfg, rngs=nnx.Rngs(0))`; `lora=LoRAConfig(...)` adds adapters (see lora.py)."""
 
@@ -275,24 +225,25 @@ class Decoder(nnx.Module):
     # -- public API ---------------------------------------------------------------------------
 
     def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                 attention_mask: jax.Array | None = None) -> jax.Array:
+                 attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
         """Logits float32 `[B, L, V]`."""
-        return self.logits(self.hidden_states(input_ids, positions, attention_mask))
+        return self.logits(self.hidden_states(input_ids, positions, attention_mask, segment_ids))
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                      attention_mask: jax.Array | None = None) -> jax.Array:
+                      attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
         """Final-norm hidden states `[B, L, H]` in cfg.dtype.
 
-        positions default to 0..L-1 per row (as HF does without position_ids). The mask is causal
-        over the sequence index, and `attention_mask[b, j] = False` hides key j from every query.
+        positions (RoPE) default to 0..L-1 per row (as HF does without position_ids). Attention is
+        causal over the sequence index; `attention_mask[b, j] = False` (`[B, L]`) hides key j from
+        every query; with `segment_ids` `[B, L]` (packing) a query sees only keys of its own
+        segment. No `[B, L, L]` mask is built: `cfg.attention` computes it per block from indices.
         """
         B, L = input_ids.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
-        mask = jnp.tril(jnp.ones((L, L), dtype=bool))[None]
-        if attention_mask is not None:
-            mask = mask & attention_mask.astype(bool)[:, None, :]
-        mask = jnp.broadcast_to(mask, (B, L, L))
+        mask = AttentionMask(None if attention_mask is None else attention_mask.astype(bool),
+                             None if segment_ids is None else segment_ids.astype(jnp.int32),
+                             self.cfg.attention, self.cfg.attention_block_size)
         h, _ = self._run(input_ids, positions, mask, None)
         return h
 
@@ -327,6 +278,18 @@ class Decoder(nnx.Module):
         """Like `decode` but returns final-norm hidden states `[B, L, H]`."""
         return self._run(input_ids, positions.astype(jnp.int32), None, cache)
 
+    def prefill_hidden(self, input_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """`decode_hidden` of tokens at positions 0..L-1 into an *empty* cache (a prompt prefill).
+
+        Same result, but the attention is the full forward's (`cfg.attention`: blockwise or fused,
+        no `[L, L]` scores or mask), not the dense attention over the cache. Right padding is
+        harmless (causal); k/v are written at slots 0..L-1.
+        """
+        B, L = input_ids.shape
+        positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+        mask = AttentionMask(None, None, self.cfg.attention, self.cfg.attention_block_size, return_kv=True)
+        return self._run(input_ids, positions, mask, cache)
+
     # -- internals ----------------------------------------------------------------------------
 
     def _run(self, input_ids, positions, mask, cache: KVCache | None):
@@ -334,7 +297,7 @@ class Decoder(nnx.Module):
         dt = jnp.dtype(cfg.dtype)
         h = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dt)
         h = constrain(h, ("batch", "seq", "act_embed"), cfg.family)
-        cos, sin = rope_sin_cos(positions, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_sin_cos(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         graphdef, stacked = nnx.split(self.layers)
 
         def layer(h, xs):
@@ -353,8 +316,11 @@ class Decoder(nnx.Module):
             ck = constrain(cache.k, cache_axes, cfg.family)
             cv = constrain(cache.v, cache_axes, cfg.family)
             # The layers only read the cache; this call's k/v ([layers, B, L, K, D]) are written
-            # once afterwards, in place when the caller donates the cache.
-            h, (new_k, new_v) = jax.lax.scan(layer, h, (stacked, ck, cv))
+            # once afterwards, in place when the caller donates the cache. A prefill (mask given)
+            # does not read the empty cache at all.
+            cache_xs = (None, None) if mask is not None else (ck, cv)
+            h, (new_k, new_v) = jax.lax.scan(layer, h, (stacked,) + cache_xs)
+            new_k, new_v = new_k.astype(ck.dtype), new_v.astype(cv.dtype)
             rows = jnp.broadcast_to(jnp.arange(input_ids.shape[0])[:, None], positions.shape)
             # mode="drop": slots past the cache end (padding beyond max_len) are ignored.
             ck = ck.at[:, rows, positions].set(new_k, mode="drop")

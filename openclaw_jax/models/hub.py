@@ -104,11 +104,12 @@ def _open(name_or_dir: str | os.PathLike) -> tuple[dict[str, Any], Any, str, str
 
 def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None, dtype: Any = None,
                     param_dtype: Any = None, teacher_dtype: Any = None, remat: bool | None = None,
-                    tokenizer: bool = True) -> Pretrained:
+                    attention: str | None = None, tokenizer: bool = True) -> Pretrained:
     """Model (+ optional teacher), config, tokenizer and HF config from `"smollm2"` or an HF directory.
 
     `mesh`: every param is placed directly on its shards (else on the first local device).
-    `remat`: set the config's rematerialisation flag (training). `tokenizer=False` skips it.
+    `remat`: set the config's rematerialisation flag (training); `attention`: the attention
+    kernel (`ModelConfig.attention`). `tokenizer=False` skips the tokenizer.
     """
     from openclaw_jax.models import weights
 
@@ -117,6 +118,8 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh |
     cfg = weights.apply_dtypes(cfg, dtype, param_dtype)
     if remat is not None:
         cfg = cfg.replace(remat=bool(remat))
+    if attention is not None:
+        cfg = cfg.replace(attention=attention)
     model = weights.build_model(cfg, source, mesh)
     teacher = None
     if teacher_dtype is not None:
