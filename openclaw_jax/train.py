@@ -36,10 +36,13 @@ log = logging.getLogger("openclaw_jax.train")
 
 @dataclasses.dataclass
 class BaseModel:
-    model: Any           # Decoder (plain, unsharded)
+    model: Any           # the student Decoder, on the mesh (master dtype); handed to the trainer
     tokenizer: Any
     model_dir: str       # what the gateway / eval use to find the tokenizer ("smollm2" or an HF dir)
     hf_config: dict
+    config: Any = None   # the student's ModelConfig (stays valid after the trainer takes the model)
+    teacher: Any = None  # the frozen initial teacher (compute dtype), from the same files
+    mesh: Any = None
 
 
 def _tokenizer_by_name(name: str):
@@ -77,10 +80,13 @@ def _random_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
 
 
 def load_base_model(cfg: ExperimentConfig) -> BaseModel:
+    """Student (master dtype) and, for `trainer.teacher=initial`, the frozen teacher (compute dtype),
+    both read from the same files straight onto the trainer's mesh (no resident base copy)."""
     import jax
 
     from openclaw_jax.models.hub import load_pretrained
     from openclaw_jax.parallel import multihost
+    from openclaw_jax.parallel.mesh import make_mesh
 
     path = cfg.model.path
     if path == "random":
@@ -89,15 +95,15 @@ def load_base_model(cfg: ExperimentConfig) -> BaseModel:
             _random_base_model(cfg, out)
         multihost.barrier("random_base_model")  # the other processes read what process 0 wrote
         path = str(out)
-    loaded = load_pretrained(path, dtype=cfg.model.param_dtype)
+    mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
+    teacher_dtype = cfg.model.dtype if cfg.trainer.teacher == "initial" else None
+    loaded = load_pretrained(path, mesh=mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+                             teacher_dtype=teacher_dtype, remat=cfg.model.remat, attention=cfg.model.attention)
     tokenizer = loaded.tokenizer
     if cfg.model.tokenizer not in ("auto",) and cfg.model.path != "random":
         tokenizer = _tokenizer_by_name(cfg.model.tokenizer)
-    model = loaded.model  # params and activations in cfg.model.param_dtype (== cfg.model.dtype)
-    if cfg.model.remat:  # read at call time by the decoder's layer scan
-        model.cfg = model.cfg.replace(remat=True)
-    model.cfg = model.cfg.replace(attention=cfg.model.attention)  # read at call time too
-    return BaseModel(model, tokenizer, path, dict(loaded.hf_config or {}))
+    return BaseModel(loaded.model, tokenizer, path, dict(loaded.hf_config or {}), loaded.config, loaded.teacher,
+                     mesh)
 
 
 def _copy_model(model):
@@ -126,26 +132,27 @@ def _process_local_copy(model):
 
 
 def build_trainer(cfg: ExperimentConfig, base: BaseModel):
-    """Student (+LoRA) and frozen teacher sharded on one mesh, and the Trainer around them."""
+    """The Trainer around the student (+LoRA) and the frozen teacher on one mesh; takes the models
+    out of `base` (the trainer donates their buffers)."""
     from flax import nnx
 
     from openclaw_jax.models.lora import LoRAConfig, add_lora
     from openclaw_jax.parallel.mesh import make_mesh, shard_model
     from openclaw_jax.trainer.loop import Trainer
 
-    mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
-    if cfg.trainer.teacher == "initial":
-        teacher = _copy_model(base.model)
-    else:
+    mesh = base.mesh if base.mesh is not None else make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
+    student, teacher = base.model, base.teacher
+    base.model = base.teacher = None
+    if teacher is None:
         from openclaw_jax.models.hub import load_pretrained
 
-        teacher = load_pretrained(cfg.trainer.teacher, dtype=cfg.model.param_dtype).model
-    student = _copy_model(base.model)
+        teacher = load_pretrained(cfg.trainer.teacher, mesh=mesh, dtype=cfg.model.dtype, attention=cfg.model.attention,
+                                  tokenizer=False).model
     if cfg.model.lora.enabled:
         lc = cfg.model.lora
         student = add_lora(student, LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets),
                            rngs=nnx.Rngs(cfg.seed + 1))
-    student = shard_model(student, mesh)
+    student = shard_model(student, mesh)  # places what is not placed yet (LoRA adapters)
     teacher = shard_model(teacher, mesh)
     pad = base.tokenizer.pad_token_id
     return Trainer(cfg, student, teacher, mesh, pad_id=int(pad) if pad is not None else 0)
@@ -248,7 +255,7 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 await client.start()
                 cleanups.append(client.close)
             push = DiskWeightSync(client, cfg.policy.weight_sync_dir or run_dir / "weights",
-                                  model_config=base.model.cfg, extra_config=base.hf_config,
+                                  model_config=base.config.replace(param_dtype=cfg.model.dtype), extra_config=base.hf_config,
                                   tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
             if resumed:  # the workers serve the base model; bring them to the resumed weights
                 from flax import nnx
@@ -331,7 +338,8 @@ def export(trainer, base: BaseModel, run_dir: Path) -> Path:
 
     out = run_dir / "export" / f"step_{trainer.step}"
     if not out.exists():
-        save_hf_checkpoint(trainer.serving_model(), None, out, extra_config=base.hf_config)
+        save_hf_checkpoint(trainer.serving_model(trainer.cfg.trainer.export_dtype), None, out,
+                           extra_config=base.hf_config)
         if hasattr(base.tokenizer, "save_pretrained"):
             base.tokenizer.save_pretrained(out)
     return out

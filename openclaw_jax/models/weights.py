@@ -2,9 +2,12 @@
 
 - `load_hf_checkpoint(dir, mesh=None, dtype=None)` reads `model.safetensors` or a sharded
   checkpoint (`model.safetensors.index.json`). It builds the abstract model (`nnx.eval_shape`),
-  derives each param's target sharding, and creates each param with
-  `jax.make_array_from_callback`, so every device receives only its own shard, read straight
-  from the memory-mapped file; the whole model is never materialised on one device.
+  derives each param's target sharding, and places the params one HF tensor at a time with
+  `jax.make_array_from_callback` (stacked layer params filled layer by layer, in place), so every
+  device receives only its own shard, read straight from the memory-mapped file; neither a
+  device nor the host ever holds the whole model. `dtype` is the compute dtype, `param_dtype`
+  the stored one (`apply_dtypes`). `openclaw_jax.models.hub.load_pretrained` is the one loader
+  the rest of the code calls (HF dirs and the packaged GGUF).
 - `save_hf_checkpoint(model, cfg, out_dir, max_shard_bytes=None)` writes `config.json` and
   safetensors (sharded HF-style when `max_shard_bytes` is given) atomically.
 - `state_dict_from_model` / `model_from_state_dict` convert to and from `{hf_name: ndarray}`.
@@ -16,6 +19,7 @@ bytes) is read and written here directly: this gives memory-mapped reads, bfloat
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -179,14 +183,16 @@ class _MemmapCache:
 # tensor sources (a checkpoint directory or an in-memory state dict)
 
 
-class _Source:
+class TensorSource:
+    """Named HF tensors, read one at a time (a checkpoint directory, a GGUF file, a state dict)."""
+
     def describe(self, name: str) -> str: ...
     def shape(self, name: str) -> tuple[int, ...] | None: ...
     def read(self, name: str) -> np.ndarray: ...
     def names(self) -> Iterable[str]: ...
 
 
-class _DictSource(_Source):
+class DictSource(TensorSource):
     def __init__(self, tensors: Mapping[str, Any]):
         self._tensors = tensors
 
@@ -204,7 +210,7 @@ class _DictSource(_Source):
         return self._tensors.keys()
 
 
-class _SafetensorsSource(_Source):
+class SafetensorsSource(TensorSource):
     def __init__(self, model_dir: Path):
         single, index = model_dir / SAFETENSORS_FILE, model_dir / SAFETENSORS_INDEX
         self._infos: dict[str, TensorInfo] = {}
@@ -334,7 +340,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # loading
 
 
-def _validate(cfg: ModelConfig, mappings: list[TensorMapping], source: _Source) -> None:
+def _validate(cfg: ModelConfig, mappings: list[TensorMapping], source: TensorSource) -> None:
     problems = []
     for mp in mappings:
         for name in mp.names(cfg.num_layers):
@@ -359,7 +365,9 @@ def _validate(cfg: ModelConfig, mappings: list[TensorMapping], source: _Source) 
                               f"{extra[:10]}; is the config.json right (e.g. attention_bias, tie_word_embeddings)?")
 
 
-def _build_model(cfg: ModelConfig, source: _Source, mesh: jax.sharding.Mesh | None):
+def build_model(cfg: ModelConfig, source: TensorSource, mesh: jax.sharding.Mesh | None):
+    """The abstract model (`nnx.eval_shape`), its target shardings, then each param placed straight
+    onto its shards, one HF tensor at a time (host memory ~ the largest tensor)."""
     from openclaw_jax.models.decoder import Decoder
     from openclaw_jax.parallel.sharding import state_shardings
 
@@ -384,34 +392,60 @@ def _build_model(cfg: ModelConfig, source: _Source, mesh: jax.sharding.Mesh | No
     return nnx.merge(graphdef, nnx.from_flat_state(values))
 
 
-def _make_param(mp: TensorMapping, source: _Source, shape, dtype, sharding) -> jax.Array:
-    names = mp.names(shape[0]) if mp.stacked else [mp.hf_name]
-    converted: dict[str, np.ndarray] = {}
-
-    def layer(name: str) -> np.ndarray:
-        # Replicated params ask for the same layer once per device: convert each once.
-        if name not in converted:
-            raw = source.read(name)
-            try:
-                converted[name] = np.asarray(mp.to_ours(raw)).astype(dtype, copy=False)
-            except (OSError, ValueError) as e:
-                raise CheckpointError(f"{source.describe(name)}: cannot read tensor {name!r}: {e}") from e
-        return converted[name]
-
-    def shard(index: tuple[slice, ...]) -> np.ndarray:
-        if mp.stacked:
-            wanted = names[index[0]]
-            return np.ascontiguousarray(np.stack([layer(n)[index[1:]] for n in wanted]))
-        return np.ascontiguousarray(layer(names[0])[index])
-
-    return jax.make_array_from_callback(tuple(shape), sharding, shard)
+def _layer_sharding(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding:
+    """The sharding of one layer of a stacked param (its leading, unsharded "layers" axis dropped)."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = tuple(sharding.spec)
+        if spec and spec[0] is not None:
+            raise CheckpointError(f"internal: stacked params must not be sharded over layers (spec {sharding.spec})")
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
+    return sharding
 
 
-def _apply_dtype(cfg: ModelConfig, dtype: Any) -> ModelConfig:
-    if dtype is None:
+@functools.lru_cache(maxsize=None)
+def _placement_fns(shape: tuple[int, ...], dtype: np.dtype, sharding: jax.sharding.Sharding):
+    """Jitted (zeros, set layer i) for a stacked param: the stack is filled in place (donated)."""
+    zeros = jax.jit(lambda: jax.numpy.zeros(shape, dtype), out_shardings=sharding)
+    set_layer = jax.jit(lambda stack, layer, i: stack.at[i].set(layer), donate_argnums=0, out_shardings=sharding)
+    return zeros, set_layer
+
+
+def _make_param(mp: TensorMapping, source: TensorSource, shape, dtype, sharding) -> jax.Array:
+    """One param on its shards. Each HF tensor is read (memory-mapped), converted to our layout
+    and dtype once, and every device copies only its own slice; stacked params are filled one
+    layer at a time on the devices, so at most one converted HF tensor is on the host at once."""
+
+    def converted(name: str) -> np.ndarray:
+        raw = source.read(name)
+        try:
+            return np.asarray(mp.to_ours(raw)).astype(dtype, copy=False)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{source.describe(name)}: cannot read tensor {name!r}: {e}") from e
+
+    def place(value: np.ndarray, target_shape, target_sharding) -> jax.Array:
+        return jax.make_array_from_callback(tuple(target_shape), target_sharding,
+                                            lambda index: np.ascontiguousarray(value[index]))
+
+    if not mp.stacked:
+        return place(converted(mp.hf_name), shape, sharding)
+    zeros, set_layer = _placement_fns(tuple(shape), np.dtype(dtype), sharding)
+    layer_sharding = _layer_sharding(sharding)
+    stack = zeros()
+    for i, name in enumerate(mp.names(shape[0])):
+        layer = place(converted(name), shape[1:], layer_sharding)
+        stack = set_layer(stack, layer, np.int32(i))
+        del layer
+    return stack
+
+
+def apply_dtypes(cfg: ModelConfig, dtype: Any = None, param_dtype: Any = None) -> ModelConfig:
+    """`dtype` = compute dtype, `param_dtype` = dtype the params are stored in. Only `dtype` given:
+    both (pure precision, the old behaviour); only `param_dtype`: float32 compute."""
+    if dtype is None and param_dtype is None:
         return cfg
-    name = jax.numpy.dtype(dtype).name
-    return cfg.replace(dtype=name, param_dtype=name)
+    compute = jax.numpy.dtype(dtype).name if dtype is not None else "float32"
+    stored = jax.numpy.dtype(param_dtype).name if param_dtype is not None else compute
+    return cfg.replace(dtype=compute, param_dtype=stored)
 
 
 def read_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
@@ -425,20 +459,21 @@ def read_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_hf_checkpoint(model_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None,
-                       dtype: str | None = None):
-    """(Decoder, ModelConfig) from an HF directory. `dtype` sets both compute and param dtype."""
+                       dtype: str | None = None, param_dtype: str | None = None):
+    """(Decoder, ModelConfig) from an HF directory; dtypes as in `apply_dtypes`."""
     model_dir = Path(model_dir)
-    cfg = _apply_dtype(ModelConfig.from_hf_dict(read_hf_config(model_dir)), dtype)
-    source = _SafetensorsSource(model_dir)
-    model = _build_model(cfg, source, mesh)
+    cfg = apply_dtypes(ModelConfig.from_hf_dict(read_hf_config(model_dir)), dtype, param_dtype)
+    source = SafetensorsSource(model_dir)
+    model = build_model(cfg, source, mesh)
     logger.info("loaded %s checkpoint %s (%d layers, param dtype %s)", cfg.family, model_dir, cfg.num_layers,
                 cfg.param_dtype)
     return model, cfg
 
 
 def model_from_state_dict(cfg: ModelConfig, state_dict: Mapping[str, Any], mesh: jax.sharding.Mesh | None = None):
-    """A Decoder from `{hf_name: array}` (HF layout), each param placed straight on its shard."""
-    return _build_model(cfg, _DictSource(state_dict), mesh)
+    """A Decoder from `{hf_name: array}` (HF layout, or any lazy Mapping: tensors are read one at a
+    time), each param placed straight on its shards."""
+    return build_model(cfg, state_dict if isinstance(state_dict, TensorSource) else DictSource(state_dict), mesh)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,6 +63,62 @@ def _k_star(student_ids, teacher_ids, candidate_mask, token_mask, mode):
     return select_hint(overlap_counts(student_ids, teacher_ids), candidate_mask, token_mask, mode)
 
 
+def step_settings(cfg: ExperimentConfig) -> S.StepSettings:
+    """The static settings of the jitted phases for an experiment config."""
+    tcfg = cfg.trainer
+    compute = cfg.model.dtype if cfg.model.dtype != cfg.model.param_dtype else None
+    return S.StepSettings(loss_name=tcfg.method, loss=cfg.loss, temperature=tcfg.temperature, top_k=tcfg.top_k,
+                          chunk_size=tcfg.chunk_size, compute_dtype=compute,
+                          micro_batch_size=tcfg.micro_batch_size)
+
+
+def make_optimizer(cfg: ExperimentConfig):
+    opt = cfg.trainer.optimizer
+    return S.make_optimizer(opt.lr, warmup_steps=opt.warmup_steps, weight_decay=opt.weight_decay, b1=opt.b1,
+                            b2=opt.b2, eps=opt.eps, grad_clip=opt.grad_clip)
+
+
+def optimizer_shardings(tx, trainable: Any, mesh: jax.sharding.Mesh) -> Any:
+    """Shardings of `tx.init(trainable)`: every moment leaf like the param it mirrors (matched by
+    key-path suffix and shape), scalars (counts) replicated. Without this the init's outputs,
+    which do not depend on the params' values, may come out replicated on every device."""
+    by_path = {tuple(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(trainable)}
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def pick(path, leaf):
+        path = tuple(path)
+        for k in range(len(path)):
+            param = by_path.get(path[k:])
+            if param is not None and tuple(param.shape) == tuple(leaf.shape):
+                return param.sharding
+        return replicated
+
+    abstract = jax.eval_shape(tx.init, trainable)
+    return jax.tree_util.tree_map_with_path(pick, abstract)
+
+
+def jit_phases(cfg: ExperimentConfig, settings: S.StepSettings, tx, schedule, trainable_shardings,
+               opt_shardings) -> dict[str, Callable]:
+    """The jitted phases of one step, as the Trainer runs them (the planner lowers these same objects)."""
+    return {
+        "old_pass": jax.jit(functools.partial(S.old_pass, settings=settings)),
+        "teacher_pass": jax.jit(functools.partial(S.teacher_pass, settings=settings)),
+        "old_logprobs_at": jax.jit(functools.partial(S.old_logprobs_at, settings=settings)),
+        "importance": jax.jit(functools.partial(S.importance_weights, cap=cfg.trainer.importance_cap)),
+        "train_step": jax.jit(
+            functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule),
+            donate_argnums=(1, 3), out_shardings=(trainable_shardings, opt_shardings, None)),
+        "k_star": jax.jit(functools.partial(_k_star, mode=cfg.loss.hint_selection)),
+    }
+
+
+def batch_sharding(cfg: ExperimentConfig, mesh: jax.sharding.Mesh) -> NamedSharding:
+    """Batch rows over ("data", "fsdp") when they divide evenly, else replicated."""
+    n_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    even = cfg.trainer.rollout_batch_size % n_batch_shards == 0
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")) if even else PartitionSpec())
+
+
 class Trainer:
     """Student (full or LoRA) + frozen teacher on one mesh, optax state, and the step phases."""
 
@@ -73,23 +129,15 @@ class Trainer:
         tcfg = cfg.trainer
         self.trainable_filter = LoRAParam if cfg.model.lora.enabled else nnx.Param
         self.graphdef, self.trainable, self.frozen = nnx.split(student, self.trainable_filter, ...)
-        self.teacher_graphdef, self.teacher_state = nnx.split(teacher)
-        self.settings = S.StepSettings(loss_name=tcfg.method, loss=cfg.loss, temperature=tcfg.temperature,
-                                       top_k=tcfg.top_k, chunk_size=tcfg.chunk_size)
-        opt = tcfg.optimizer
-        self.tx, self.schedule = S.make_optimizer(opt.lr, warmup_steps=opt.warmup_steps,
-                                                  weight_decay=opt.weight_decay, b1=opt.b1, b2=opt.b2,
-                                                  eps=opt.eps, grad_clip=opt.grad_clip)
+        # The frozen teacher runs in the compute dtype only: hold it there (half the bytes in bf16).
+        self.teacher_graphdef, teacher_state = nnx.split(teacher)
+        self.teacher_state = jax.jit(functools.partial(S.cast_floating, dtype=cfg.model.dtype))(teacher_state)
+        self.settings = step_settings(cfg)
+        self.tx, self.schedule = make_optimizer(cfg)
         trainable_shardings = jax.tree.map(lambda x: x.sharding, self.trainable)
+        opt_shardings = optimizer_shardings(self.tx, self.trainable, mesh)
         with jax.set_mesh(mesh):
-            self.opt_state = jax.jit(self.tx.init)(self.trainable)
-        # every leaf of the checkpointed state lives on the mesh (orbax saves only global arrays
-        # when several processes write one checkpoint)
-        replicated = NamedSharding(mesh, PartitionSpec())
-        self.opt_state = jax.tree.map(
-            lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding) else multihost.place(
-                multihost.to_host(x), replicated), self.opt_state)
-        opt_shardings = jax.tree.map(lambda x: x.sharding, self.opt_state)
+            self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.trainable)
         self.step = 0
         self.sample_offset = 0
         # (step, first offset, end offset) trained since the last checkpoint; written to the
@@ -98,26 +146,21 @@ class Trainer:
         # k* per trained token and the hints of the last step, for TensorBoard
         self._last_k_star = np.zeros((0,), np.int32)
         self._last_hints: list[str] = []
-        self.rng = multihost.place(np.asarray(jax.random.key_data(jax.random.key(cfg.seed))), replicated)
+        self.rng = multihost.place(np.asarray(jax.random.key_data(jax.random.key(cfg.seed))), NamedSharding(mesh, PartitionSpec()))
         self.spec = BatchSpec(
             batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
             min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
             min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
             max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
             temperature=tcfg.temperature)
-        batch_axes = ("data", "fsdp")
-        n_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-        spec = PartitionSpec(batch_axes) if tcfg.rollout_batch_size % n_batch_shards == 0 else PartitionSpec()
-        self._batch_sharding = NamedSharding(mesh, spec)
-        st = self.settings
-        self._old_pass = jax.jit(functools.partial(S.old_pass, settings=st))
-        self._teacher_pass = jax.jit(functools.partial(S.teacher_pass, settings=st))
-        self._old_at = jax.jit(functools.partial(S.old_logprobs_at, settings=st))
-        self._importance = jax.jit(functools.partial(S.importance_weights, cap=tcfg.importance_cap))
-        self._train_step = jax.jit(
-            functools.partial(S.train_step, settings=st, optimizer=self.tx, lr_schedule=self.schedule),
-            donate_argnums=(1, 3), out_shardings=(trainable_shardings, opt_shardings, None))
-        self._k_star = jax.jit(functools.partial(_k_star, mode=cfg.loss.hint_selection))
+        self._batch_sharding = batch_sharding(cfg, mesh)
+        phases = jit_phases(cfg, self.settings, self.tx, self.schedule, trainable_shardings, opt_shardings)
+        self._old_pass = phases["old_pass"]
+        self._teacher_pass = phases["teacher_pass"]
+        self._old_at = phases["old_logprobs_at"]
+        self._importance = phases["importance"]
+        self._train_step = phases["train_step"]
+        self._k_star = phases["k_star"]
 
     # ------------------------------------------------------------------ state
 
@@ -135,13 +178,23 @@ class Trainer:
     def weight_version(self) -> str:
         return str(self.step)
 
-    def serving_model(self) -> nnx.Module:
-        """The current student as a plain model (LoRA merged) for serving and export."""
+    def serving_model(self, dtype: str | None = "compute") -> nnx.Module:
+        """The current student as a plain model (LoRA merged) for serving and export.
+
+        `dtype`: "compute" (model.dtype: what serving and weight sync get), "master"
+        (model.param_dtype: checkpoints/exports), or a dtype name. LoRA is merged in the master
+        dtype before any cast. The params are new arrays whenever a cast happens.
+        """
         model = nnx.merge(self.graphdef, self.trainable, self.frozen)
         if self.cfg.model.lora.enabled:
             from openclaw_jax.models.lora import merge_lora
 
             model = merge_lora(model)
+        target = {"compute": self.cfg.model.dtype, "master": self.cfg.model.param_dtype}.get(dtype, dtype)
+        if target is not None and target != self.cfg.model.param_dtype:
+            graphdef, state = nnx.split(model)
+            model = nnx.merge(graphdef, jax.jit(functools.partial(S.cast_floating, dtype=target))(state))
+            model.cfg = model.cfg.replace(param_dtype=target)
         return model
 
     # ------------------------------------------------------------------ one step

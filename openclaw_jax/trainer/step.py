@@ -13,6 +13,20 @@ jitted versions with explicit shardings, and calls them in order:
                     trainable params (full model or LoRA adapters), then the optax update.
 
 Models cross the jit boundary as (graphdef, state) pairs (`nnx.split` / `nnx.merge`).
+
+Precision: `settings.compute_dtype` (e.g. bfloat16) is the dtype the floating params are cast to
+inside each phase, before the model runs; the state passed in stays in its own dtype (float32
+master weights), so gradients and optimizer updates are float32. Norms, softmax, log-probs and
+losses are float32 in the decoder and the loss whatever the compute dtype.
+
+Micro-batches: with `settings.micro_batch_size` m > 0 every phase runs over micro-batches of m
+rows in a `lax.scan` (the old pass over B rows, the teacher pass over the B*C candidate rows, the
+train step accumulating float32 gradients), so activations are bounded by m rows whatever B is.
+Micro-batch i holds rows i, i + n, i + 2n, ... (n = B / m): with the batch sharded in contiguous
+blocks over the devices, every micro-batch stays spread over all of them. The loss of each
+micro-batch is divided by the real samples of the whole batch and metrics add up as (sum, count),
+so one step with micro-batches equals one step without (to float rounding).
+
 Response positions are addressed by `response_start[b]` (= prompt length): the hidden state
 that predicts response token t sits at sequence index `response_start[b] - 1 + t`.
 """
@@ -29,6 +43,7 @@ from flax import nnx
 
 from openclaw_jax import ops
 from openclaw_jax.losses import HybridBatch, LossConfig, get_loss
+from openclaw_jax.losses.policy import MetricStat, finalize_metrics
 
 
 @jax.tree_util.register_dataclass
@@ -85,9 +100,57 @@ class StepSettings:
     temperature: float = 1.0
     top_k: int = 4
     chunk_size: int = 128
+    compute_dtype: str | None = None   # cast floating params to this in every phase (None: as stored)
+    micro_batch_size: int = 0          # rows per micro-batch (0: the whole batch at once)
 
 
 jax.tree_util.register_static(StepSettings)
+
+
+def cast_floating(tree: Any, dtype: str | jnp.dtype | None) -> Any:
+    """`tree` with every floating leaf cast to `dtype` (integer leaves, e.g. RNG counts, unchanged)."""
+    if dtype is None:
+        return tree
+    dt = jnp.dtype(dtype)
+
+    def cast(x):
+        return x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt else x
+
+    return jax.tree.map(cast, tree)
+
+
+def num_micro_batches(rows: int, micro_batch_size: int) -> int:
+    """How many micro-batches `rows` rows split into (1 when micro-batching is off or too big)."""
+    if micro_batch_size <= 0 or micro_batch_size >= rows:
+        return 1
+    if rows % micro_batch_size:
+        raise ValueError(f"micro_batch_size={micro_batch_size} must divide the {rows} rows of the batch")
+    return rows // micro_batch_size
+
+
+def split_micro(tree: Any, n: int) -> Any:
+    """Leading dim B of every leaf -> `[n, B // n, ...]`; micro-batch i = rows i, i + n, i + 2n, ..."""
+    def split(x):
+        return jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
+
+    return jax.tree.map(split, tree)
+
+
+def join_micro(tree: Any) -> Any:
+    """Inverse of `split_micro`: `[n, m, ...]` -> `[n * m, ...]` in the original row order."""
+    def join(x):
+        return jnp.swapaxes(x, 0, 1).reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+    return jax.tree.map(join, tree)
+
+
+def _map_rows(fn, rows: Any, micro_batch_size: int) -> Any:
+    """`fn(rows)` computed over micro-batches in a scan (rows: a tree of `[B, ...]` arrays)."""
+    b = jax.tree.leaves(rows)[0].shape[0]
+    n = num_micro_batches(b, micro_batch_size)
+    if n == 1:
+        return fn(rows)
+    return join_micro(jax.lax.map(fn, split_micro(rows, n)))
 
 
 def gather_response(x: jax.Array, response_start: jax.Array, length: int) -> jax.Array:
@@ -101,12 +164,14 @@ def gather_response(x: jax.Array, response_start: jax.Array, length: int) -> jax
     return jnp.take_along_axis(x, idx, axis=1)
 
 
-def _merge(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], *, frozen: bool = True):
-    """Rebuild the model from one state or a tuple of split states (no gradient when `frozen`)."""
+def _merge(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], *, frozen: bool = True,
+           dtype: str | None = None):
+    """Rebuild the model from one state or a tuple of split states (no gradient when `frozen`),
+    floating params cast to `dtype`."""
     states = state if isinstance(state, tuple) else (state,)
     if frozen:
         states = jax.lax.stop_gradient(states)
-    return nnx.merge(graphdef, *states)
+    return nnx.merge(graphdef, *cast_floating(states, dtype))
 
 
 def _response_hidden(model, input_ids, response_start, length):
@@ -116,29 +181,41 @@ def _response_hidden(model, input_ids, response_start, length):
 
 def old_pass(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], inputs: StudentInputs,
              settings: StepSettings) -> OldPassOutput:
-    """Phase 1: old-policy log-probs of y_t and top-K (S^q), no gradient."""
-    model = _merge(graphdef, state)
+    """Phase 1: old-policy log-probs of y_t and top-K (S^q), no gradient (micro-batched)."""
+    model = _merge(graphdef, state, dtype=settings.compute_dtype)
     length = inputs.response_ids.shape[1]
-    hidden = _response_hidden(model, inputs.input_ids, inputs.response_start, length)
-    stats = ops.vocab_stats(hidden, model.lm_head_kernel(), ids=inputs.response_ids[..., None],
-                            top_k=settings.top_k, temperature=settings.temperature, chunk_size=settings.chunk_size)
-    return OldPassOutput(stats.logprobs_at_ids[..., 0], stats.topk_ids, stats.topk_logprobs, hidden)
+
+    def rows(x):
+        input_ids, response_start, response_ids = x
+        hidden = _response_hidden(model, input_ids, response_start, length)
+        stats = ops.vocab_stats(hidden, model.lm_head_kernel(), ids=response_ids[..., None], top_k=settings.top_k,
+                                temperature=settings.temperature, chunk_size=settings.chunk_size)
+        return OldPassOutput(stats.logprobs_at_ids[..., 0], stats.topk_ids, stats.topk_logprobs, hidden)
+
+    return _map_rows(rows, (inputs.input_ids, inputs.response_start, inputs.response_ids),
+                     settings.micro_batch_size)
 
 
 def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs, response_ids: jax.Array,
                  student_topk_ids: jax.Array, settings: StepSettings) -> TeacherPassOutput:
-    """Phase 2: the frozen teacher over all candidates as one [B*C, Lt] forward, no gradient."""
-    model = _merge(graphdef, state)
+    """Phase 2: the frozen teacher over all candidates as one batched [B*C, Lt] forward, no gradient
+    (micro-batched over the B*C rows)."""
+    model = _merge(graphdef, state, dtype=settings.compute_dtype)
     b, c, lt = inputs.input_ids.shape
     t, k = student_topk_ids.shape[1], student_topk_ids.shape[2]
     flat_ids = inputs.input_ids.reshape(b * c, lt)
     flat_start = inputs.response_start.reshape(b * c)
-    hidden = _response_hidden(model, flat_ids, flat_start, t)                      # [B*C, T, H]
     # One LM-head pass gives the teacher's own top-K, its log-prob of y_t and its log-probs at S^q.
     tokens = jnp.broadcast_to(response_ids[:, None, :, None], (b, c, t, 1))
     at_ids = jnp.concatenate([tokens, jnp.broadcast_to(student_topk_ids[:, None], (b, c, t, k))], axis=-1)
-    stats = ops.vocab_stats(hidden, model.lm_head_kernel(), ids=at_ids.reshape(b * c, t, 1 + k),
-                            top_k=settings.top_k, temperature=settings.temperature, chunk_size=settings.chunk_size)
+
+    def rows(x):
+        ids, start, at = x
+        hidden = _response_hidden(model, ids, start, t)                          # [rows, T, H]
+        return ops.vocab_stats(hidden, model.lm_head_kernel(), ids=at, top_k=settings.top_k,
+                               temperature=settings.temperature, chunk_size=settings.chunk_size)
+
+    stats = _map_rows(rows, (flat_ids, flat_start, at_ids.reshape(b * c, t, 1 + k)), settings.micro_batch_size)
     kt = stats.topk_ids.shape[-1]
     at = stats.logprobs_at_ids.reshape(b, c, t, 1 + k)
     return TeacherPassOutput(
@@ -152,7 +229,7 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
 def old_logprobs_at(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], old_hidden: jax.Array, ids: jax.Array,
                     settings: StepSettings) -> jax.Array:
     """Phase 3: l_old at `ids [B, C, T, K]` from the old response hidden states `[B, T, H]`."""
-    model = _merge(graphdef, state)
+    model = _merge(graphdef, state, dtype=settings.compute_dtype)
     b, c, t, k = ids.shape
     flat_ids = ids.transpose(0, 2, 1, 3).reshape(b, t, c * k)
     logp = ops.logprobs_at_ids(jax.lax.stop_gradient(old_hidden), model.lm_head_kernel(), flat_ids,
@@ -191,13 +268,46 @@ def assemble_batch(inputs: StudentInputs, teacher: TeacherInputs, old: OldPassOu
 
 
 def loss_fn(trainable: nnx.State, graphdef: nnx.GraphDef, frozen: nnx.State, inputs: StudentInputs,
-            batch: HybridBatch, settings: StepSettings) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The registered loss on the chunked path; differentiable w.r.t. `trainable`."""
-    model = nnx.merge(graphdef, trainable, frozen)
+            batch: HybridBatch, settings: StepSettings, sample_count: jax.Array | None = None
+            ) -> tuple[jax.Array, dict[str, MetricStat]]:
+    """The registered loss on the chunked path, metrics as (sum, count); differentiable w.r.t.
+    `trainable` (master dtype: the cast to the compute dtype is inside, so gradients come back in
+    the master dtype). `sample_count` is the real-sample count of the whole step's batch."""
+    model = nnx.merge(graphdef, *cast_floating((trainable, frozen), settings.compute_dtype))
     hidden = _response_hidden(model, inputs.input_ids, inputs.response_start, inputs.response_ids.shape[1])
-    return get_loss(settings.loss_name).chunked(
+    return get_loss(settings.loss_name).chunked_with_stats(
         hidden, model.lm_head_kernel(), batch, settings.loss,
-        temperature=settings.temperature, chunk_size=settings.chunk_size)
+        temperature=settings.temperature, chunk_size=settings.chunk_size, sample_count=sample_count)
+
+
+def loss_and_grads(trainable: nnx.State, graphdef: nnx.GraphDef, frozen: nnx.State, inputs: StudentInputs,
+                   batch: HybridBatch, settings: StepSettings
+                   ) -> tuple[jax.Array, dict[str, MetricStat], nnx.State]:
+    """(loss, metric stats, gradients) of the whole batch, accumulated over micro-batches."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    b = inputs.input_ids.shape[0]
+    n = num_micro_batches(b, settings.micro_batch_size)
+    if n == 1:
+        (loss, stats), grads = grad_fn(trainable, graphdef, frozen, inputs, batch, settings)
+        return loss, stats, grads
+    sample_count = jnp.maximum(jnp.sum(jnp.asarray(batch.sample_mask, jnp.float32) > 0), 1).astype(jnp.float32)
+    micro = split_micro((inputs, batch), n)
+
+    def body(carry, xs):
+        loss_acc, stats_acc, grads_acc = carry
+        (loss, stats), grads = grad_fn(trainable, graphdef, frozen, xs[0], xs[1], settings, sample_count)
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grads_acc, grads)
+        stats_acc = jax.tree.map(jnp.add, stats_acc, stats)
+        return (loss_acc + loss, stats_acc, grads_acc), None
+
+    # The carry's metric structure is that of one micro-batch's stats (shapes only, no compute).
+    first = jax.tree.map(lambda x: x[0], micro)
+    stats_shape = jax.eval_shape(lambda: loss_fn(trainable, graphdef, frozen, first[0], first[1], settings,
+                                                 sample_count)[1])
+    zeros_stats = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats_shape)
+    zeros_grads = jax.tree.map(jnp.zeros_like, trainable)
+    (loss, stats, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros_stats, zeros_grads), micro)
+    return loss, stats, grads
 
 
 def train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, opt_state: Any,
@@ -205,11 +315,10 @@ def train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, 
                optimizer: optax.GradientTransformation,
                lr_schedule: optax.Schedule | None = None) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """Phase 4: one optimizer update; returns (new trainable, new opt state, metrics)."""
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        trainable, graphdef, frozen, inputs, batch, settings)
+    loss, stats, grads = loss_and_grads(trainable, graphdef, frozen, inputs, batch, settings)
     updates, opt_state = optimizer.update(grads, opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
-    metrics = dict(metrics)
+    metrics = finalize_metrics(stats)
     metrics["loss"] = loss
     metrics["grad_norm"] = optax.global_norm(grads)
     if lr_schedule is not None:

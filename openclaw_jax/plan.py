@@ -1,0 +1,438 @@
+"""`python -m openclaw_jax.plan --config configs/<x>.yaml [key=value ...] --devices N [--json]`
+
+Ahead-of-time memory and FLOP plan of one trainer step, from a model's `config.json` alone (no
+weights, no tokenizer). The trainer's own jitted phases (`trainer.loop.jit_phases`: the same
+`jax.jit` objects `Trainer` calls) are lowered with abstract, sharded arguments
+(`jax.ShapeDtypeStruct`) at the largest bucket (`trainer.max_seq_len`) and compiled for N
+simulated CPU devices, as the config sets them up (mesh, dtypes, remat, micro-batches,
+attention). Per device and phase it reports XLA's argument, output and temporary bytes and the
+phase's peak: everything the trainer holds at that point (student master params, optimizer
+state, the teacher, the batch, earlier phases' outputs) plus the phase's outputs and temporaries
+(minus donated buffers). FLOPs are the matmul FLOPs of the compiled per-device programs, loops
+counted by their trip counts (XLA's own cost analysis counts a loop body once).
+
+The CPU compiler stands in for the GPU one: buffer sizes are those of the partitioned program,
+but fusion and scheduling differ, so treat the peak as an estimate with the headroom the
+`--device-memory` default leaves (80 GiB per device, the plan must stay under it).
+
+The model's config.json is found at `--model-config` (a file or directory), else in
+`model.path`, else in `configs/models/<basename of model.path, lower case>/` (shipped for
+Qwen3-4B and Qwen3-8B).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+_REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "models"
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4,
+          "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4}
+PHASES = ("old_pass", "teacher_pass", "old_logprobs_at", "train_step")
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB', '80 GB', '1.5e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 80GiB, 40GB or 1e9")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def find_model_config(model_path: str, explicit: str | None = None) -> Path:
+    """The config.json that describes `model_path` (see the module docstring for the search order)."""
+    tried = []
+    candidates = [Path(explicit)] if explicit else []
+    candidates += [Path(model_path), _REPO_CONFIGS / Path(model_path).name.lower()]
+    for c in candidates:
+        path = c / "config.json" if c.suffix != ".json" else c
+        tried.append(str(path))
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no config.json for model.path={model_path!r}; tried {tried}. Pass --model-config "
+                            f"(an HF config.json or its directory)")
+
+
+# ----------------------------------------------------------------------------- FLOPs from HLO
+
+_COMP_RE = re.compile(r"^(?:ENTRY\s+)?%(\S+)\s+\((.*)\)\s+->\s+.*\{\s*$")
+_INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s+=\s+(\(.*?\)|\S+?)(?:\{[^}]*\})?\s+([\w\-]+)\((.*)$")
+_SHAPE_RE = re.compile(r"^[a-z0-9]+\[([0-9,]*)\]")
+
+
+def _dims(shape: str) -> list[int] | None:
+    m = _SHAPE_RE.match(shape)
+    if not m:
+        return None
+    return [int(d) for d in m.group(1).split(",") if d]
+
+
+def hlo_loops_without_trip_count(hlo_text: str) -> int:
+    """While loops whose trip count XLA does not know (e.g. the blockwise attention's causal
+    loops, whose bounds depend on the block index): `hlo_matmul_flops` counts their body once."""
+    return sum(1 for line in hlo_text.splitlines()
+               if re.search(r"\swhile\(", line) and "known_trip_count" not in line)
+
+
+def hlo_matmul_flops(hlo_text: str) -> float:
+    """Matmul FLOPs (2 x output elements x contracted size) of a compiled HLO module; while
+    loops count `known_trip_count` times (once when unknown), fusions and calls once per execution."""
+    comps: dict[str, list[str]] = {}
+    params: dict[str, dict[str, list[int]]] = {}
+    entry = None
+    current = None
+    for line in hlo_text.splitlines():
+        m = _COMP_RE.match(line)
+        if m:
+            current = m.group(1)
+            comps[current] = []
+            params[current] = {}
+            if line.startswith("ENTRY"):
+                entry = current
+            for p in re.finditer(r"(\S+?):\s+([a-z0-9]+\[[0-9,]*\])", m.group(2)):
+                params[current][p.group(1)] = _dims(p.group(2)) or []
+            continue
+        if current is not None:
+            if line.strip() == "}":
+                current = None
+            else:
+                comps[current].append(line)
+    memo: dict[str, float] = {}
+
+    def flops(name: str) -> float:
+        if name in memo:
+            return memo[name]
+        memo[name] = 0.0
+        shapes = dict(params.get(name, {}))
+        total = 0.0
+        for line in comps.get(name, []):
+            m = _INSTR_RE.match(line)
+            if not m:
+                continue
+            var, shape, op, rest = m.groups()
+            dims = _dims(shape)
+            if dims is not None:
+                shapes[var] = dims
+            if op == "dot":
+                operands = re.findall(r"%([\w.\-]+)", rest.split(")")[0])
+                lhs = shapes.get(operands[0]) if operands else None
+                contract = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", rest)
+                if lhs is not None and dims is not None and contract:
+                    k = math.prod(lhs[int(i)] for i in contract.group(1).split(",") if i)
+                    total += 2.0 * math.prod(dims) * k
+            elif op == "while":
+                body = re.search(r"body=%([\w.\-]+)", rest)
+                trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', rest)
+                if body:
+                    total += (int(trip.group(1)) if trip else 1) * flops(body.group(1))
+            elif op == "conditional":
+                branches = re.findall(r"%([\w.\-]+)", rest.split("branch_computations=")[-1].split("}")[0])
+                total += max((flops(b) for b in branches), default=0.0)
+            else:
+                for callee in re.findall(r"calls=%([\w.\-]+)", rest):
+                    total += flops(callee)
+        memo[name] = total
+        return total
+
+    return flops(entry) if entry else 0.0
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def _nbytes(x) -> int:
+    """Per-device bytes of an abstract array (its shard shape under its sharding)."""
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+    return int(math.prod(shape)) * x.dtype.itemsize
+
+
+def _tree_bytes(tree) -> int:
+    import jax
+
+    return sum(_nbytes(x) for x in jax.tree.leaves(tree))
+
+
+def _abstract(state, shardings):
+    """The nnx State with every value replaced by a ShapeDtypeStruct carrying its sharding."""
+    import jax
+    from flax import nnx
+
+    def one(var, sharding):
+        value = var.get_value()
+        return var.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+
+    return jax.tree.map(one, state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _outputs(compiled, lowered):
+    import jax
+
+    return jax.tree.map(lambda info, s: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=s),
+                        lowered.out_info, compiled.output_shardings)
+
+
+def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = None,
+               device_memory: int = 80 * 1024 ** 3) -> dict[str, Any]:
+    """Compile every phase for the visible devices; the report as a dict (see `main`)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from openclaw_jax.models.config import ModelConfig
+    from openclaw_jax.models.decoder import Decoder
+    from openclaw_jax.models.lora import LoRAConfig, LoRAParam, add_lora
+    from openclaw_jax.models.weights import apply_dtypes
+    from openclaw_jax.parallel.mesh import make_mesh, state_shardings
+    from openclaw_jax.trainer import step as S
+    from openclaw_jax.trainer.loop import (batch_sharding, jit_phases, make_optimizer, optimizer_shardings,
+                                          step_settings)
+
+    mcfg = apply_dtypes(ModelConfig.from_hf_dict(hf_config), cfg.model.dtype, cfg.model.param_dtype)
+    mcfg = mcfg.replace(remat=cfg.model.remat)
+    mcfg = _with_model_options(mcfg, cfg)
+    mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
+    tcfg = cfg.trainer
+    B, C = tcfg.rollout_batch_size, cfg.gateway.max_candidates
+    L = tcfg.max_seq_len
+    T = response_len or L
+
+    def student():
+        model = Decoder(mcfg, rngs=nnx.Rngs(0))
+        if cfg.model.lora.enabled:
+            lc = cfg.model.lora
+            model = add_lora(model, LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets),
+                             rngs=nnx.Rngs(1))
+        return model
+
+    abstract_student = nnx.eval_shape(student)
+    trainable_filter = LoRAParam if cfg.model.lora.enabled else nnx.Param
+    graphdef, trainable, frozen = nnx.split(abstract_student, trainable_filter, ...)
+    tr_shard = state_shardings(trainable, mesh, mcfg.family)
+    fr_shard = state_shardings(frozen, mesh, mcfg.family)
+    trainable = _abstract(trainable, tr_shard)
+    frozen = _abstract(frozen, fr_shard)
+    tcfg_model = mcfg.replace(param_dtype=cfg.model.dtype)
+    teacher_graphdef, teacher_state = nnx.split(nnx.eval_shape(lambda: Decoder(tcfg_model, rngs=nnx.Rngs(0))))
+    teacher_state = _abstract(teacher_state, state_shardings(teacher_state, mesh, mcfg.family))
+
+    settings = step_settings(cfg)
+    tx, schedule = make_optimizer(cfg)
+    with jax.set_mesh(mesh):
+        init_lowered = jax.jit(tx.init, out_shardings=optimizer_shardings(tx, trainable, mesh)).lower(trainable)
+        init_compiled = init_lowered.compile()
+        opt_state = _outputs(init_compiled, init_lowered)
+        phases = jit_phases(cfg, settings, tx, schedule, jax.tree.map(lambda x: x.sharding, trainable),
+                            jax.tree.map(lambda x: x.sharding, opt_state))
+        bs = batch_sharding(cfg, mesh)
+
+        def arr(shape, dtype):
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=bs)
+
+        inputs = S.StudentInputs(input_ids=arr((B, L), jnp.int32), response_start=arr((B,), jnp.int32),
+                                 response_ids=arr((B, T), jnp.int32), response_mask=arr((B, T), jnp.float32),
+                                 advantages=arr((B, T), jnp.float32), rollout_logprobs=arr((B, T), jnp.float32),
+                                 sample_mask=arr((B,), jnp.float32))
+        tinputs = S.TeacherInputs(input_ids=arr((B, C, L), jnp.int32), response_start=arr((B, C), jnp.int32),
+                                  candidate_mask=arr((B, C), jnp.float32))
+        resident = {"student_params": _tree_bytes(trainable) + _tree_bytes(frozen),
+                    "optimizer_state": _tree_bytes(opt_state), "teacher_params": _tree_bytes(teacher_state),
+                    "batch": _tree_bytes(inputs) + _tree_bytes(tinputs)}
+        live = sum(resident.values())
+        report: dict[str, Any] = {}
+        state = (trainable, frozen)
+
+        def run(name, args, donated=0):
+            nonlocal live
+            lowered = phases[name].lower(*args)
+            compiled = lowered.compile()
+            mem = compiled.memory_analysis()
+            out = _outputs(compiled, lowered)
+            out_bytes = int(mem.output_size_in_bytes)
+            peak = live + out_bytes + int(mem.temp_size_in_bytes) - int(mem.alias_size_in_bytes)
+            report[name] = {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": out_bytes,
+                            "temp_bytes": int(mem.temp_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes),
+                            "live_before_bytes": live, "peak_bytes": peak,
+                            "flops": hlo_matmul_flops(compiled.as_text()),
+                            "loops_without_trip_count": hlo_loops_without_trip_count(compiled.as_text())}
+            live += out_bytes - donated
+            return out
+
+        old = run("old_pass", (graphdef, state, inputs))
+        teach = run("teacher_pass", (teacher_graphdef, teacher_state, tinputs, inputs.response_ids, old.topk_ids))
+        old_at = run("old_logprobs_at", (graphdef, state, old.hidden, teach.topk_ids))
+        batch = S.assemble_batch(inputs, tinputs, old, teach, old_at)
+        run("train_step", (graphdef, trainable, frozen, opt_state, inputs, batch),
+            donated=_tree_bytes(trainable) + _tree_bytes(opt_state))
+
+    n_dev = mesh.size
+    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
+    train_flops = report["train_step"]["flops"]
+    trained_tokens = B * L
+    peak = max(p["peak_bytes"] for p in report.values())
+    # Model FLOPs per token with attention (PaLM, appendix B): 6N + 12 * layers * heads * head_dim * L.
+    model_flops_per_token = 6.0 * n_params + 12.0 * mcfg.num_layers * mcfg.num_heads * mcfg.head_dim * L
+    attention_estimate = causal_attention_flops_per_token(mcfg, L) if report["train_step"][
+        "loops_without_trip_count"] else 0.0
+    return {
+        "model": {"family": mcfg.family, "layers": mcfg.num_layers, "hidden": mcfg.hidden_size,
+                  "vocab": mcfg.vocab_size, "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype,
+                  "remat": mcfg.remat, "attention": _attention_label(mcfg)},
+        "devices": n_dev, "mesh": dict(zip(mesh.axis_names, mesh.axis_sizes)),
+        "batch": {"rollout_batch_size": B, "candidates": C, "seq_len": L, "response_len": T,
+                  "micro_batch_size": tcfg.micro_batch_size, "top_k": tcfg.top_k, "chunk_size": tcfg.chunk_size},
+        "trainable_params": int(n_params),
+        "param_bytes": int(_tree_bytes(trainable)),
+        "optimizer_bytes": int(resident["optimizer_state"]),
+        "resident_bytes": resident,
+        "peak_bytes": int(peak),
+        "device_memory": int(device_memory),
+        "fits": bool(peak <= device_memory),
+        "flops_per_step": float(sum(p["flops"] for p in report.values()) * n_dev),
+        "train_step_flops": float(train_flops * n_dev),
+        "train_flops_per_token_over_6n": float(train_flops * n_dev / trained_tokens / (6.0 * n_params)),
+        "train_flops_per_token_over_model_flops": float(train_flops * n_dev / trained_tokens / model_flops_per_token),
+        # The blockwise kernel's causal loops have data-dependent trip counts (counted once above);
+        # their FLOPs estimated from the shapes (see causal_attention_flops_per_token):
+        "train_attention_flops_per_token_estimate": float(attention_estimate),
+        "train_flops_per_token_over_6n_with_attention_estimate": float(
+            (train_flops * n_dev / trained_tokens + attention_estimate) / (6.0 * n_params)),
+        "phases": report,
+    }
+
+
+def causal_attention_flops_per_token(mcfg, seq_len: int) -> float:
+    """Train-step FLOPs per token of the blockwise causal attention kernel (not in the HLO count).
+
+    Per visited (query block, key block) pair and head: forward 2 matmuls (QK^T, PV), recomputed
+    once more by the layer remat, backward 5 (QK^T again, dV, dP, dQ, dK): 9 matmuls of
+    2 * block^2 * head_dim. A query visits about (seq_len + block) / 2 keys under the causal mask.
+    """
+    from openclaw_jax.models.attention import default_block_size
+
+    block = getattr(mcfg, "attention_block_size", 0) or default_block_size()
+    visited = (seq_len + min(block, seq_len)) / 2.0
+    return 9 * 2.0 * visited * mcfg.head_dim * mcfg.num_heads * mcfg.num_layers
+
+
+def _attention_label(mcfg) -> str:
+    name = getattr(mcfg, "attention", "dense")
+    if name == "auto":  # the fused kernel needs a GPU: this CPU compile runs the blockwise one
+        return "auto (blockwise in this CPU compile; fused cuDNN on GPU)"
+    return name
+
+
+def _with_model_options(mcfg, cfg):
+    """Model options the experiment config sets beyond dtypes/remat (e.g. the attention kind)."""
+    attention = getattr(cfg.model, "attention", None)
+    if attention is not None and hasattr(mcfg, "attention"):
+        mcfg = mcfg.replace(attention=attention)
+    return mcfg
+
+
+GIB = 1024 ** 3
+
+
+def format_table(plan: dict[str, Any]) -> str:
+    b = plan["batch"]
+    lines = [
+        f"model {plan['model']['family']} {plan['model']['layers']}L hidden {plan['model']['hidden']} "
+        f"(params {plan['model']['param_dtype']}, compute {plan['model']['dtype']}, remat {plan['model']['remat']}, "
+        f"attention {plan['model']['attention']}); {plan['devices']} devices {plan['mesh']}",
+        f"batch {b['rollout_batch_size']} x {b['candidates']} candidates, seq {b['seq_len']}, response {b['response_len']}, "
+        f"micro-batch {b['micro_batch_size'] or 'whole'}, top-K {b['top_k']}",
+        f"trainable params {plan['trainable_params'] / 1e9:.3f} B: {plan['param_bytes'] / GIB:.2f} GiB/device; "
+        f"optimizer {plan['optimizer_bytes'] / GIB:.2f} GiB/device; teacher "
+        f"{plan['resident_bytes']['teacher_params'] / GIB:.2f} GiB/device",
+        "",
+        f"{'phase':<16}{'args GiB':>10}{'out GiB':>10}{'temp GiB':>10}{'live GiB':>10}{'peak GiB':>10}{'TFLOP/dev':>11}",
+    ]
+    for name, p in plan["phases"].items():
+        lines.append(f"{name:<16}{p['argument_bytes'] / GIB:>10.2f}{p['output_bytes'] / GIB:>10.2f}"
+                     f"{p['temp_bytes'] / GIB:>10.2f}{p['live_before_bytes'] / GIB:>10.2f}"
+                     f"{p['peak_bytes'] / GIB:>10.2f}{p['flops'] / 1e12:>11.2f}")
+    lines += [
+        "",
+        f"peak {plan['peak_bytes'] / GIB:.2f} GiB/device of {plan['device_memory'] / GIB:.1f} GiB: "
+        f"{'fits' if plan['fits'] else 'DOES NOT FIT'}",
+        f"FLOPs/step {plan['flops_per_step'] / 1e12:.1f} TFLOP (all devices); train step per trained token / "
+        f"(6 x params) = {plan['train_flops_per_token_over_6n']:.2f}; / (6 x params + 12 x layers x heads x "
+        f"head_dim x seq, attention included) = {plan['train_flops_per_token_over_model_flops']:.2f}",
+        *([f"  the blockwise attention's causal loops (trip counts known only at run time) are counted once in "
+           f"the HLO; with their estimated FLOPs the train step is "
+           f"{plan['train_flops_per_token_over_6n_with_attention_estimate']:.2f} x 6N per token"]
+          if plan["train_attention_flops_per_token_estimate"] else []),
+    ]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m openclaw_jax.plan",
+        description="Ahead-of-time memory/FLOP plan of one trainer step on N simulated devices, from config.json "
+                    "alone (no weights).",
+        epilog="Example: python -m openclaw_jax.plan --config configs/qwen3_4b_gpu.yaml --devices 4 "
+               "trainer.max_seq_len=4096")
+    p.add_argument("--config", action="append", default=[], metavar="YAML", required=True,
+                   help="experiment YAML (repeatable)")
+    p.add_argument("--devices", type=int, required=True, help="number of devices the trainer's mesh spans")
+    p.add_argument("--device-memory", type=parse_bytes, default=parse_bytes("80GiB"),
+                   help="memory per device, e.g. 80GiB (default) or 141GB")
+    p.add_argument("--model-config", default=None, help="HF config.json (or its directory); default: see above")
+    p.add_argument("--response-len", type=int, default=None,
+                   help="response bucket T (default: trainer.max_seq_len, the largest the batcher makes)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    return p
+
+
+def _device_flags(n: int) -> str:
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    return " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.devices < 1:
+        print(f"--devices={args.devices} must be >= 1", file=sys.stderr)
+        return 2
+    want = _device_flags(args.devices)
+    if "jax" in sys.modules and os.environ.get("XLA_FLAGS", "") != want:
+        # The device count is fixed when JAX starts: plan in a fresh process.
+        env = dict(os.environ, XLA_FLAGS=want, JAX_PLATFORMS="cpu")
+        return subprocess.run([sys.executable, "-m", "openclaw_jax.plan"] + list(argv or sys.argv[1:]),
+                              env=env).returncode
+    os.environ["XLA_FLAGS"] = want
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    from openclaw_jax.config import load_experiment_config
+    from openclaw_jax.configlib import ConfigError
+
+    try:
+        cfg = load_experiment_config(args.config, args.overrides)
+        path = find_model_config(cfg.model.path, args.model_config)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"plan error: {err}", file=sys.stderr)
+        return 2
+    import jax
+
+    if jax.device_count() != args.devices:
+        print(f"plan error: JAX sees {jax.device_count()} devices, not {args.devices}", file=sys.stderr)
+        return 2
+    plan = build_plan(cfg, json.loads(path.read_text()), response_len=args.response_len,
+                      device_memory=args.device_memory)
+    plan["model_config"] = str(path)
+    if args.json:
+        print(json.dumps(plan))
+    else:
+        print(format_table(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
