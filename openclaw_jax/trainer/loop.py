@@ -146,7 +146,9 @@ class Trainer:
         # k* per trained token and the hints of the last step, for TensorBoard
         self._last_k_star = np.zeros((0,), np.int32)
         self._last_hints: list[str] = []
-        self.rng = multihost.place(np.asarray(jax.random.key_data(jax.random.key(cfg.seed))), NamedSharding(mesh, PartitionSpec()))
+        # on the mesh like every checkpointed leaf (orbax saves only global arrays from several processes)
+        self.rng = multihost.place(np.asarray(jax.random.key_data(jax.random.key(cfg.seed))),
+                                   NamedSharding(mesh, PartitionSpec()))
         self.spec = BatchSpec(
             batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
             min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
