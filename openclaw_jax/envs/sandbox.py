@@ -189,7 +189,8 @@ class Sandbox:
         return {
             "root": str(self._host / "root"), "workdir": str(self.directory), "ro_paths": _ro_paths(),
             "tmp_mb": lim.tmp_mb, "uid": self.uid, "argv": argv, "status_fd": status_fd,
-            "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/tmp",
+            "env": {"PATH": os.path.dirname(_python_prefix()[0]) + ":/usr/local/bin:/usr/bin:/bin", "HOME": "/sandbox",
+                    "TMPDIR": "/tmp",
                     "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"},
             "limits": {"cpu_s": cpu, "memory_bytes": lim.memory_mb << 20, "file_size_bytes": lim.file_size_mb << 20,
                        "max_processes": lim.max_processes, "max_open_files": lim.max_open_files},
