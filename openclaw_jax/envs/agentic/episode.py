@@ -122,7 +122,9 @@ class ScriptedPolicy:
     async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float) -> Generation:
         text = self.turns.pop(0) if self.turns else "I am done."
         ids = list(self.tokenizer.encode(text)) + [self.eos]
-        return Generation(ids, [0.0] * len(ids), True, None)
+        stopped = len(ids) <= max_new_tokens  # like a real policy, cut at the token budget
+        ids = ids[:max_new_tokens]
+        return Generation(ids, [0.0] * len(ids), stopped, None)
 
 
 # ----------------------------------------------------------------------------- the episode
