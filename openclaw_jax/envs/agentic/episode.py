@@ -26,9 +26,8 @@ from openclaw_jax.inference.tool_calls import has_tool_call, parse_tool_calls
 
 log = logging.getLogger(__name__)
 
-TOOL_FORMAT = ('To use a tool, answer with only a tool call and nothing else:\n<tool_call>\n'
-               '{"name": "<tool name>", "arguments": {<arguments as JSON>}}\n</tool_call>\n'
-               'The tool\'s output comes back in the next message. When you are done, answer without a tool call.')
+TOOL_FORMAT = ('Call a tool with exactly:\n<tool_call>\n{"name": "<tool>", "arguments": {...}}\n</tool_call>\n'
+               'Its output comes back in the next message. When you are done, answer without a tool call.')
 
 
 class ToolError(Exception):
@@ -187,11 +186,17 @@ def uses_native_tools(tokenizer: Any) -> bool:
     return "tools" in template
 
 
+def _compact_tool(fn: dict[str, Any]) -> str:
+    """`name(arg: type, ...): description` -- a short description for small models' context."""
+    props = fn.get("parameters", {}).get("properties", {})
+    args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+    return f"{fn['name']}({args}): {fn.get('description', '')}"
+
+
 def opening_messages(env: Environment, task: Task, native_tools: bool) -> list[dict[str, Any]]:
     system = env.system_prompt
     if not native_tools and env.tools:
-        system += ("\n\nYou have these tools:\n" + "\n".join(json.dumps(t["function"], ensure_ascii=False)
-                                                            for t in env.tools) + "\n" + TOOL_FORMAT)
+        system += ("\n\nTools:\n" + "\n".join(_compact_tool(t["function"]) for t in env.tools) + "\n" + TOOL_FORMAT)
     return [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
 
 

@@ -48,7 +48,7 @@ def _generated(family: str, rng: random.Random) -> tuple[str, int, str]:
         a, b = rng.randint(1000, 99999), rng.randint(100, 9999)
         return f"What is {a} * {b}?", a * b, f"{a} * {b}"
     if family == "sum":
-        terms = [rng.randint(100, 99999) for _ in range(rng.randint(5, 8))]
+        terms = [rng.randint(100, 9999) for _ in range(rng.randint(4, 6))]
         expr = " + ".join(map(str, terms))
         return f"What is {expr}?", sum(terms), expr
     raise ValueError(f"unknown generated family {family!r}")
@@ -56,8 +56,7 @@ def _generated(family: str, rng: random.Random) -> tuple[str, int, str]:
 
 class ToolCallEnv(Environment):
     name = "toolcall"
-    system_prompt = ("You are a careful assistant that solves math problems. Use the python tool to compute; "
-                     "print the result. Then give the final answer as a number.")
+    system_prompt = "Solve the math problem: compute it with the python tool, then give the answer as a number."
     tools = [{"type": "function", "function": {
         "name": "python", "description": "Run Python code in a sandbox and return what it prints.",
         "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python code"}},
