@@ -147,3 +147,21 @@ def test_prm_step_advantages_and_samples_reach_the_batch(tok, tmp_path):
     # a conversation sample (no mask / per-token advantages) trains every token with its reward
     np.testing.assert_array_equal(packed.student["response_mask"][1, :2], [1, 1])
     np.testing.assert_array_equal(packed.student["advantages"][1, :2], [-1, -1])
+
+
+@pytest.mark.parametrize("config", ["toolcall_cpu", "terminal_cpu", "swe_cpu"])
+def test_demonstrations_fit_the_cpu_configs_limits(tok, config):
+    """Every demonstration solves its task within the config's episode limits and sequence length
+    (a demonstration cut by a limit would silently drop out of the warm-up)."""
+    from pathlib import Path
+
+    from openclaw_jax.config import load_experiment_config
+    from openclaw_jax.envs.agentic.run import episode_runner
+
+    cfg = load_experiment_config([str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml")])
+    env = make_env(cfg.agentic)
+    runner = episode_runner(cfg, env, tok)
+    for task in env.tasks("train", 12, seed=1) + env.tasks("heldout", 3, seed=0):
+        ep = asyncio.run(runner.run(task, ScriptedPolicy(tok, env.demonstration(task)), temperature=0.0))
+        assert ep.success, (task.task_id, ep.end_reason)
+        assert len(ep.prompt_ids) + len(ep.response_ids) <= cfg.trainer.max_seq_len, task.task_id

@@ -37,7 +37,7 @@ _REPOS = [
     ("last", "def last(xs):\n    return xs[-1]\n", ["last([1, 2, 3]) == 3", "last([7]) == 7"],
      ("    return xs[-1]", "    return xs[0]")),
     ("clamp", "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n",
-     ["clamp(5, 0, 3) == 3", "clamp(-2, 0, 3) == 0", "clamp(2, 0, 3) == 2"], ("        return hi", "        return lo")),
+     ["clamp(5, 0, 3) == 3", "clamp(-2, 0, 3) == 0", "clamp(2, 0, 3) == 2"], ("    if x > hi:", "    if x > lo:")),
     ("square", "def square(x):\n    return x * x\n", ["square(3) == 9", "square(-2) == 4"], ("    return x * x", "    return x + x")),
     ("count_words", "def count_words(s):\n    return len(s.split())\n", ["count_words('a b c') == 3", "count_words('') == 0"],
      ("    return len(s.split())", "    return len(s.split(' '))")),
@@ -52,7 +52,7 @@ _RUNNER = ("import sys, traceback\nimport test_lib\nfailed = 0\nfor name in sort
 
 def _repo_task(entry, split: str, i: int) -> Task:
     name, source, tests, (good, bad) = entry
-    assert good in source, name
+    assert source.count(good) == 1 and bad not in source, name  # the bug and its fix are unambiguous
     test_src = f"from lib import {name}\n\n\n" + "".join(
         f"def test_{name}_{k}():\n    assert {t}\n\n\n" for k, t in enumerate(tests))
     files = {"lib.py": source.replace(good, bad, 1), "test_lib.py": test_src, "run_tests.py": _RUNNER}
