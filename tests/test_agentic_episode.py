@@ -165,3 +165,18 @@ def test_demonstrations_fit_the_cpu_configs_limits(tok, config):
         ep = asyncio.run(runner.run(task, ScriptedPolicy(tok, env.demonstration(task)), temperature=0.0))
         assert ep.success, (task.task_id, ep.end_reason)
         assert len(ep.prompt_ids) + len(ep.response_ids) <= cfg.trainer.max_seq_len, task.task_id
+
+
+def test_prm_step_votes_from_the_judge(tok):
+    """The judge votes on each tool-calling step from the observation that followed it (the rule
+    judge: an error observation is -1, a passing test run +1); the final answer step gets 0."""
+    from openclaw_jax.envs.agentic.rollout import step_votes
+    from openclaw_jax.gateway.judge import RuleJudge
+
+    env = make_env(AgenticConfig(env="swe"))
+    task = env.tasks("train", 1, seed=0)[0]
+    turns = [format_tool_call("read_file", {"path": "nope.py"})] + env.demonstration(task)
+    ep = _run(env, tok, task, turns, EpisodeLimits(max_turns=6))
+    assert ep.success and ep.num_turns == 5
+    votes = asyncio.run(step_votes(RuleJudge(), ep))
+    assert votes[0] == -1 and votes[3] == 1 and votes[4] == 0, (votes, ep.observations)
