@@ -93,6 +93,8 @@ def warm_up(cfg, base, run_dir: Path):
             log.info("warm-up step %d/%d: loss %.4f", step + 1, a.warmup_steps, losses[-1])
     model = sft.model()
     save_hf_checkpoint(model, None, out, extra_config=base.hf_config)
+    if hasattr(base.tokenizer, "save_pretrained"):  # the cache must load on resume like any HF dir
+        base.tokenizer.save_pretrained(out)
     return dataclasses.replace(base, model=model)
 
 
