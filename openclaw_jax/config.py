@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from openclaw_jax.configlib import ConfigError, load_config
+from openclaw_jax.envs.agentic.config import AgenticConfig
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.losses import LossConfig
 
@@ -224,6 +225,7 @@ class ExperimentConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    agentic: AgenticConfig = field(default_factory=AgenticConfig)   # general agentic RL instead of the gateway
 
     def __post_init__(self):
         _require(bool(self.run_dir), "run_dir must be a directory path")

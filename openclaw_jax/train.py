@@ -208,6 +208,10 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             loop.add_signal_handler(sig, stop.set)
 
     base = await asyncio.to_thread(load_base_model, cfg)
+    if cfg.agentic.enabled and cfg.agentic.warmup_steps:  # SFT warm-up on demonstrations (cached in the run)
+        from openclaw_jax.envs.agentic.run import warm_up
+
+        base = await asyncio.to_thread(warm_up, cfg, base, run_dir)
     trainer = await asyncio.to_thread(build_trainer, cfg, base)
     checkpointer = Checkpointer(run_dir / "ckpt", max_to_keep=cfg.trainer.keep_checkpoints)
     resumed = await asyncio.to_thread(trainer.restore, checkpointer)
@@ -266,8 +270,9 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
         # --- gateway (judge + sample store) and simulated users: process 0 only
         evaluate = None
+        agentic = None
         env_tasks: list[asyncio.Task] = []
-        if is_main:
+        if is_main and not cfg.agentic.enabled:
             gw_cfg = dataclasses.replace(cfg.gateway, policy_urls=tuple(policy_urls),
                                          store_dir=str(run_dir / "samples"), model=base.model_dir)
             gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=base.tokenizer)
@@ -275,7 +280,28 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
             summary["gateway_url"] = gateway_url
 
-        if is_main and cfg.env.enabled:
+        if is_main and cfg.agentic.enabled:  # group rollouts of an environment feed the store instead
+            from openclaw_jax.envs.agentic.run import AgenticDriver
+
+            agentic = await AgenticDriver(cfg, policy_urls, base.tokenizer, store_dir=str(run_dir / "samples"),
+                                          offset_fn=lambda: trainer.sample_offset).start()
+            cleanups.append(agentic.close)
+            summary["heldout"] = []
+
+            async def evaluate(step: int) -> float:
+                record = await agentic.evaluate(step, writer)
+                record["time_s"] = time.monotonic() - t_start
+                summary["heldout"].append(record)
+                progress.update(heldout=record["heldout_success"])
+                with open(run_dir / "eval.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                log.info("held-out success at step %d: %.3f %s", step, record["heldout_success"], record["per_family"])
+                return record["heldout_success"]
+
+            await evaluate(trainer.step)
+            env_tasks.append(asyncio.create_task(agentic.drive(stop)))
+
+        elif is_main and cfg.env.enabled:
             from openclaw_jax.envs.runner import EnvRunner
 
             env = EnvRunner(cfg, gateway_url, store_dir=str(run_dir / "samples"), api_key=cfg.gateway.api_key,
@@ -299,9 +325,12 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             progress.update(step=f"{step}/{cfg.trainer.max_steps}", loss=metrics.get("loss", float("nan")),
                             reward=metrics.get("rollout/reward", float("nan")),
                             waiting=int(metrics.get("samples/waiting", 0)))
+            if agentic is not None:
+                agentic.log_rollouts(step, writer)
             if cfg.trainer.export_every and step % cfg.trainer.export_every == 0:
                 await asyncio.to_thread(export, trainer, base, run_dir)
-            if evaluate is not None and cfg.env.eval_every and step % cfg.env.eval_every == 0 \
+            eval_every = cfg.agentic.eval_every if cfg.agentic.enabled else cfg.env.eval_every
+            if evaluate is not None and eval_every and step % eval_every == 0 \
                     and step < cfg.trainer.max_steps:
                 await evaluate(step)
 

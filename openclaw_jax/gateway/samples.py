@@ -106,6 +106,12 @@ class Sample:
     finish_reason: str = ""
     sample_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: float = field(default_factory=time.time)
+    # Multi-turn (agentic) samples: which response tokens are trained (1) and which are context the
+    # environment appended (0, e.g. tool observations), and a per-token advantage (e.g. the
+    # group-normalised GRPO advantage, per step with PRM votes). None: every response token is
+    # trained with advantage `reward` (a conversation turn).
+    loss_mask: list[int] | None = None
+    token_advantages: list[float] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLE_KINDS:
@@ -116,6 +122,11 @@ class Sample:
                 "log-probs; they must be one per response token")
         if not self.response_ids:
             raise SampleError("sample has no response tokens; an empty response cannot be trained on")
+        for name in ("loss_mask", "token_advantages"):
+            value = getattr(self, name)
+            if value is not None and len(value) != len(self.response_ids):
+                raise SampleError(f"sample has {len(self.response_ids)} response ids but {len(value)} {name} "
+                                  "entries; they must be one per response token (or None)")
         if len(self.hints) != len(self.hint_prompt_ids):
             raise SampleError(
                 f"sample has {len(self.hints)} hints but {len(self.hint_prompt_ids)} hint prompts; "

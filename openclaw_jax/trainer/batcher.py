@@ -129,8 +129,9 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         student["input_ids"][i, p:p + r] = s.response_ids
         student["response_start"][i] = p
         student["response_ids"][i, :r] = s.response_ids
-        student["response_mask"][i, :r] = 1.0
-        student["advantages"][i, :r] = float(s.reward)
+        student["response_mask"][i, :r] = 1.0 if s.loss_mask is None else np.asarray(s.loss_mask, np.float32)
+        student["advantages"][i, :r] = (float(s.reward) if s.token_advantages is None
+                                        else np.asarray(s.token_advantages, np.float32))
         student["rollout_logprobs"][i, :r] = np.maximum(np.asarray(s.rollout_logprobs, np.float32), -1e4)
         student["sample_mask"][i] = 1.0
         for j, prompt in enumerate(teacher_prompts(s, spec)):

@@ -1,0 +1,374 @@
+"""Episodes: a task's opening messages and tools, assistant turns from the policy pool, tool
+observations from the environment, until a final answer or a limit (DESIGN section 13).
+
+Token-exact: the opening prompt is rendered with the chat template once; afterwards every
+assistant turn appends exactly the `output_ids` the pool returned (trained, loss mask 1, with
+their rollout log-probs) and every observation appends the tokens the chat template renders for
+the new tool messages (untrained context, loss mask 0). Nothing sampled is ever re-tokenised.
+
+A tool call the agent gets wrong -- unparsable `<tool_call>` JSON, an unknown tool, bad
+arguments, a tool that fails, an oversized output -- becomes an error observation the agent sees;
+the episode goes on. Limits: assistant turns, new tokens per turn, response tokens per episode
+(assistant + observations), wall time.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from openclaw_jax.inference.tool_calls import has_tool_call, parse_tool_calls
+
+log = logging.getLogger(__name__)
+
+TOOL_FORMAT = ('Call a tool with exactly:\n<tool_call>\n{"name": "<tool>", "arguments": {...}}\n</tool_call>\n'
+               'Its output comes back in the next message. When you are done, answer without a tool call.')
+
+
+class ToolError(Exception):
+    """A tool call the environment refuses or that failed; its message becomes the observation."""
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    prompt: str                                  # the user's opening message
+    answer: Any = None                           # what the checker compares with (environment-specific)
+    data: dict[str, Any] = field(default_factory=dict)
+    family: str = ""
+
+
+class Environment(abc.ABC):
+    """One kind of agentic task: its tools, task sets, tool execution and checker."""
+
+    name: str = ""
+    system_prompt: str = "You are a helpful assistant."
+    tools: list[dict[str, Any]] = []
+
+    @abc.abstractmethod
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """`n` tasks of `split` ("train" or "heldout"); the two splits never share a task."""
+
+    async def start(self, task: Task) -> Any:
+        """Per-episode state (e.g. a prepared sandbox directory)."""
+        return None
+
+    @abc.abstractmethod
+    async def call(self, state: Any, task: Task, name: str, arguments: dict[str, Any]) -> str:
+        """Run one tool call; raise ToolError for a call the agent got wrong."""
+
+    @abc.abstractmethod
+    async def score(self, state: Any, task: Task, final_text: str) -> float:
+        """The outcome reward in [0, 1] (1 = solved)."""
+
+    async def close(self, state: Any) -> None:
+        return None
+
+    @abc.abstractmethod
+    def demonstration(self, task: Task) -> list[str]:
+        """Assistant turns that solve `task` (tool calls as text); used for the SFT warm-up."""
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+@dataclass(frozen=True)
+class Generation:
+    output_ids: list[int]
+    logprobs: list[float]
+    stopped: bool                    # ended on an end-of-turn token (not cut by the token limit)
+    weight_version: str | None = None
+
+
+class Policy(Protocol):
+    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float) -> Generation: ...
+
+
+class PoolPolicy:
+    """Assistant turns from a policy pool (`rollout.client.PoolClient`), with exact ids and log-probs."""
+
+    def __init__(self, client: Any, *, top_p: float = 1.0, seed: int | None = None):
+        self.client = client
+        self.top_p = top_p
+        self.seed = seed
+
+    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float) -> Generation:
+        params = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_p": self.top_p,
+                  "top_k": -1}
+        result = await self.client.generate(list(input_ids), sampling_params=params, return_logprob=True)
+        stopped = result.finish_reason is not None and result.finish_reason.type == "stop"
+        return Generation(list(result.output_ids), [float(x) for x in result.output_logprobs], stopped,
+                          result.weight_version)
+
+
+class ScriptedPolicy:
+    """Replays fixed assistant turns (demonstrations): each is encoded and closed with the end-of-turn token."""
+
+    def __init__(self, tokenizer: Any, turns: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.turns = list(turns)
+        self.eos = int(tokenizer.eos_token_ids[0])
+
+    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float) -> Generation:
+        text = self.turns.pop(0) if self.turns else "I am done."
+        ids = list(self.tokenizer.encode(text)) + [self.eos]
+        stopped = len(ids) <= max_new_tokens  # like a real policy, cut at the token budget
+        ids = ids[:max_new_tokens]
+        return Generation(ids, [0.0] * len(ids), stopped, None)
+
+
+# ----------------------------------------------------------------------------- the episode
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 4                  # assistant turns
+    max_new_tokens: int = 128           # per assistant turn
+    max_response_tokens: int = 768      # assistant + observation tokens after the prompt
+    max_observation_chars: int = 1024   # longer tool output is cut (and the agent is told)
+    max_calls_per_turn: int = 4
+    timeout_s: float = 300.0            # wall time of the whole episode
+
+    def __post_init__(self):
+        for name in ("max_turns", "max_new_tokens", "max_response_tokens", "max_observation_chars",
+                     "max_calls_per_turn"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"episode limit {name}={getattr(self, name)} must be > 0")
+        if not self.timeout_s > 0:
+            raise ValueError(f"episode limit timeout_s={self.timeout_s} must be > 0")
+
+
+@dataclass
+class Episode:
+    task: Task
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[tuple[int, int]] = field(default_factory=list)   # [start, end) of each assistant turn
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation as text
+    observations: list[str] = field(default_factory=list)         # per assistant turn ("" for the last)
+    final_text: str = ""
+    reward: float = 0.0
+    end_reason: str = ""      # answer | max_turns | max_tokens | length | timeout
+    tool_calls: int = 0
+    tool_errors: int = 0
+    sandbox_timeouts: int = 0
+    weight_versions: list[str | None] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def success(self) -> bool:
+        return self.reward >= 1.0
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    def _append(self, ids: Sequence[int], trained: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.response_ids.extend(int(i) for i in ids)
+        self.loss_mask.extend([1 if trained else 0] * len(ids))
+        self.logprobs.extend(float(x) for x in (logprobs if logprobs is not None else [0.0] * len(ids)))
+
+
+def uses_native_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders `tools` itself (Qwen) or we describe them in the system prompt."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "tools" in template
+
+
+def _compact_tool(fn: dict[str, Any]) -> str:
+    """`name(arg: type, ...): description` -- a short description for small models' context."""
+    props = fn.get("parameters", {}).get("properties", {})
+    args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+    return f"{fn['name']}({args}): {fn.get('description', '')}"
+
+
+def opening_messages(env: Environment, task: Task, native_tools: bool) -> list[dict[str, Any]]:
+    system = env.system_prompt
+    if not native_tools and env.tools:
+        system += ("\n\nTools:\n" + "\n".join(_compact_tool(t["function"]) for t in env.tools) + "\n" + TOOL_FORMAT)
+    return [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    name: str | None
+    arguments: dict[str, Any] | None
+    error: str | None
+
+
+def parse_assistant_turn(text: str, tool_names: Sequence[str], max_calls: int) -> tuple[str, list[_Attempt]]:
+    """(content, tool-call attempts); no `<tool_call>` at all = a final answer (no attempts)."""
+    if not has_tool_call(text):
+        return text, []
+    content, calls = parse_tool_calls(text, None)
+    if not calls:
+        return content, [_Attempt(None, None, "malformed tool call: write <tool_call> followed by one JSON object "
+                                              '{"name": ..., "arguments": {...}} and </tool_call>')]
+    attempts = []
+    for call in calls[:max_calls]:
+        if call.name not in tool_names:
+            attempts.append(_Attempt(call.name, None, f"unknown tool {call.name!r}; the tools are "
+                                                       f"{', '.join(tool_names)}"))
+            continue
+        try:
+            args = json.loads(call.arguments)
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            attempts.append(_Attempt(call.name, None, f"the arguments of {call.name} must be a JSON object"))
+            continue
+        attempts.append(_Attempt(call.name, args, None))
+    if len(calls) > max_calls:
+        attempts.append(_Attempt(None, None, f"too many tool calls in one turn; at most {max_calls} run"))
+    return content, attempts
+
+
+class EpisodeRunner:
+    """Runs episodes of one environment against a policy; renders with the tokenizer's chat template."""
+
+    def __init__(self, env: Environment, tokenizer: Any, limits: EpisodeLimits = EpisodeLimits(), *,
+                 native_tools: bool | None = None):
+        self.env = env
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.native_tools = uses_native_tools(tokenizer) if native_tools is None else native_tools
+        self.tool_names = [t["function"]["name"] for t in env.tools]
+        self.eos_ids = {int(i) for i in tokenizer.eos_token_ids}
+
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        tools = self.env.tools if self.native_tools and self.env.tools else None
+        return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
+                                                  tokenize=False)
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        return list(self.tokenizer.encode(self._render(opening_messages(self.env, task, self.native_tools), True)))
+
+    def observation_ids(self, history: list[dict[str, Any]], new: list[dict[str, Any]], last_token: int) -> list[int]:
+        """Tokens that follow the last assistant turn (which ended on `last_token`) once `new` is appended."""
+        before = self._render(history, False)
+        after = self._render(history + new, True)
+        if not after.startswith(before):
+            raise RuntimeError("the chat template re-renders earlier messages when tool messages are appended; "
+                               "token-exact episodes need a prefix-stable template")
+        tail = ""
+        if last_token in self.eos_ids:  # what the template puts after the end-of-turn token (e.g. "\n")
+            eos_text = self.tokenizer.decode([last_token])
+            cut = before.rfind(eos_text)
+            tail = before[cut + len(eos_text):] if cut >= 0 else ""
+        return list(self.tokenizer.encode(tail + after[len(before):]))
+
+    def _text(self, ids: Sequence[int]) -> str:
+        body = list(ids[:-1]) if ids and int(ids[-1]) in self.eos_ids else list(ids)
+        return self.tokenizer.decode(body, skip_special_tokens=False)
+
+    async def _observe(self, state: Any, task: Task, attempt: _Attempt, episode: Episode) -> str:
+        if attempt.error is not None:
+            episode.tool_errors += 1
+            return "Error: " + attempt.error
+        episode.tool_calls += 1
+        try:
+            out = await self.env.call(state, task, attempt.name, attempt.arguments or {})
+        except ToolError as err:
+            episode.tool_errors += 1
+            if "timed out" in str(err):
+                episode.sandbox_timeouts += 1
+            return f"Error: {err}"
+        except Exception as err:  # noqa: BLE001 - a broken tool is the environment's bug, not a crashed rollout
+            log.exception("tool %s failed", attempt.name)
+            episode.tool_errors += 1
+            return f"Error: the tool failed ({type(err).__name__})"
+        limit = self.limits.max_observation_chars
+        if len(out) > limit:
+            episode.tool_errors += 1
+            out = out[:limit] + f"\n[output truncated: {len(out) - limit} more characters]"
+        return out
+
+    async def run(self, task: Task, policy: Policy, *, temperature: float) -> Episode:
+        t0 = time.monotonic()
+        deadline = t0 + self.limits.timeout_s
+        history = opening_messages(self.env, task, self.native_tools)
+        episode = Episode(task=task, prompt_ids=self.prompt_ids(task), messages=list(history))
+        state = await self.env.start(task)
+        try:
+            try:
+                await asyncio.wait_for(self._turns(task, policy, temperature, state, history, episode),
+                                       timeout=max(deadline - time.monotonic(), 1e-3))
+            except asyncio.TimeoutError:
+                episode.end_reason = "timeout"
+            episode.reward = float(await self.env.score(state, task, episode.final_text))
+        finally:
+            await self.env.close(state)
+        episode.wall_s = time.monotonic() - t0
+        return episode
+
+    async def _turns(self, task, policy, temperature, state, history, episode: Episode) -> None:
+        lim = self.limits
+        for turn in range(lim.max_turns):
+            budget = min(lim.max_new_tokens, lim.max_response_tokens - len(episode.response_ids))
+            if budget <= 0:
+                episode.end_reason = "max_tokens"
+                return
+            gen = await policy.generate(episode.prompt_ids + episode.response_ids, max_new_tokens=budget,
+                                        temperature=temperature)
+            if not gen.output_ids:
+                episode.end_reason = "length"
+                return
+            start = len(episode.response_ids)
+            episode._append(gen.output_ids, True, gen.logprobs)
+            episode.turns.append((start, len(episode.response_ids)))
+            episode.weight_versions.append(gen.weight_version)
+            text = self._text(gen.output_ids)
+            history.append({"role": "assistant", "content": text})
+            episode.messages.append(history[-1])
+            content, attempts = parse_assistant_turn(text, self.tool_names, lim.max_calls_per_turn)
+            if not gen.stopped:  # cut by the token limit: no well-formed turn to act on
+                episode.final_text = text
+                episode.end_reason = "length"
+                episode.observations.append("")
+                return
+            if not attempts:
+                episode.final_text = content
+                episode.end_reason = "answer"
+                episode.observations.append("")
+                return
+            new = []
+            for attempt in attempts:
+                obs = await self._observe(state, task, attempt, episode)
+                msg = {"role": "tool", "content": obs}
+                if attempt.name:
+                    msg["name"] = attempt.name
+                new.append(msg)
+            episode.observations.append("\n".join(m["content"] for m in new))
+            if turn == lim.max_turns - 1:
+                episode.end_reason = "max_turns"
+                return
+            obs_ids = self.observation_ids(history, new, int(gen.output_ids[-1]))
+            if len(episode.response_ids) + len(obs_ids) >= lim.max_response_tokens:
+                episode.end_reason = "max_tokens"
+                return
+            episode._append(obs_ids, False)
+            history.extend(new)
+            episode.messages.extend(new)
+        episode.end_reason = "max_turns"
+
+
+def oldest_version(versions: Sequence[str | None]) -> str | None:
+    """The oldest weight version an episode was generated with (staleness uses it)."""
+    parsed = []
+    for v in versions:
+        try:
+            parsed.append((int(str(v).split("-")[-1]), v))
+        except (TypeError, ValueError):
+            continue
+    return min(parsed)[1] if parsed else None

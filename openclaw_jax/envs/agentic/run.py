@@ -1,0 +1,181 @@
+"""The agentic run mode of `python -m openclaw_jax.train` (`agentic.enabled: true`).
+
+`train.py` builds the model, trainer and policy pool as for conversations; instead of the gateway
+and simulated users it runs an `AgenticDriver`: group rollouts of the configured environment against
+the pool, written to the same durable sample store the trainer consumes (same staleness bound,
+same hybrid loss), a greedy held-out evaluation at the start, every `agentic.eval_every` steps and at
+the end, and rollout metrics to TensorBoard. `warm_up` is the optional SFT warm-up on generated
+demonstrations, run before the trainer is built (the frozen teacher starts from the warmed model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from openclaw_jax.envs.agentic import EpisodeLimits, EpisodeRunner, PoolPolicy, ScriptedPolicy, make_env
+from openclaw_jax.envs.agentic.rollout import GroupRollouts, evaluate
+
+log = logging.getLogger(__name__)
+
+
+def episode_runner(cfg, env, tokenizer) -> EpisodeRunner:
+    a = cfg.agentic
+    limits = EpisodeLimits(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
+                           max_response_tokens=a.max_response_tokens, max_observation_chars=a.max_observation_chars,
+                           timeout_s=a.episode_timeout_s)
+    native = None if a.tool_prompt == "auto" else a.tool_prompt == "native"
+    return EpisodeRunner(env, tokenizer, limits, native_tools=native)
+
+
+async def demonstrations(runner: EpisodeRunner, tasks) -> list[tuple[list[int], list[int]]]:
+    """(context ids, assistant-turn ids) per assistant turn of each task's demonstration, with the
+    observations produced by really running its tool calls."""
+    sem = asyncio.Semaphore(8)
+
+    async def one(task):
+        async with sem:
+            episode = await runner.run(task, ScriptedPolicy(runner.tokenizer, runner.env.demonstration(task)),
+                                       temperature=0.0)
+        if not episode.success:
+            log.warning("demonstration of %s does not solve it (reward %s); skipped", task.task_id, episode.reward)
+            return []
+        ids = episode.prompt_ids + episode.response_ids
+        p = len(episode.prompt_ids)
+        return [(ids[:p + s], ids[p + s:p + e]) for s, e in episode.turns]
+
+    out = []
+    for pairs in await asyncio.gather(*(one(t) for t in tasks)):
+        out.extend(pairs)
+    return out
+
+
+def warm_up(cfg, base, run_dir: Path):
+    """SFT on generated demonstrations (cached in <run_dir>/warmup); returns `base` with the warmed model."""
+    import dataclasses
+
+    import numpy as np
+
+    from openclaw_jax.models.hub import load_pretrained
+    from openclaw_jax.models.weights import save_hf_checkpoint
+    from openclaw_jax.trainer.sft import SFTTrainer
+
+    a = cfg.agentic
+    out = run_dir / "warmup"
+    if (out / "config.json").exists():
+        log.info("loading the warmed-up model from %s", out)
+        model = load_pretrained(str(out), dtype=cfg.model.param_dtype).model
+        return dataclasses.replace(base, model=model)
+    env = make_env(a)
+    runner = episode_runner(cfg, env, base.tokenizer)
+    # demonstrations come from training tasks the RL stream reaches last (a different seed)
+    tasks = env.tasks("train", a.warmup_examples, seed=a.seed + 7919)
+    t0 = time.monotonic()
+    pairs = asyncio.run(demonstrations(runner, tasks))
+    if not pairs:
+        raise RuntimeError(f"no demonstration of agentic.env={a.env} solved its task; cannot warm up")
+    log.info("warm-up: %d assistant turns from %d demonstrations in %.1f s", len(pairs), len(tasks),
+             time.monotonic() - t0)
+    pad = base.tokenizer.pad_token_id
+    sft = SFTTrainer(base.model, lr=a.warmup_lr, pad_id=int(pad) if pad is not None else 0,
+                     chunk_size=cfg.trainer.chunk_size)
+    rng = np.random.default_rng(a.seed)
+    losses = []
+    for step in range(a.warmup_steps):
+        idx = rng.choice(len(pairs), size=min(a.warmup_batch_size, len(pairs)), replace=False)
+        # similar lengths per batch keep the padded shapes (and compiles) few
+        batch = sorted((pairs[i] for i in idx), key=lambda p: len(p[0]) + len(p[1]))
+        losses.append(sft.step(batch))
+        if step % 10 == 0 or step == a.warmup_steps - 1:
+            log.info("warm-up step %d/%d: loss %.4f", step + 1, a.warmup_steps, losses[-1])
+    model = sft.model()
+    save_hf_checkpoint(model, None, out, extra_config=base.hf_config)
+    if hasattr(base.tokenizer, "save_pretrained"):  # the cache must load on resume like any HF dir
+        base.tokenizer.save_pretrained(out)
+    return dataclasses.replace(base, model=model)
+
+
+def _judge(cfg, client, tokenizer):
+    from openclaw_jax.gateway.judge import ModelJudge, RuleJudge
+
+    g = cfg.gateway
+    if g.judge == "rule":
+        return RuleJudge()
+    return ModelJudge(client, tokenizer, votes=g.judge_votes, temperature=g.judge_temperature,
+                      max_new_tokens=g.judge_max_new_tokens, timeout_s=g.judge_timeout_s)
+
+
+class AgenticDriver:
+    """Group rollouts into the store while the trainer trains; held-out evaluation; metrics."""
+
+    def __init__(self, cfg, policy_urls: list[str], tokenizer, *, store_dir: str, offset_fn: Callable[[], int]):
+        self.cfg = cfg
+        self.policy_urls = policy_urls
+        self.tokenizer = tokenizer
+        self.store_dir = store_dir
+        self.offset_fn = offset_fn
+        a = cfg.agentic
+        self.env = make_env(a)
+        self.runner = episode_runner(cfg, self.env, tokenizer)
+        self.heldout = self.env.tasks("heldout", a.heldout_tasks, seed=a.seed)
+        self.train_tasks = self.env.tasks("train", a.train_tasks, seed=a.seed)
+        self.backlog = a.backlog or 2 * cfg.trainer.rollout_batch_size
+        self.client = None
+        self.store = None
+        self.rollouts: GroupRollouts | None = None
+        self._reader = None
+
+    async def start(self) -> "AgenticDriver":
+        from openclaw_jax.gateway.samples import SampleStore
+        from openclaw_jax.rollout.client import PoolClient
+
+        a = self.cfg.agentic
+        self.client = await PoolClient(self.policy_urls, request_timeout_s=self.cfg.policy.request_timeout_s).start()
+        self.store = SampleStore(self.store_dir)
+        self._reader = SampleStore(self.store_dir, readonly=True)
+        judge = _judge(self.cfg, self.client, self.tokenizer) if a.prm else None
+        # a resumed run continues the task stream where its samples reached (one group = group_size samples)
+        start = (len(self.store) // a.group_size) % len(self.train_tasks)
+        tasks = self.train_tasks[start:] + self.train_tasks[:start]
+        self.rollouts = GroupRollouts(self.runner, PoolPolicy(self.client), self.store, tasks, group_size=a.group_size,
+                                      temperature=self.cfg.trainer.temperature, normalize_std=a.normalize_std,
+                                      all_equal=a.all_equal, all_equal_scale=a.all_equal_scale, judge=judge,
+                                      prm_weight=a.prm_weight)
+        return self
+
+    def waiting(self) -> int:
+        return self._reader.refresh() - self.offset_fn()
+
+    async def drive(self, stop: asyncio.Event) -> None:
+        await self.rollouts.drive(stop, groups_in_flight=self.cfg.agentic.groups_in_flight, waiting=self.waiting,
+                                  backlog=self.backlog)
+
+    async def evaluate(self, step: int, writer: Any = None) -> dict[str, Any]:
+        t0 = time.monotonic()
+        result = await evaluate(self.runner, PoolPolicy(self.client), self.heldout,
+                                concurrency=self.cfg.agentic.eval_concurrency)
+        metrics = result.metrics()
+        if writer is not None:
+            writer.scalars(step, metrics)
+            writer.flush()
+        record = {"step": step, "heldout_success": result.success, "n": result.n, "per_family": result.per_family,
+                  "turns": result.turns, "tool_calls": result.tool_calls, "tool_errors": result.tool_errors,
+                  "eval_s": time.monotonic() - t0}
+        return record
+
+    def log_rollouts(self, step: int, writer: Any) -> dict[str, float]:
+        metrics = self.rollouts.stats.take() if self.rollouts is not None else {}
+        if writer is not None and metrics:
+            writer.scalars(step, metrics)
+        return metrics
+
+    async def close(self) -> None:
+        for closer in (self.client.close if self.client else None,):
+            if closer is not None:
+                await closer()
+        for store in (self.store, self._reader):
+            if store is not None:
+                store.close()
