@@ -28,6 +28,10 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     """`value` (host array or a local jax.Array, identical on every process) laid out as `sharding`."""
     if sharding.is_fully_addressable:
         return jax.device_put(value, sharding)
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:  # already global: reshard on device
+        if value.sharding == sharding:
+            return value
+        return jax.jit(lambda x: x, out_shardings=sharding)(value)
     host = np.asarray(value)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 

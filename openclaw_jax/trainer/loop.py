@@ -311,7 +311,8 @@ class Trainer:
                     # the next step), or with several processes the collective gather to the host.
                     t = time.perf_counter()
                     graphdef, state = nnx.split(self.serving_model())
-                    state = await asyncio.to_thread(_detach, state)
+                    # a device copy is only dispatched (microseconds); a cross-process gather blocks
+                    state = await asyncio.to_thread(_detach, state) if multihost.is_multiprocess() else _detach(state)
                     syncer.submit(graphdef, state, self.weight_version)
                     metrics["time/weight_sync_blocking"] = time.perf_counter() - t
                 if syncer is not None:
