@@ -638,34 +638,10 @@ def default_weight_loader(engine: Engine) -> WeightLoader:
 
 def load_for_serving(model: str, *, dtype: str | None = None):
     """(Decoder, Tokenizer, hf_config, model_path) for `--model` (an HF directory or 'smollm2')."""
-    try:
-        from openclaw_jax.models.hub import load_pretrained
-    except ImportError:  # hub not available: load the two supported sources directly
-        return _load_direct(model, dtype)
+    from openclaw_jax.models.hub import load_pretrained
+
     pre = load_pretrained(model, dtype=dtype)
     return pre.model, pre.tokenizer, pre.hf_config, str(pre.source)
-
-
-def _load_direct(model: str, dtype: str | None):
-    from openclaw_jax.models.config import ModelConfig
-    from openclaw_jax.models.tokenizer import load_tokenizer
-    from openclaw_jax.models.weights import load_hf_checkpoint, model_from_state_dict, read_hf_config
-    if model == "smollm2":
-        from openclaw_jax.models.gguf import gguf_to_hf, smollm2_gguf_path
-        from openclaw_jax.models.tokenizer import smollm2_tokenizer
-        path = smollm2_gguf_path()
-        hf_config, tensors = gguf_to_hf(path)
-        cfg = ModelConfig.from_hf_dict(hf_config)
-        if dtype:
-            cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
-        else:
-            cfg = cfg.replace(param_dtype="float32")
-        return model_from_state_dict(cfg, tensors), smollm2_tokenizer(), hf_config, str(path)
-    path = Path(model)
-    if not path.is_dir():
-        raise SystemExit(f"--model {model!r} is neither 'smollm2' nor an HF checkpoint directory")
-    decoder, _ = load_hf_checkpoint(path, dtype=dtype)
-    return decoder, load_tokenizer(path), read_hf_config(path), str(path)
 
 
 def context_length_from(hf_config: dict | None, model_cfg, override: int | None) -> int:
