@@ -193,14 +193,14 @@ def test_model_judge_runs_all_votes_concurrently_with_distinct_seeds():
             self.all_started = asyncio.Event()
 
         async def generate(self, input_ids, *, sampling_params=None, **kw):
-            calls.append((list(input_ids), dict(sampling_params)))
+            calls.append((list(input_ids), sampling_params))
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             if len(calls) == 2 * m:
                 self.all_started.set()
             await asyncio.wait_for(self.all_started.wait(), 5)  # deadlocks if calls were sequential
             self.in_flight -= 1
-            seed = sampling_params["sampling_seed"]
+            seed = sampling_params.sampling_seed
             index = seed - 100
             text = eval_answers[index] if index < m else hint_answers[index - m]
             if text == "boom":
@@ -217,9 +217,9 @@ def test_model_judge_runs_all_votes_concurrently_with_distinct_seeds():
     judge = ModelJudge(pool, FakeTokenizer(), votes=m, temperature=0.7, max_new_tokens=64)
     j = asyncio.run(judge.judge("the reply", NextState("user", "which file?"), seed=100))
     assert pool.max_in_flight == 2 * m
-    seeds = [p["sampling_seed"] for _, p in calls]
+    seeds = [p.sampling_seed for _, p in calls]
     assert sorted(seeds) == list(range(100, 100 + 2 * m))
-    assert all(p["temperature"] == 0.7 and p["max_new_tokens"] == 64 for _, p in calls)
+    assert all(p.temperature == 0.7 and p.max_new_tokens == 64 for _, p in calls)
     eval_prompt = FakeTokenizer().apply_chat_template(eval_vote_messages("the reply", NextState("user", "which file?")),
                                                      add_generation_prompt=True)
     assert sum(ids == eval_prompt for ids, _ in calls) == m

@@ -8,17 +8,20 @@ import math
 import pytest
 
 from openclaw_jax.inference import protocol as P
-from openclaw_jax.inference.tool_calls import parse_tool_calls, safe_stream_prefix
-from openclaw_jax.inference.types import SamplingParams, SequenceOutput
-from openclaw_jax.rollout.types import FinishReason, MalformedResponseError, generate_result_from_json
+from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
+from openclaw_jax.wire import json_safe
+from openclaw_jax.wire import sglang as S
+from openclaw_jax.wire.errors import WireError
+from openclaw_jax.wire.sglang import FinishReason, MalformedResponse, SamplingParams, parse_generate_response
+from openclaw_jax.wire.tool_calls import parse_tool_calls, safe_stream_prefix
 
 V = 320
 
 
 def test_sampling_defaults_and_ranges():
-    sp = P.parse_sampling_params(None, vocab_size=V)
+    sp = S.parse_sampling_params(None, vocab_size=V)
     assert sp == SamplingParams()  # SGLang defaults: 128 new tokens, T=1, top_p=1, top_k=-1 (all)
-    sp = P.parse_sampling_params({"temperature": 0, "top_k": 5000, "stop": "x", "stop_token_ids": [3, None],
+    sp = S.parse_sampling_params({"temperature": 0, "top_k": 5000, "stop": "x", "stop_token_ids": [3, None],
                                   "max_new_tokens": None, "frequency_penalty": 0.0, "spaces_between_special_tokens":
                                   False}, vocab_size=V)
     assert sp.greedy and sp.top_k == -1 and sp.stop == ("x",) and sp.stop_token_ids == (3,)
@@ -29,24 +32,24 @@ def test_sampling_defaults_and_ranges():
                         ({"frequency_penalty": 3}, "[-2, 2]"), ({"presence_penalty": 0.5}, "not supported"),
                         ({"regex": "a+"}, "not supported"), ({"stop_token_ids": [V]}, "vocabulary"),
                         ({"ignore_eos": "yes"}, "true or false"), ({"what": 1}, "unknown")]:
-        with pytest.raises(P.ProtocolError, match=needle.replace("[", r"\[").replace("]", r"\]")):
-            P.parse_sampling_params(bad, vocab_size=V)
+        with pytest.raises(WireError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+            S.parse_sampling_params(bad, vocab_size=V)
 
 
 def test_generate_parsing_batches_and_per_item_fields():
-    req = P.parse_generate_request({"input_ids": [[1, 2], [3]], "return_logprob": [True, False],
+    req = S.parse_generate_request({"input_ids": [[1, 2], [3]], "return_logprob": [True, False],
                                     "top_logprobs_num": 3, "rid": ["a", "b"],
                                     "sampling_params": [{"n": 2}, {"temperature": 0}]}, vocab_size=V)
     assert req.is_batch and [i.input_ids for i in req.items] == [(1, 2), (3,)]
     assert [i.return_logprob for i in req.items] == [True, False] and [i.rid for i in req.items] == ["a", "b"]
     assert req.items[0].sampling.n == 2 and req.items[1].sampling.greedy
-    req = P.parse_generate_request({"text": "hi", "token_ids_logprob": [1, 2]}, vocab_size=V)
+    req = S.parse_generate_request({"text": "hi", "token_ids_logprob": [1, 2]}, vocab_size=V)
     assert not req.is_batch and req.items[0].token_ids_logprob == (1, 2)
-    with pytest.raises(P.ProtocolError, match="entries for a batch"):
-        P.parse_generate_request({"text": ["a", "b"], "rid": ["x"]}, vocab_size=V)
-    with pytest.raises(P.ProtocolError, match="not valid JSON"):
-        P.parse_json_body(b"{")
-    with pytest.raises(P.ProtocolError, match="longer than the model's context length"):
+    with pytest.raises(WireError, match="entries for a batch"):
+        S.parse_generate_request({"text": ["a", "b"], "rid": ["x"]}, vocab_size=V)
+    with pytest.raises(json_safe.JSONRejected, match="not valid JSON"):
+        json_safe.loads(b"{")
+    with pytest.raises(WireError, match="longer than the model's context length"):
         P.validate_prompt([1] * 10, SamplingParams(max_new_tokens=1), context_length=10, vocab_size=V)
 
 
@@ -56,21 +59,22 @@ def test_generate_response_and_client_parse_round_trip():
                          output_top_logprobs=[[(-0.5, 8), (-2.0, 4)], [(-1.0, 3), (-1.5, 9)]],
                          input_logprobs=[None, -3.0, -4.0], input_top_logprobs=[None, [(-1.0, 6)], [(-2.0, 7)]],
                          weight_version="w", created_time=1.0, finished_time=2.0)
-    spec = P.GenerateItem(text=None, input_ids=(5, 6, 7), sampling=SamplingParams(), return_logprob=True,
-                          logprob_start_len=0, top_logprobs_num=2).spec([5, 6, 7])
-    body = P.build_generate_response(out, spec, return_text_in_logprobs=True, token_text=lambda i: f"<{i}>")
+    spec = GenerationSpec.of_item(S.GenerateItem(text=None, input_ids=(5, 6, 7), sampling=SamplingParams(),
+                                                 return_logprob=True, logprob_start_len=0, top_logprobs_num=2),
+                                  [5, 6, 7])
+    body = S.build_generate_response(out, spec, return_text_in_logprobs=True, token_text=lambda i: f"<{i}>")
     meta = body["meta_info"]
     assert meta["input_token_logprobs"] == [[None, 5, "<5>"], [-3.0, 6, "<6>"], [-4.0, 7, "<7>"]]
     assert meta["output_top_logprobs"][1] == [[-1.0, 3, "<3>"], [-1.5, 9, "<9>"]]
     assert meta["e2e_latency"] == 1.0 and meta["completion_tokens"] == 2
-    res = generate_result_from_json(json.loads(json.dumps(body)), expect_logprobs=True, top_logprobs_num=2)
+    res = parse_generate_response(json.loads(json.dumps(body)), expect_logprobs=True, top_logprobs_num=2)
     assert res.output_ids == [8, 9] and res.output_logprobs == [-0.5, -1.5]
     assert res.output_top_logprobs == [[(-0.5, 8), (-2.0, 4)], [(-1.0, 3), (-1.5, 9)]]
     assert res.input_logprobs == [None, -3.0, -4.0] and res.finish_reason == FinishReason("stop", matched=9)
     broken = json.loads(json.dumps(body))
     broken["meta_info"]["output_token_logprobs"][0][1] = 1234
-    with pytest.raises(MalformedResponseError, match="does not match"):
-        generate_result_from_json(broken, expect_logprobs=True)
+    with pytest.raises(MalformedResponse, match="does not match"):
+        parse_generate_response(broken, expect_logprobs=True)
 
 
 def test_tool_call_parsing():

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from openclaw_jax.models.tokenizer import tiny_test_tokenizer
-from openclaw_jax.serving import json_safe
+from openclaw_jax.wire import json_safe
 from openclaw_jax.serving.http_guard import GuardConfig, bearer_matches
 from openclaw_jax.serving.text_budget import TextBudget
 

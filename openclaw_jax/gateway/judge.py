@@ -26,6 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from openclaw_jax.wire.sglang import SamplingParams
+
 logger = logging.getLogger(__name__)
 
 HINT_START = "[HINT_START]"
@@ -323,10 +325,8 @@ class ModelJudge:
                                                        **self.chat_template_kwargs))
 
     async def _call(self, input_ids: list[int], seed: int, regex: str | None = None) -> str | None:
-        params = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-                  "sampling_seed": seed, "skip_special_tokens": True}
-        if regex is not None:
-            params["regex"] = regex
+        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                sampling_seed=seed, skip_special_tokens=True, regex=regex)
         try:
             result = await asyncio.wait_for(self.pool.generate(input_ids, sampling_params=params),
                                             timeout=self.timeout_s)

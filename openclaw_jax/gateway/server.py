@@ -3,7 +3,7 @@
 Request path (never waits for the judge):
   validate -> render the chat template (exact prompt ids) -> policy pool ``/generate`` with
   log-probs -> answer the client (JSON or SSE) -> record the main turn.
-Background path:
+Background path (``pipeline.py``):
   when a main turn has its next state, a judge worker scores it (m eval votes + m hint
   votes, concurrently on the judge pool) -> three-case rule -> hint-augmented prompts ->
   ``SampleStore.append`` (fsync) in a dedicated thread.
@@ -30,47 +30,35 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import os
-import zlib
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from aiohttp import web
 
 from openclaw_jax.gateway.config import GatewayConfig
-from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge, hint_augmented_messages
-from openclaw_jax.gateway.protocol import (
-    ChatCompletionRequest,
-    GatewayHTTPError,
-    bad_request,
-    chat_chunk,
-    chat_completion,
-    logprobs_content,
-    model_list,
-    new_completion_id,
-    now_s,
-    parse_chat_request,
-    parse_session_info,
-    sse,
-    usage,
-)
+from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
+from openclaw_jax.gateway.pipeline import JudgePipeline
+from openclaw_jax.gateway.protocol import ChatCompletionRequest, GatewayHTTPError, bad_request, parse_chat_request, \
+    parse_session_info
 from openclaw_jax.gateway.samples import Sample, SampleStore
 from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
-from openclaw_jax.inference.tool_calls import openai_tool_calls, parse_tool_calls, safe_stream_prefix
 from openclaw_jax.serving import http_guard as G
 from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.serving.text_budget import TextBudget, message_chars
 from openclaw_jax.rollout.client import (
-    GenerateResult,
     NoHealthyWorkerError,
     PoolClient,
     PoolError,
     RequestRejectedError,
     WorkerUnavailableError,
 )
+from openclaw_jax.wire import json_safe
+from openclaw_jax.wire import openai as O
+from openclaw_jax.wire.sglang import GenerateResult, SamplingParams, openai_finish
+from openclaw_jax.wire.tool_calls import safe_stream_prefix, split_tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +125,7 @@ class _ClientGone(Exception):
     """The agent closed the connection mid-response."""
 
 
-class Gateway:
+class Gateway(JudgePipeline):
     """The gateway's state and handlers; ``make_app()`` gives the aiohttp application.
 
     Pass ready-made ``tokenizer``/``policy``/``judge``/``store`` to embed it (tests, the
@@ -156,7 +144,7 @@ class Gateway:
         self._owned: list[Any] = []
         self.sessions = SessionTracker(idle_timeout_s=cfg.session_idle_timeout_s, max_sessions=cfg.max_sessions)
         self.stats = GatewayStats()
-        self.started_at = now_s()
+        self.started_at = O.now_s()
         self._queue: asyncio.Queue[ScoringJob] | None = None
         self._workers: list[asyncio.Task] = []
         self._housekeeping: asyncio.Task | None = None
@@ -251,10 +239,6 @@ class Gateway:
                 owned.close()
         self._owned = []
 
-    def add_sample_listener(self, listener: Callable[[int, Sample], None]) -> None:
-        """Call ``listener(offset, sample)`` (on the event loop) after each durable append."""
-        self._sample_listeners.append(listener)
-
     # ----------------------------------------------------------------- app
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[
@@ -294,7 +278,8 @@ class Gateway:
     # ----------------------------------------------------------------- small handlers
     async def handle_models(self, request: web.Request) -> web.Response:
         self._check_auth(request)
-        return web.json_response(model_list(self.cfg.served_model_name, self.started_at))
+        return web.json_response(O.model_list(O.model_card(self.cfg.served_model_name, self.started_at,
+                                                           owned_by="openclaw_jax")))
 
     def _problems(self) -> list[str]:
         """Why the gateway is not fully working right now (empty = ok)."""
@@ -359,21 +344,15 @@ class Gateway:
                               "(gateway.max_prompt_tokens)", param="messages")
         return ids
 
-    def _sampling_params(self, req: ChatCompletionRequest, main: bool) -> dict[str, Any]:
+    def _sampling_params(self, req: ChatCompletionRequest, main: bool) -> SamplingParams:
         cfg = self.cfg
         use_client = cfg.honor_client_sampling or not main
         temperature = req.temperature if (use_client and req.temperature is not None) else cfg.temperature
         top_p = req.top_p if (use_client and req.top_p is not None) else cfg.top_p
-        max_tokens = min(req.max_tokens or cfg.default_max_tokens, cfg.max_tokens_limit)
-        params: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                                  "top_k": cfg.top_k, "skip_special_tokens": True}
-        if self._stop_ids:
-            params["stop_token_ids"] = list(self._stop_ids)
-        if req.stop:
-            params["stop"] = list(req.stop)
-        if req.seed is not None:
-            params["sampling_seed"] = req.seed
-        return params
+        return SamplingParams(max_new_tokens=min(req.max_tokens or cfg.default_max_tokens, cfg.max_tokens_limit),
+                              temperature=float(temperature), top_p=float(top_p), top_k=int(cfg.top_k),
+                              stop=tuple(req.stop), stop_token_ids=tuple(self._stop_ids), skip_special_tokens=True,
+                              sampling_seed=req.seed)
 
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
@@ -413,7 +392,7 @@ class Gateway:
                 self.sessions.fail_turn(ticket)  # no-op if the turn was recorded
             raise
 
-    async def _generate(self, prompt_ids: list[int], params: dict[str, Any], top_logprobs: int) -> GenerateResult:
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int) -> GenerateResult:
         try:
             return await self.policy.generate(prompt_ids, sampling_params=params, return_logprob=True,
                                               top_logprobs_num=top_logprobs)
@@ -423,7 +402,7 @@ class Gateway:
             raise pool_error_to_http(err) from None
 
     def _record_turn(self, ticket: TurnTicket | None, req: ChatCompletionRequest, prompt_ids: list[int],
-                     result: GenerateResult, params: dict[str, Any]) -> None:
+                     result: GenerateResult, params: SamplingParams) -> None:
         if ticket is None:
             return
         if not result.output_ids or len(result.output_logprobs) != len(result.output_ids):
@@ -437,7 +416,7 @@ class Gateway:
             response_ids=list(result.output_ids), response_logprobs=list(result.output_logprobs),
             response_text=result.text, weight_version=result.weight_version,
             last_weight_version=result.last_weight_version,
-            temperature=float(params["temperature"]), top_p=float(params["top_p"]), top_k=int(params["top_k"]),
+            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             finish_reason=result.finish_reason.type if result.finish_reason else "")
         self.stats.turns_recorded += 1
         job = self.sessions.complete_turn(ticket, record)
@@ -447,29 +426,17 @@ class Gateway:
     def _token_texts(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([int(t)]) for t in ids]
 
-    def _logprobs_block(self, result: GenerateResult, start: int, stop: int, top: int) -> list[dict[str, Any]]:
+    def _logprobs_block(self, result: GenerateResult, start: int, stop: int, top: int) -> dict[str, Any]:
         ids = result.output_ids[start:stop]
         tops = None
         if top:
             tops = [[(lp, self.tokenizer.decode([tid])) for lp, tid in pos[:top]]
                     for pos in result.output_top_logprobs[start:stop]]
-        return logprobs_content(self._token_texts(ids), result.output_logprobs[start:stop], tops)
-
-    def _split_tool_calls(self, req: ChatCompletionRequest, text: str) -> tuple[str, list[dict[str, Any]]]:
-        if not req.tools:
-            return text, []
-        content, calls = parse_tool_calls(text, req.tools)
-        if not calls:
-            return text, []
-        return content, openai_tool_calls(calls)
+        return O.logprobs_content(self._token_texts(ids), result.output_logprobs[start:stop], tops)
 
     @staticmethod
     def _finish_reason(result: GenerateResult, has_calls: bool) -> str:
-        if has_calls:
-            return "tool_calls"
-        if result.finish_reason is not None and result.finish_reason.type == "length":
-            return "length"
-        return "stop"
+        return openai_finish(result.finish_reason, has_tool_calls=has_calls)[0] or "stop"
 
     def _metadata(self, result: GenerateResult, ticket: TurnTicket | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"weight_version": result.weight_version}
@@ -478,7 +445,7 @@ class Gateway:
         return meta
 
     async def _complete_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
-                             params: dict[str, Any], ticket: TurnTicket | None) -> web.Response:
+                             params: SamplingParams, ticket: TurnTicket | None) -> web.Response:
         result = await self._generate(prompt_ids, params, req.top_logprobs)
         transport = request.transport
         if transport is None or transport.is_closing():
@@ -487,18 +454,19 @@ class Gateway:
                 self.sessions.fail_turn(ticket)
             raise _ClientGone()
         self._record_turn(ticket, req, prompt_ids, result, params)
-        content, calls = self._split_tool_calls(req, result.text)
-        body = chat_completion(
-            completion_id=new_completion_id(), created=now_s(), model=req.model or self.cfg.served_model_name,
-            content=(content or None) if calls else content, tool_calls=calls,
-            finish_reason=self._finish_reason(result, bool(calls)), prompt_tokens=len(prompt_ids),
-            completion_tokens=len(result.output_ids),
-            logprobs=self._logprobs_block(result, 0, len(result.output_ids), req.top_logprobs) if req.logprobs else None,
-            metadata=self._metadata(result, ticket))
-        return web.json_response(body, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+        content, calls = split_tool_calls(result.text, req.tools)
+        choice = O.chat_choice(
+            0, O.chat_message((content or None) if calls else content, calls),
+            finish_reason=self._finish_reason(result, bool(calls)),
+            logprobs=self._logprobs_block(result, 0, len(result.output_ids), req.top_logprobs) if req.logprobs else None)
+        body = O.chat_completion(completion_id=O.new_id("chatcmpl-"), created=O.now_s(),
+                                 model=req.model or self.cfg.served_model_name, choices=[choice],
+                                 usage=O.usage(len(prompt_ids), len(result.output_ids)),
+                                 metadata=self._metadata(result, ticket))
+        return web.json_response(body, dumps=json_safe.dumps)
 
     async def _stream_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
-                           params: dict[str, Any], ticket: TurnTicket | None) -> web.StreamResponse:
+                           params: SamplingParams, ticket: TurnTicket | None) -> web.StreamResponse:
         stream = self.policy.generate_stream(prompt_ids, sampling_params=params, return_logprob=True,
                                              top_logprobs_num=req.top_logprobs)
         # Wait for the first chunk before answering 200, so that pool trouble is still a JSON error status.
@@ -512,16 +480,14 @@ class Gateway:
             logger.warning("policy pool error: %s", err)
             raise pool_error_to_http(err) from None
 
-        completion_id, created = new_completion_id(), now_s()
+        completion_id, created = O.new_id("chatcmpl-"), O.now_s()
         model = req.model or self.cfg.served_model_name
-        response = web.StreamResponse(status=200, headers={
-            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no"})
+        response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no"})
         await response.prepare(request)
 
         async def send(obj: Any) -> None:
             try:
-                await response.write(sse(obj))
+                await response.write(O.sse_event(obj))
             except (ConnectionResetError, RuntimeError) as err:
                 raise _ClientGone() from err
 
@@ -532,7 +498,7 @@ class Gateway:
         sent_tokens = 0
         result = first
         try:
-            await send(chat_chunk(completion_id=completion_id, created=created, model=model,
+            await send(O.chat_chunk(completion_id=completion_id, created=created, model=model,
                                   delta={"role": "assistant", "content": ""}))
             pending: GenerateResult | None = first
             while True:
@@ -554,7 +520,7 @@ class Gateway:
                 lp = (self._logprobs_block(result, sent_tokens, new_tokens, req.top_logprobs)
                       if req.logprobs and new_tokens > sent_tokens else None)
                 if delta_text or lp:
-                    await send(chat_chunk(completion_id=completion_id, created=created, model=model,
+                    await send(O.chat_chunk(completion_id=completion_id, created=created, model=model,
                                           delta={"content": delta_text} if delta_text else {}, logprobs=lp))
                     emitted += delta_text
                     if lp:
@@ -563,7 +529,7 @@ class Gateway:
                 raise PoolError("the policy stream ended without a final chunk")
             # Final chunk: the rest of the content, then any tool calls, then the finish reason.
             text = result.text
-            content, calls = self._split_tool_calls(req, text)
+            content, calls = split_tool_calls(text, req.tools)
             final_content = content if calls else text
             if not final_content.startswith(emitted):
                 logger.warning("streamed content %r is not a prefix of the final text %r", emitted[-40:],
@@ -572,18 +538,18 @@ class Gateway:
             lp = (self._logprobs_block(result, sent_tokens, len(result.output_ids), req.top_logprobs)
                   if req.logprobs and len(result.output_ids) > sent_tokens else None)
             if rest or lp:
-                await send(chat_chunk(completion_id=completion_id, created=created, model=model,
+                await send(O.chat_chunk(completion_id=completion_id, created=created, model=model,
                                       delta={"content": rest} if rest else {}, logprobs=lp))
             if calls:
-                await send(chat_chunk(completion_id=completion_id, created=created, model=model,
+                await send(O.chat_chunk(completion_id=completion_id, created=created, model=model,
                                       delta={"tool_calls": calls}))
             # Record before the last chunk: once the client has the finish reason it may send the next turn.
             self._record_turn(ticket, req, prompt_ids, result, params)
-            await send(chat_chunk(completion_id=completion_id, created=created, model=model, delta={},
+            await send(O.chat_chunk(completion_id=completion_id, created=created, model=model, delta={},
                                   finish_reason=self._finish_reason(result, bool(calls))))
             if req.include_usage:
-                await send(chat_chunk(completion_id=completion_id, created=created, model=model, delta=None,
-                                      usage_block=usage(len(prompt_ids), len(result.output_ids)), no_choices=True))
+                await send(O.chat_chunk(completion_id=completion_id, created=created, model=model, delta=None,
+                                      usage=O.usage(len(prompt_ids), len(result.output_ids)), no_choices=True))
             await send("[DONE]")
             await response.write_eof()
         except _ClientGone:
@@ -606,99 +572,6 @@ class Gateway:
         finally:
             await stream.aclose()
         return response
-
-    # ----------------------------------------------------------------- judge pipeline
-    def _submit(self, job: ScoringJob) -> None:
-        assert self._queue is not None
-        try:
-            self._queue.put_nowait(job)
-            self.stats.jobs_queued += 1
-        except asyncio.QueueFull:
-            self.stats.jobs_dropped_queue_full += 1
-            logger.warning("judge queue full (%d): session %s turn %d is dropped unscored",
-                           self.cfg.max_pending_judgements, job.turn.session_id, job.turn.turn_index)
-
-    async def _judge_worker(self, worker_index: int) -> None:
-        assert self._queue is not None
-        while True:
-            job = await self._queue.get()
-            self._active_jobs += 1
-            try:
-                await self._score_and_store(job)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - one bad job must not stop the worker
-                self.stats.judge_errors += 1
-                logger.exception("judging session %s turn %d failed; no sample", job.turn.session_id,
-                                 job.turn.turn_index)
-            finally:
-                self._active_jobs -= 1
-                self._queue.task_done()
-
-    @staticmethod
-    def _judge_seed(turn: TurnRecord) -> int:
-        return zlib.crc32(f"{turn.session_id}\x00{turn.turn_index}\x00{turn.created_at}".encode()) * 1000
-
-    async def _score_and_store(self, job: ScoringJob) -> Sample | None:
-        turn = job.turn
-        judgement = await self.judge.judge(turn.response_text, job.next_state, seed=self._judge_seed(turn))
-        self.stats.judgements += 1
-        kind = judgement.kind
-        if kind is None:
-            self.stats.no_sample += 1
-            logger.debug("session %s turn %d: eval 0 and no hint -> no sample", turn.session_id, turn.turn_index)
-            return None
-        hint_prompts = []
-        for hint in judgement.hints:
-            # One candidate at a time, yielding in between; inline when small (a thread would only add
-            # GIL hand-offs), on a worker thread when large (the budget decides).
-            hint_prompts.append(await self.budget.render(hint_augmented_messages(turn.prompt_messages, hint),
-                                                         tools=turn.tools, **turn.chat_template_kwargs))
-            await asyncio.sleep(0)
-        sample = Sample(
-            session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
-            reward=judgement.eval_score if kind != "opd" else 0,
-            prompt_ids=turn.prompt_ids, response_ids=turn.response_ids, rollout_logprobs=turn.response_logprobs,
-            hints=list(judgement.hints), hint_prompt_ids=hint_prompts, weight_version=turn.weight_version,
-            last_weight_version=turn.last_weight_version,
-            temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),
-            hint_votes=list(judgement.hint_votes), judge_raw=judgement.raw, judge=judgement.judge,
-            next_state=job.next_state.to_dict(), response_text=turn.response_text,
-            finish_reason=turn.finish_reason)
-        if not self.writer.submit(sample):
-            self.stats.samples_dropped_store += 1
-        return sample
-
-    def _store_error(self) -> None:
-        self.stats.store_errors += 1
-
-    def _sample_written(self, offset: int, sample: Sample) -> None:
-        """Called by the store writer once ``sample`` is durable at ``offset``."""
-        self.stats.samples += 1
-        logger.info("sample %d: session %s turn %d kind %s reward %s, %d hint(s)", offset, sample.session_id,
-                    sample.turn_index, sample.kind, sample.reward, len(sample.hints))
-        for listener in self._sample_listeners:
-            try:
-                listener(offset, sample)
-            except Exception:  # noqa: BLE001
-                logger.exception("sample listener failed")
-
-    async def drain(self, timeout_s: float = 60.0) -> None:
-        """Wait until every queued judgement is done and its sample written (tests, benchmarks, shutdown)."""
-        assert self._queue is not None and self.writer is not None
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        await asyncio.wait_for(self._queue.join(), timeout=timeout_s)
-        if not await self.writer.flush(deadline - asyncio.get_running_loop().time()):
-            raise asyncio.TimeoutError(f"{self.writer.pending} sample(s) still wait for the store: "
-                                       f"{self.writer.last_error}")
-
-    async def _housekeeping_loop(self) -> None:
-        interval = max(1.0, min(60.0, self.cfg.session_idle_timeout_s / 10))
-        while True:
-            await asyncio.sleep(interval)
-            expired = self.sessions.expire_idle()
-            if expired:
-                logger.info("ended %d idle session(s)", len(expired))
 
 
 async def start_gateway(cfg: GatewayConfig, **components: Any) -> tuple[Gateway, web.AppRunner, str]:

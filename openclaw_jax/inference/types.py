@@ -1,38 +1,16 @@
 """Plain data passed between the HTTP layer (`protocol`, `server`) and the engine.
 
-`SamplingParams` is the validated form of SGLang's `sampling_params`; `GenerationSpec`
-is one sequence to generate (a request with n > 1 becomes n specs); `SequenceOutput` is
+`GenerationSpec` (with the wire's `SamplingParams`, :mod:`openclaw_jax.wire.sglang`) is one
+sequence to generate (a request with n > 1 becomes n specs); `SequenceOutput` is
 what the engine reports back, cumulatively while streaming and once more when done.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
-# SGLang's default when `max_new_tokens` is absent from /generate's sampling_params.
-DEFAULT_MAX_NEW_TOKENS = 128
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    # None = until the context is full (what SGLang does for OpenAI requests without max_tokens)
-    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = -1  # -1 = whole vocabulary
-    min_p: float = 0.0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
-    ignore_eos: bool = False
-    n: int = 1
-    sampling_seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < 1e-6
+from openclaw_jax.wire.sglang import GenerateItem, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -49,6 +27,15 @@ class GenerationSpec:
     rid: str | None = None
     # which of the request's n samples this is (folded into the PRNG key so samples differ)
     sample_index: int = 0
+
+    @classmethod
+    def of_item(cls, item: GenerateItem, prompt_ids: Sequence[int], sample_index: int = 0,
+                rid: str | None = None) -> "GenerationSpec":
+        """Sample ``sample_index`` of one `/generate` prompt."""
+        return cls(prompt_ids=tuple(int(t) for t in prompt_ids), sampling=item.sampling,
+                   return_logprob=item.return_logprob, logprob_start_len=item.logprob_start_len,
+                   top_logprobs_num=item.top_logprobs_num, token_ids_logprob=item.token_ids_logprob,
+                   rid=rid if rid is not None else item.rid, sample_index=sample_index)
 
 
 @dataclass

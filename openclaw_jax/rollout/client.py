@@ -17,7 +17,8 @@ What it does:
   * typed results (`GenerateResult`), and weight-update fan-out to *every* worker with
     per-worker results (a router does not forward weight updates).
 
-Errors are exceptions, never empty results: `RequestRejectedError` (4xx, not retried),
+Bodies are built and parsed by :mod:`openclaw_jax.wire.sglang` (``sampling_params`` may be a typed
+`SamplingParams` or a raw mapping). Errors are exceptions, never empty results: `RequestRejectedError` (4xx, not retried),
 `WorkerUnavailableError` (retries exhausted), `NoHealthyWorkerError`,
 `MalformedResponseError`.
 """
@@ -25,6 +26,7 @@ Errors are exceptions, never empty results: `RequestRejectedError` (4xx, not ret
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -34,20 +36,20 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import aiohttp
 
 from openclaw_jax.rollout.types import (
-    FinishReason,
-    GenerateResult,
     MalformedResponseError,
     NoHealthyWorkerError,
     PoolError,
     RequestRejectedError,
     WeightUpdateResult,
     WorkerUnavailableError,
-    generate_result_from_json,
 )
+from openclaw_jax.wire import sglang as S
+from openclaw_jax.wire.openai import SSEDecoder
+from openclaw_jax.wire.sglang import GenerateResult, SamplingParams
+
+SamplingArg = SamplingParams | Mapping[str, Any] | None
 
 __all__ = [
-    "FinishReason",
-    "GenerateResult",
     "WeightUpdateResult",
     "PoolError",
     "NoHealthyWorkerError",
@@ -62,7 +64,6 @@ logger = logging.getLogger(__name__)
 # Statuses that say "try again (maybe elsewhere)" rather than "your request is wrong".
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _MAX_BACKOFF_S = 5.0
-PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 class _RetryableFailure(Exception):
@@ -83,19 +84,44 @@ class _Worker:
     last_checked: float = 0.0
 
 
-def _error_message(body: Any, fallback: str) -> str:
-    """The human message out of any SGLang error body shape."""
-    if isinstance(body, Mapping):
-        err = body.get("error")
-        if isinstance(err, Mapping) and err.get("message") is not None:
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if body.get("message") is not None:
-            return str(body["message"])
-        if body.get("detail") is not None:
-            return str(body["detail"])
-    return fallback
+_CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
+
+
+@dataclass
+class _Try:
+    """One attempt on one worker: counted as outstanding there; a retryable failure is recorded and swallowed.
+
+    A refused/reset connection also takes the worker out at once (the health loop puts it back). Once a
+    stream has ``delivered`` output, a failure is final (a restart would repeat tokens).
+    """
+
+    pool: "PoolClient"
+    worker: _Worker
+    path: str
+    attempts: list[str]
+    delivered: bool = False
+
+    async def __aenter__(self) -> "_Try":
+        self.worker.outstanding += 1
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        self.worker.outstanding -= 1
+        where = f"{self.worker.url}{self.path}"
+        if isinstance(exc, _RetryableFailure):
+            desc, down = exc.description, exc.worker_down
+        elif isinstance(exc, asyncio.TimeoutError):
+            desc, down = f"{where}: timed out after {self.pool.request_timeout_s:g}s", False
+        elif isinstance(exc, _CONNECTION_ERRORS):
+            desc, down = f"{where}: {type(exc).__name__}: {exc}", True
+        else:
+            return False
+        if down:
+            self.pool._set_health(self.worker, False, desc)
+        if self.delivered:
+            raise WorkerUnavailableError(f"stream from {self.worker.url} broke after partial output: {desc}") from None
+        self.attempts.append(desc)
+        return True
 
 
 class PoolClient:
@@ -261,15 +287,14 @@ class PoolClient:
             if body is None:
                 raise MalformedResponseError(f"{worker.url}{path} answered 200 with a non-JSON body: {raw[:200]!r}")
             return body
-        message = _error_message(body, raw[:500].decode("utf-8", "replace"))
+        message = S.error_message(body, raw[:500].decode("utf-8", "replace"))
         if resp.status in RETRYABLE_STATUSES:
             raise _RetryableFailure(f"{worker.url}{path}: HTTP {resp.status}: {message}")
         raise RequestRejectedError(resp.status, message, url=worker.url, body=body)
 
-    async def _request_json(self, method: str, path: str, payload: Any | None, *, retry_aborted: bool = False,
-                            parse=None) -> Any:
-        """Send one request to the pool with retries; `parse(body, worker)` turns the body into the result."""
-        session = self._require_session()
+    async def _tries(self, what: str, path: str) -> AsyncIterator[_Try]:
+        """Up to 1 + max_retries attempts with backoff, each on the least-busy healthy worker not tried yet;
+        `WorkerUnavailableError` when none succeeded (the caller returns from inside the loop on success)."""
         assert self._semaphore is not None
         attempts: list[str] = []
         tried: set[str] = set()
@@ -279,29 +304,22 @@ class PoolClient:
                     await asyncio.sleep(self._backoff(attempt - 1))
                 worker = await self._pick_or_wait(tried)
                 tried.add(worker.url)
-                worker.outstanding += 1
-                try:
+                yield _Try(self, worker, path, attempts)
+        raise WorkerUnavailableError(f"{what} failed after {self.max_retries + 1} attempt(s) on the pool {self.urls}",
+                                     attempts=attempts)
+
+    async def _request_json(self, method: str, path: str, payload: Any | None, *, parse=None) -> Any:
+        """Send one request to the pool with retries; `parse(body, worker)` turns the body into the result."""
+        session = self._require_session()
+        async with contextlib.aclosing(self._tries(f"{method} {path}", path)) as tries:
+            async for attempt in tries:
+                async with attempt:
+                    worker = attempt.worker
                     async with session.request(method, worker.url + path, json=payload,
                                                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)) as resp:
                         body = await self._classify_response(worker, resp, path)
-                    result = parse(body, worker) if parse is not None else body
-                    return result
-                except _RetryableFailure as exc:
-                    attempts.append(exc.description)
-                    if exc.worker_down:
-                        self._set_health(worker, False, exc.description)
-                except asyncio.TimeoutError:
-                    attempts.append(f"{worker.url}{path}: timed out after {self.request_timeout_s:g}s")
-                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-                    desc = f"{worker.url}{path}: {type(exc).__name__}: {exc}"
-                    attempts.append(desc)
-                    # A refused/reset connection means the process is gone or going: take it out now;
-                    # the health loop puts it back when it answers again.
-                    self._set_health(worker, False, desc)
-                finally:
-                    worker.outstanding -= 1
-        raise WorkerUnavailableError(
-            f"{method} {path} failed after {self.max_retries + 1} attempt(s) on the pool {self.urls}", attempts=attempts)
+                    return parse(body, worker) if parse is not None else body
+        raise AssertionError("unreachable: _tries raises when attempts run out")
 
     # ------------------------------------------------------------------ generate
     def _check_ids(self, ids: list[int]) -> list[int]:
@@ -312,48 +330,36 @@ class PoolClient:
                                  "would crash on them, so the request was not sent")
         return ids
 
-    def _generate_payload(self, input_ids, text, sampling_params, return_logprob, top_logprobs_num,
-                          logprob_start_len, rid, stream) -> dict[str, Any]:
-        if (input_ids is None) == (text is None):
-            raise ValueError("pass exactly one of input_ids (list[int]) or text (str) to generate")
-        payload: dict[str, Any] = {"sampling_params": dict(sampling_params or {})}
-        if input_ids is not None:
-            payload["input_ids"] = self._check_ids([int(t) for t in input_ids])
-        else:
-            payload["text"] = text
-        want_logprob = bool(return_logprob or top_logprobs_num > 0 or logprob_start_len >= 0)
-        if want_logprob:
-            payload["return_logprob"] = True
-            payload["top_logprobs_num"] = int(top_logprobs_num)
-            payload["logprob_start_len"] = int(logprob_start_len)
-        if rid is not None:
-            payload["rid"] = rid
-        if stream:
-            payload["stream"] = True
-        return payload
+    def _generate_payload(self, input_ids, text, sampling_params: SamplingArg, return_logprob: bool,
+                          top_logprobs_num: int, logprob_start_len: int, rid: str | None, stream: bool) -> dict[str, Any]:
+        return S.generate_request_body(
+            input_ids=None if input_ids is None else self._check_ids([int(t) for t in input_ids]), text=text,
+            sampling_params=sampling_params, return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+            logprob_start_len=logprob_start_len, rid=rid, stream=stream)
 
     @staticmethod
-    def _check_single(sampling_params: Mapping | None) -> None:
-        n = (sampling_params or {}).get("n", 1)
+    def _check_single(sampling_params: SamplingArg) -> None:
+        n = S.sampling_params_json(sampling_params).get("n", 1)
         if n not in (None, 1):
             raise ValueError(f"generate() returns one sequence; sampling_params.n={n} needs generate_many()")
 
     def _parse_generate(self, expect_logprobs: bool, top_logprobs_num: int):
         def parse(body: Any, worker: _Worker) -> GenerateResult:
-            result = generate_result_from_json(body, worker_url=worker.url, expect_logprobs=expect_logprobs,
-                                               top_logprobs_num=top_logprobs_num)
-            self._raise_if_aborted(result, worker)
+            try:
+                result = S.parse_generate_response(body, worker_url=worker.url, expect_logprobs=expect_logprobs,
+                                                   top_logprobs_num=top_logprobs_num)
+            except S.ErrorAnswer as err:
+                raise RequestRejectedError(400, err.message, url=worker.url, body=err.body) from None
+            except S.MalformedResponse as err:
+                raise MalformedResponseError(str(err)) from None
+            if result.aborted:
+                # Aborted by the worker (pause, shutdown, weight reload): retry, possibly elsewhere.
+                raise _RetryableFailure(f"{worker.url}/generate: generation aborted: {result.finish_reason.message}")
             return result
         return parse
 
-    @staticmethod
-    def _raise_if_aborted(result: GenerateResult, worker: _Worker) -> None:
-        if result.finish_reason is not None and result.finish_reason.type == "abort":
-            # Aborted by the worker (pause, shutdown, weight reload): retry, possibly elsewhere.
-            raise _RetryableFailure(f"{worker.url}/generate: generation aborted: {result.finish_reason.message}")
-
     async def generate(self, input_ids: list[int] | None = None, *, text: str | None = None,
-                       sampling_params: Mapping | None = None, return_logprob: bool = False,
+                       sampling_params: SamplingArg = None, return_logprob: bool = False,
                        top_logprobs_num: int = 0, logprob_start_len: int = -1,
                        rid: str | None = None) -> GenerateResult:
         """One `/generate` call; retried on transient failures; returns the finished sequence."""
@@ -365,19 +371,17 @@ class PoolClient:
                                          parse=self._parse_generate(expect, int(top_logprobs_num)))
 
     async def generate_many(self, prompts: Sequence[list[int]] | Sequence[str], *,
-                            sampling_params: Mapping | None = None, return_logprob: bool = False,
+                            sampling_params: SamplingArg = None, return_logprob: bool = False,
                             top_logprobs_num: int = 0, logprob_start_len: int = -1) -> list[GenerateResult]:
         """A batch `/generate` (list of prompts, optional n > 1): results prompt-major, n per prompt."""
         if not prompts:
             return []
         is_text = isinstance(prompts[0], str)
-        payload = self._generate_payload(None if is_text else [0], "" if is_text else None, sampling_params,
-                                         return_logprob, top_logprobs_num, logprob_start_len, None, stream=False)
-        if is_text:
-            payload["text"] = [str(p) for p in prompts]
-        else:
-            payload["input_ids"] = [self._check_ids([int(t) for t in p]) for p in prompts]
-        n = int((sampling_params or {}).get("n", 1) or 1)
+        payload = S.generate_request_body(
+            input_ids=None if is_text else [self._check_ids([int(t) for t in p]) for p in prompts],
+            text=[str(p) for p in prompts] if is_text else None, sampling_params=sampling_params,
+            return_logprob=return_logprob, top_logprobs_num=top_logprobs_num, logprob_start_len=logprob_start_len)
+        n = int(payload["sampling_params"].get("n", 1) or 1)
         expect = bool(payload.get("return_logprob"))
         single = self._parse_generate(expect, int(top_logprobs_num))
 
@@ -393,7 +397,7 @@ class PoolClient:
         return await self._request_json("POST", "/generate", payload, parse=parse)
 
     async def generate_stream(self, input_ids: list[int] | None = None, *, text: str | None = None,
-                              sampling_params: Mapping | None = None, return_logprob: bool = False,
+                              sampling_params: SamplingArg = None, return_logprob: bool = False,
                               top_logprobs_num: int = 0, logprob_start_len: int = -1,
                               rid: str | None = None) -> AsyncIterator[GenerateResult]:
         """Streaming `/generate`: yields cumulative partial results; the last one has a finish_reason.
@@ -404,70 +408,25 @@ class PoolClient:
         self._check_single(sampling_params)
         payload = self._generate_payload(input_ids, text, sampling_params, return_logprob, top_logprobs_num,
                                          logprob_start_len, rid, stream=True)
-        expect = bool(payload.get("return_logprob"))
+        parse = self._parse_generate(bool(payload.get("return_logprob")), int(top_logprobs_num))
         session = self._require_session()
-        assert self._semaphore is not None
-        attempts: list[str] = []
-        tried: set[str] = set()
-        async with self._semaphore:
-            for attempt in range(self.max_retries + 1):
-                if attempt:
-                    await asyncio.sleep(self._backoff(attempt - 1))
-                worker = await self._pick_or_wait(tried)
-                tried.add(worker.url)
-                worker.outstanding += 1
-                delivered = False
-                try:
+        async with contextlib.aclosing(self._tries("streaming /generate", "/generate")) as tries:
+            async for attempt in tries:
+                async with attempt:
+                    worker = attempt.worker
                     async with session.post(worker.url + "/generate", json=payload,
                                             timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)) as resp:
                         if resp.status != 200:
                             await self._classify_response(worker, resp, "/generate")
                             raise MalformedResponseError(f"{worker.url}/generate stream answered HTTP {resp.status}")
                         finished = False
-                        async for event in _iter_sse(resp):
-                            if event == "[DONE]":
-                                break
-                            try:
-                                body = json.loads(event)
-                            except ValueError as exc:
-                                raise MalformedResponseError(
-                                    f"bad SSE chunk from {worker.url}/generate: {event[:200]!r}") from exc
-                            if isinstance(body, Mapping) and "error" in body and "meta_info" not in body:
-                                raise RequestRejectedError(400, _error_message(body, str(body)), url=worker.url,
-                                                           body=body)
-                            result = generate_result_from_json(body, worker_url=worker.url, expect_logprobs=expect,
-                                                               top_logprobs_num=int(top_logprobs_num))
-                            if result.finish_reason is not None and result.finish_reason.type == "abort":
-                                raise _RetryableFailure(
-                                    f"{worker.url}/generate: generation aborted: {result.finish_reason.message}")
-                            delivered = True
+                        async for result in _stream_results(resp, worker, parse):
+                            attempt.delivered = True
                             yield result
-                            if result.finish_reason is not None:
-                                finished = True
-                        if not finished:
-                            raise _RetryableFailure(f"{worker.url}/generate: stream ended without a final chunk")
-                        return
-                except _RetryableFailure as exc:
-                    if delivered:
-                        raise WorkerUnavailableError(f"stream from {worker.url} broke after partial output: "
-                                                     f"{exc.description}") from None
-                    attempts.append(exc.description)
-                except asyncio.TimeoutError:
-                    if delivered:
-                        raise WorkerUnavailableError(f"stream from {worker.url} timed out after partial output") \
-                            from None
-                    attempts.append(f"{worker.url}/generate: timed out after {self.request_timeout_s:g}s")
-                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-                    desc = f"{worker.url}/generate: {type(exc).__name__}: {exc}"
-                    self._set_health(worker, False, desc)
-                    if delivered:
-                        raise WorkerUnavailableError(f"stream broke after partial output: {desc}") from None
-                    attempts.append(desc)
-                finally:
-                    worker.outstanding -= 1
-        raise WorkerUnavailableError(
-            f"streaming /generate failed after {self.max_retries + 1} attempt(s) on the pool {self.urls}",
-            attempts=attempts)
+                            finished = finished or result.finished
+                        if finished:
+                            return
+                        raise _RetryableFailure(f"{worker.url}/generate: stream ended without a final chunk")
 
     # ------------------------------------------------------------------ info
     async def model_info(self) -> dict:
@@ -496,24 +455,17 @@ class PoolClient:
                                        load_format: str | None = None,
                                        flush_cache: bool = True) -> list[WeightUpdateResult]:
         """POST `/update_weights_from_disk` to every worker; one result per worker, in URL order."""
-        payload: dict[str, Any] = {"model_path": str(model_path), "flush_cache": bool(flush_cache)}
-        if weight_version is not None:
-            payload["weight_version"] = str(weight_version)
-        if load_format is not None:
-            payload["load_format"] = load_format
+        payload = S.UpdateWeightsRequest(model_path=str(model_path), load_format=load_format,
+                                         weight_version=None if weight_version is None else str(weight_version),
+                                         flush_cache=bool(flush_cache)).to_json()
         replies = await asyncio.gather(*(self._fan_out_one(w, "POST", "/update_weights_from_disk", payload,
                                                            self.weight_update_timeout_s) for w in self._workers))
         results = []
         for worker, (status, body, err) in zip(self._workers, replies):
             if err is not None:
                 results.append(WeightUpdateResult(worker.url, False, f"request failed: {err}", 0))
-            elif isinstance(body, Mapping) and "success" in body:
-                results.append(WeightUpdateResult(worker.url, bool(body["success"]) and status == 200,
-                                                  str(body.get("message", "")),
-                                                  int(body.get("num_paused_requests", 0) or 0)))
             else:
-                results.append(WeightUpdateResult(worker.url, False,
-                                                  f"HTTP {status}: {_error_message(body, str(body)[:300])}", 0))
+                results.append(WeightUpdateResult(worker.url, *S.parse_update_weights_answer(status, body)))
         for r in results:
             if not r.success:
                 logger.warning("weight update on %s failed: %s", r.url, r.message)
@@ -534,10 +486,7 @@ class PoolClient:
         this client retries), "retract" (back to the waiting queue) or "in_place" (kept, frozen).
         Requests that arrive while paused wait until `continue_generation`.
         """
-        if mode is not None and mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode {mode!r} must be one of {PAUSE_MODES} (or None for the worker's default)")
-        # SGLang 0.5.23 answers 400 to a body-less POST here: always send a JSON object
-        return await self._fan_out_simple("POST", "/pause_generation", {"mode": mode} if mode else {})
+        return await self._fan_out_simple("POST", "/pause_generation", S.pause_request_body(mode))
 
     async def continue_generation(self) -> dict[str, Any]:
         return await self._fan_out_simple("POST", "/continue_generation", {})
@@ -546,19 +495,21 @@ class PoolClient:
         return await self._fan_out_simple("POST", "/flush_cache")
 
 
-async def _iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
-    """The `data:` payloads of a server-sent-event stream (events end with a blank line)."""
-    buffer = b""
+async def _stream_results(resp: aiohttp.ClientResponse, worker: _Worker, parse) -> AsyncIterator[GenerateResult]:
+    """The parsed `/generate` chunks of an SSE response, up to ``[DONE]``."""
+    decoder = SSEDecoder()
     async for piece in resp.content.iter_any():
-        buffer += piece
-        while True:
-            cut = buffer.find(b"\n\n")
-            if cut < 0:
-                break
-            event, buffer = buffer[:cut], buffer[cut + 2:]
-            data_lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
-            if data_lines:
-                yield b"\n".join(data_lines).decode("utf-8")
-    tail = buffer.strip()
-    if tail.startswith(b"data:"):
-        yield tail[5:].lstrip().decode("utf-8")
+        for event in decoder.feed(piece):
+            if event == "[DONE]":
+                return
+            yield parse(_chunk_json(event, worker), worker)
+    for event in decoder.close():
+        if event != "[DONE]":
+            yield parse(_chunk_json(event, worker), worker)
+
+
+def _chunk_json(event: str, worker: _Worker) -> Any:
+    try:
+        return json.loads(event)
+    except ValueError as exc:
+        raise MalformedResponseError(f"bad SSE chunk from {worker.url}/generate: {event[:200]!r}") from exc

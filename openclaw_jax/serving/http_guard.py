@@ -5,7 +5,7 @@
 * :func:`read_json` — reads a body under the cap and the timeout (413 before reading when
   Content-Length is too large, 415 for a content coding we do not decode, 400 for a body that
   does not decode, e.g. ``Content-Encoding: gzip`` on bytes that are not gzip), then decodes it
-  with :mod:`openclaw_jax.serving.json_safe` (a large body on a worker thread).
+  with :mod:`openclaw_jax.wire.json_safe` (a large body on a worker thread).
 * :func:`error_boundary` — the outermost middleware: :class:`RequestRejected`, aiohttp's own
   4xx and undecodable payloads become a 4xx JSON body in the server's own shape; anything else
   is our bug: logged with its traceback and a trace id, answered 500 JSON with that trace id.
@@ -37,7 +37,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from openclaw_jax.serving import json_safe
+from openclaw_jax.wire import json_safe
 from openclaw_jax.serving.offload import run_heavy
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from openclaw_jax.inference.tool_calls import has_tool_call, parse_tool_calls
+from openclaw_jax.wire.tool_calls import has_tool_call, parse_tool_calls
 
 log = logging.getLogger(__name__)
 

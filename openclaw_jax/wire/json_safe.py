@@ -11,6 +11,7 @@ optionally, no ``NaN``/``Infinity`` constants. Every failure is a :class:`JSONRe
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -93,3 +94,19 @@ def check_text(text: str, what: str) -> str:
     """``text`` itself, or :class:`JSONRejected` if it holds a lone surrogate (e.g. a decoded header)."""
     _check_text(text, what)
     return text
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with NaN/Infinity replaced by null (JSON has neither; SGLang's orjson sends null)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (list, tuple)):
+        return [finite(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Compact UTF-8 JSON text of an outgoing body; non-finite numbers become null."""
+    return json.dumps(finite(obj), ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str)

@@ -102,3 +102,13 @@ def safe_stream_prefix(text: str) -> int:
         if TOOL_CALL_START.startswith(text[-k:]):
             return len(text) - k
     return len(text)
+
+
+def split_tool_calls(text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
+    """(content, OpenAI ``tool_calls``) of a reply; the text unchanged and no calls without tools or blocks."""
+    if not tools:
+        return text, []
+    content, calls = parse_tool_calls(text, tools)
+    if not calls:
+        return text, []
+    return content, openai_tool_calls(calls)

@@ -1,0 +1,122 @@
+"""The embedded server's command line: ``python -m openclaw_jax.inference.server --help``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from aiohttp import web
+
+from openclaw_jax.inference.engine import Engine, EngineConfig
+from openclaw_jax.inference.loading import context_length_from, load_for_serving
+from openclaw_jax.inference.server import InferenceServer
+from openclaw_jax.serving import http_guard as G
+from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
+
+logger = logging.getLogger("openclaw_jax.inference.server")
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m openclaw_jax.inference.server",
+                                 description="SGLang-compatible server around the JAX engine")
+    ap.add_argument("--model", "--model-path", dest="model", required=True,
+                    help="an HF checkpoint directory (config.json, safetensors, tokenizer.json) or 'smollm2'")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on stdout)")
+    ap.add_argument("--context-length", type=int, default=None, help="default: from the model config")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>'")
+    ap.add_argument("--weight-version", default="default")
+    ap.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16"])
+    ap.add_argument("--max-running-requests", type=int, default=16, help="largest decode batch")
+    ap.add_argument("--min-prompt-bucket", type=int, default=16)
+    ap.add_argument("--min-cache-bucket", type=int, default=64)
+    ap.add_argument("--min-batch-bucket", type=int, default=1)
+    ap.add_argument("--kv-cache-budget-gb", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--shutdown-timeout", type=float, default=30.0)
+    ap.add_argument("--log-level", default="info")
+    limits = G.add_cli_arguments(ap)
+    limits.add_argument("--max-text-chars", type=int, default=None,
+                        help="longest text/prompt/messages in characters (400 before tokenizing; default: the most "
+                             "characters that could fit the context length in any tokenization)")
+    limits.add_argument("--max-request-tokens", type=int, default=None,
+                        help="most prompt + completion tokens over all sequences of one request (400; default: "
+                             "1024 x the context length)")
+    return ap
+
+
+def _bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(server: InferenceServer, sock: socket.socket, shutdown_timeout: float) -> None:
+    return_large_blocks_to_the_os()
+    app = server.make_app()
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
+                           **server.guard.runner_kwargs())
+    await runner.setup()
+    site = G.GuardedSite(runner, sock, server.connections)
+    await site.start()
+    freeze_startup_heap()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    host, port = sock.getsockname()[:2]
+    # One machine-readable line for launchers and tests.
+    print(f"READY http://{host}:{port}", flush=True)
+    logger.info("serving %s on http://%s:%d", server.state.served_model_name, host, port)
+    await stop.wait()
+    logger.info("signal received: shutting down gracefully")
+    await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_arg_parser()
+    args = ap.parse_args(argv)
+    try:
+        guard = G.config_from_cli(args)
+        for flag in ("max_text_chars", "max_request_tokens"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+    except ValueError as exc:
+        ap.error(str(exc))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    model, tokenizer, hf_config, source = load_for_serving(args.model, dtype=args.dtype)
+    context_length = context_length_from(hf_config, model.cfg, args.context_length)
+    engine = Engine(model, tokenizer, context_length=context_length, weight_version=args.weight_version,
+                    seed=args.seed,
+                    config=EngineConfig(max_batch_size=args.max_running_requests,
+                                        min_prompt_bucket=args.min_prompt_bucket,
+                                        min_cache_bucket=args.min_cache_bucket,
+                                        min_batch_bucket=args.min_batch_bucket,
+                                        kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30))))
+    name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
+    server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
+                             guard=guard, max_text_chars=args.max_text_chars,
+                             max_request_tokens=args.max_request_tokens)
+    sock = _bind_socket(args.host, args.port)
+    try:
+        asyncio.run(serve(server, sock, args.shutdown_timeout))
+    finally:
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":  # python -m openclaw_jax.inference.cli
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Loading a model for the embedded server, and the weight loader of `/update_weights_from_disk`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from openclaw_jax.inference.engine import Engine
+
+WeightLoader = Callable[[str, "str | None"], Any]  # (path, load_format) -> nnx.State
+
+
+def default_weight_loader(engine: Engine) -> WeightLoader:
+    """HF safetensors directory -> params with the served model's structure and dtypes."""
+
+    def load(path: str, load_format: str | None):
+        from flax import nnx
+
+        from openclaw_jax.models.config import ModelConfig
+        from openclaw_jax.models.weights import load_hf_checkpoint
+        if load_format not in (None, "auto", "safetensors", "hf"):
+            raise ValueError(f"load_format={load_format!r} is not supported; use 'auto' (HF safetensors)")
+        p = Path(path)
+        if not p.is_dir():
+            raise FileNotFoundError(f"model_path {path} is not a directory")
+        served: ModelConfig = engine.model_config
+        model, cfg = load_hf_checkpoint(p, dtype=served.param_dtype)
+        for name in ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "tie_word_embeddings", "attention_bias", "qk_norm"):
+            if getattr(cfg, name) != getattr(served, name):
+                raise ValueError(f"checkpoint {path} has {name}={getattr(cfg, name)!r}, the served model has "
+                                 f"{getattr(served, name)!r}")
+        return nnx.split(model)[1]
+
+    return load
+
+
+def load_for_serving(model: str, *, dtype: str | None = None):
+    """(Decoder, Tokenizer, hf_config, model_path) for `--model` (an HF directory or 'smollm2')."""
+    from openclaw_jax.models.hub import load_pretrained
+
+    pre = load_pretrained(model, dtype=dtype)
+    return pre.model, pre.tokenizer, pre.hf_config, str(pre.source)
+
+
+def context_length_from(hf_config: dict | None, model_cfg, override: int | None) -> int:
+    if override is not None:
+        if override < 2:
+            raise ValueError(f"--context-length={override} must be >= 2")
+        return int(override)
+    for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"):
+        if hf_config and isinstance(hf_config.get(key), int):
+            return int(hf_config[key])
+    return int(model_cfg.max_position_embeddings)
+
+
