@@ -12,7 +12,9 @@ from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
 from openclaw_jax.wire import json_safe
 from openclaw_jax.wire import sglang as S
 from openclaw_jax.wire.errors import WireError
-from openclaw_jax.wire.sglang import FinishReason, MalformedResponse, SamplingParams, parse_generate_response
+from openclaw_jax.wire.sglang import SamplingParams
+from openclaw_jax.wire.sglang_results import FinishReason, MalformedResponse, build_generate_response, \
+    parse_generate_response
 from openclaw_jax.wire.tool_calls import parse_tool_calls, safe_stream_prefix
 
 V = 320
@@ -62,7 +64,7 @@ def test_generate_response_and_client_parse_round_trip():
     spec = GenerationSpec.of_item(S.GenerateItem(text=None, input_ids=(5, 6, 7), sampling=SamplingParams(),
                                                  return_logprob=True, logprob_start_len=0, top_logprobs_num=2),
                                   [5, 6, 7])
-    body = S.build_generate_response(out, spec, return_text_in_logprobs=True, token_text=lambda i: f"<{i}>")
+    body = build_generate_response(out, spec, return_text_in_logprobs=True, token_text=lambda i: f"<{i}>")
     meta = body["meta_info"]
     assert meta["input_token_logprobs"] == [[None, 5, "<5>"], [-3.0, 6, "<6>"], [-4.0, 7, "<7>"]]
     assert meta["output_top_logprobs"][1] == [[-1.0, 3, "<3>"], [-1.5, 9, "<9>"]]
@@ -102,3 +104,33 @@ def test_safe_stream_prefix_holds_back_a_possible_tool_call():
     assert safe_stream_prefix("Hello <tool") == len("Hello ")
     assert safe_stream_prefix("Hello <tool_call>{") == len("Hello ")
     assert safe_stream_prefix("a < b") == 5
+
+
+def test_sampling_params_sent_are_the_ones_parsed():
+    """The client's body (SamplingParams.to_json) parses back to the same typed params on the server."""
+    sent = SamplingParams(max_new_tokens=7, temperature=0.5, top_k=4, stop=("a", "b"), stop_token_ids=(3,),
+                          sampling_seed=11, no_stop_trim=True)
+    body = sent.to_json()
+    assert body == {"max_new_tokens": 7, "temperature": 0.5, "top_k": 4, "stop": ["a", "b"], "stop_token_ids": [3],
+                    "sampling_seed": 11, "no_stop_trim": True}
+    assert S.parse_sampling_params(json.loads(json.dumps(body)), vocab_size=V) == sent
+    assert SamplingParams(max_new_tokens=None).to_json() == {"max_new_tokens": None}
+    req = S.parse_generate_request(json.loads(json.dumps(S.generate_request_body(
+        input_ids=[1, 2], sampling_params=sent, top_logprobs_num=2, rid="r", stream=True))), vocab_size=V)
+    item = req.items[0]
+    assert req.stream and item.input_ids == (1, 2) and item.sampling == sent and item.return_logprob
+    assert item.top_logprobs_num == 2 and item.logprob_start_len == -1 and item.rid == "r"
+
+
+def test_sse_framing_round_trips_in_any_split():
+    from openclaw_jax.wire.openai import SSE_DONE, SSEDecoder, sse_event
+
+    events = [{"a": "é\n", "b": [1, float("-inf")]}, "[DONE]"]
+    raw = b"".join(sse_event(e) for e in events)
+    assert raw.endswith(SSE_DONE)
+    for cut in range(len(raw) + 1):
+        dec = SSEDecoder()
+        got = dec.feed(raw[:cut]) + dec.feed(raw[cut:]) + dec.close()
+        assert got[-1] == "[DONE]" and json.loads(got[0]) == {"a": "é\n", "b": [1, None]}, cut
+    dec = SSEDecoder()
+    assert dec.feed(b"data: x\n\ndata: {\"y\":1}") == ["x"] and dec.close() == ['{"y":1}']

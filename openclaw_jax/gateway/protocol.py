@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import WireError
 from openclaw_jax.wire.openai import short as _short
-from openclaw_jax.wire.sglang import optional_bool
+from openclaw_jax.wire.fields import optional_bool
 
 TURN_TYPES = ("main", "side")
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})

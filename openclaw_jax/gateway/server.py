@@ -57,7 +57,8 @@ from openclaw_jax.rollout.client import (
 )
 from openclaw_jax.wire import json_safe
 from openclaw_jax.wire import openai as O
-from openclaw_jax.wire.sglang import GenerateResult, SamplingParams, openai_finish
+from openclaw_jax.wire.sglang import SamplingParams
+from openclaw_jax.wire.sglang_results import GenerateResult, openai_finish
 from openclaw_jax.wire.tool_calls import safe_stream_prefix, split_tool_calls
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from openclaw_jax.wire import json_safe
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire import tool_calls as TC
 from openclaw_jax.wire.errors import WireError
-from openclaw_jax.wire.sglang import openai_finish
+from openclaw_jax.wire.sglang_results import openai_finish
 
 
 def json_response(obj: Any, status: int = 200) -> web.Response:

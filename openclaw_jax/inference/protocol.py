@@ -14,7 +14,14 @@ from typing import Any, Mapping, Sequence
 
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import WireError
-from openclaw_jax.wire.sglang import SamplingParams, as_float, as_int, is_int, optional_bool, parse_sampling_params
+from openclaw_jax.wire.fields import as_float, as_int, is_int, optional_bool
+from openclaw_jax.wire.sglang import SamplingParams, parse_sampling_params
+
+
+def check_prompt_length(n: int, context_length: int) -> None:
+    if n >= context_length:
+        raise WireError(f"The input ({n} tokens) is longer than the model's context length "
+                        f"({context_length} tokens).")
 
 
 def validate_prompt(prompt_ids: Sequence[int], sampling: SamplingParams, *, context_length: int,
@@ -23,9 +30,7 @@ def validate_prompt(prompt_ids: Sequence[int], sampling: SamplingParams, *, cont
     n = len(prompt_ids)
     if n == 0:
         raise WireError("the prompt is empty: input_ids (or the tokenized text) needs at least one token")
-    if n >= context_length:
-        raise WireError(f"The input ({n} tokens) is longer than the model's context length "
-                        f"({context_length} tokens).")
+    check_prompt_length(n, context_length)
     bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
     if bad:
         raise WireError(f"The input_ids contain values outside the vocabulary [0, {vocab_size}): {bad[:8]}")

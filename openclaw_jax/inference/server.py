@@ -42,9 +42,23 @@ from openclaw_jax.serving import http_guard as G
 from openclaw_jax.serving.text_budget import TextBudget
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire import sglang as S
+from openclaw_jax.wire.sglang_results import build_generate_response
 from openclaw_jax.wire.errors import WireError
 
 logger = logging.getLogger(__name__)
+
+# (method, path, handler name) of every endpoint; the OpenAI handlers come from `OpenAIRoutes`.
+_ROUTES = (
+    ("POST", "/generate", "generate"), ("PUT", "/generate", "generate"),
+    ("POST", "/v1/chat/completions", "chat_completions"), ("POST", "/v1/completions", "completions"),
+    ("GET", "/v1/models", "models"), ("GET", "/v1/models/{model:.*}", "retrieve_model"),
+    ("GET", "/health", "health"), ("GET", "/health_generate", "health"), ("GET", "/get_model_info", "get_model_info"),
+    ("GET", "/get_weight_version", "get_weight_version"), ("GET", "/get_server_info", "get_server_info"),
+    ("POST", "/update_weights_from_disk", "update_weights_from_disk"),
+    ("POST", "/pause_generation", "pause_generation"), ("POST", "/continue_generation", "continue_generation"),
+    ("GET", "/flush_cache", "flush_cache"), ("POST", "/flush_cache", "flush_cache"),
+    ("POST", "/abort_request", "abort_request"),
+)
 
 
 @dataclass
@@ -86,24 +100,8 @@ class InferenceServer(OpenAIRoutes):
         boundary = G.error_boundary(self._render_error, name="inference server")
         app = web.Application(middlewares=[boundary, self.connections.middleware(), self._auth_middleware,
                                            self._error_middleware], client_max_size=self.guard.max_body_bytes)
-        r = app.router
-        r.add_route("POST", "/generate", self.generate)
-        r.add_route("PUT", "/generate", self.generate)
-        r.add_post("/v1/chat/completions", self.chat_completions)
-        r.add_post("/v1/completions", self.completions)
-        r.add_get("/v1/models", self.models)
-        r.add_get("/v1/models/{model:.*}", self.retrieve_model)
-        r.add_get("/health", self.health)
-        r.add_get("/health_generate", self.health)
-        r.add_get("/get_model_info", self.get_model_info)
-        r.add_get("/get_weight_version", self.get_weight_version)
-        r.add_get("/get_server_info", self.get_server_info)
-        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
-        r.add_post("/pause_generation", self.pause_generation)
-        r.add_post("/continue_generation", self.continue_generation)
-        r.add_route("GET", "/flush_cache", self.flush_cache)
-        r.add_route("POST", "/flush_cache", self.flush_cache)
-        r.add_post("/abort_request", self.abort_request)
+        for method, path, handler in _ROUTES:
+            app.router.add_route(method, path, getattr(self, handler))
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -175,12 +173,13 @@ class InferenceServer(OpenAIRoutes):
             return
         seqs = [s for s in (ids if ids and isinstance(ids[0], list) else [ids]) if isinstance(s, list)]
         for seq in seqs:
-            if len(seq) >= self.context_length:
-                raise WireError(f"The input ({len(seq)} tokens) is longer than the model's context length "
-                                      f"({self.context_length} tokens).")
-        if sum(map(len, seqs)) > self.max_request_tokens:
+            P.check_prompt_length(len(seq), self.context_length)
+        self._check_request_tokens(sum(map(len, seqs)))
+
+    def _check_request_tokens(self, total: int) -> None:
+        if total > self.max_request_tokens:
             raise WireError(f"the request asks for more than {self.max_request_tokens} tokens (prompts plus "
-                                  "completions over all its sequences; --max-request-tokens); split it")
+                            "completions over all its sequences; --max-request-tokens); split it")
 
     def _refuse_many_messages(self, body: Any) -> None:
         messages = body.get("messages") if isinstance(body, dict) else None
@@ -192,9 +191,7 @@ class InferenceServer(OpenAIRoutes):
         P.validate_prompt(ids, sampling, context_length=self.context_length, vocab_size=self.vocab_size)
         new = sampling.max_new_tokens if sampling.max_new_tokens is not None else self.context_length - len(ids)
         total[0] += (len(ids) + new) * sampling.n
-        if total[0] > self.max_request_tokens:
-            raise WireError(f"the request asks for more than {self.max_request_tokens} tokens (prompts plus "
-                                  "completions over all its sequences; --max-request-tokens); split it")
+        self._check_request_tokens(total[0])
 
     def _submit_checked(self, spec: GenerationSpec, stream: bool):
         if self.state.shutting_down:
@@ -273,7 +270,7 @@ class InferenceServer(OpenAIRoutes):
         req = await G.parse_off_loop(request, S.parse_generate_request, body, vocab_size=self.vocab_size)
         specs = await self._generate_specs(request, req)
         single = not req.is_batch and len(specs) == 1
-        build = functools.partial(S.build_generate_response, return_text_in_logprobs=req.return_text_in_logprobs,
+        build = functools.partial(build_generate_response, return_text_in_logprobs=req.return_text_in_logprobs,
                                   token_text=self.token_text)
         if not req.stream:
             outs = await self._run_all(specs)

@@ -45,7 +45,9 @@ from openclaw_jax.rollout.types import (
 )
 from openclaw_jax.wire import sglang as S
 from openclaw_jax.wire.openai import SSEDecoder
-from openclaw_jax.wire.sglang import GenerateResult, SamplingParams
+from openclaw_jax.wire import sglang_results as R
+from openclaw_jax.wire.sglang import SamplingParams
+from openclaw_jax.wire.sglang_results import GenerateResult
 
 SamplingArg = SamplingParams | Mapping[str, Any] | None
 
@@ -346,11 +348,11 @@ class PoolClient:
     def _parse_generate(self, expect_logprobs: bool, top_logprobs_num: int):
         def parse(body: Any, worker: _Worker) -> GenerateResult:
             try:
-                result = S.parse_generate_response(body, worker_url=worker.url, expect_logprobs=expect_logprobs,
+                result = R.parse_generate_response(body, worker_url=worker.url, expect_logprobs=expect_logprobs,
                                                    top_logprobs_num=top_logprobs_num)
-            except S.ErrorAnswer as err:
+            except R.ErrorAnswer as err:
                 raise RequestRejectedError(400, err.message, url=worker.url, body=err.body) from None
-            except S.MalformedResponse as err:
+            except R.MalformedResponse as err:
                 raise MalformedResponseError(str(err)) from None
             if result.aborted:
                 # Aborted by the worker (pause, shutdown, weight reload): retry, possibly elsewhere.

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from openclaw_jax.wire import json_safe
 from openclaw_jax.wire.errors import WireError
-from openclaw_jax.wire.sglang import as_bool, as_int, as_str_list
+from openclaw_jax.wire.fields import as_bool, as_int, as_str_list
 
 # Roles of a strict (gateway) conversation; the lenient (SGLang) form also takes "function".
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
