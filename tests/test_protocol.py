@@ -111,10 +111,11 @@ def test_sampling_params_sent_are_the_ones_parsed():
     sent = SamplingParams(max_new_tokens=7, temperature=0.5, top_k=4, stop=("a", "b"), stop_token_ids=(3,),
                           sampling_seed=11, no_stop_trim=True)
     body = sent.to_json()
-    assert body == {"max_new_tokens": 7, "temperature": 0.5, "top_k": 4, "stop": ["a", "b"], "stop_token_ids": [3],
-                    "sampling_seed": 11, "no_stop_trim": True}
+    assert body == {"max_new_tokens": 7, "temperature": 0.5, "top_p": 1.0, "top_k": 4, "stop": ["a", "b"],
+                    "stop_token_ids": [3], "sampling_seed": 11, "no_stop_trim": True}
     assert S.parse_sampling_params(json.loads(json.dumps(body)), vocab_size=V) == sent
-    assert SamplingParams(max_new_tokens=None).to_json() == {"max_new_tokens": None}
+    assert SamplingParams(max_new_tokens=None).to_json() == {"max_new_tokens": None, "temperature": 1.0,
+                                                             "top_p": 1.0, "top_k": -1}
     req = S.parse_generate_request(json.loads(json.dumps(S.generate_request_body(
         input_ids=[1, 2], sampling_params=sent, top_logprobs_num=2, rid="r", stream=True))), vocab_size=V)
     item = req.items[0]

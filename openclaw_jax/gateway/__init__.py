@@ -19,9 +19,10 @@ three-case rule makes at most one sample, and the sample is appended durably to 
 store (``samples.py``). What is never lost: an appended sample. What a crash loses: turns
 still waiting for their next state or for the judge (in memory only).
 
-Modules: ``config`` (GatewayConfig), ``protocol`` (request validation, response shapes),
-``sessions`` (next-state association), ``judge`` (PRM votes, hints, rule judge),
-``samples`` (Sample, SampleStore, grain data source), ``server`` (the aiohttp app).
+Modules: ``config`` (GatewayConfig), ``protocol`` (session headers, the gateway's request
+limits; the OpenAI shapes are :mod:`openclaw_jax.wire.openai`), ``sessions`` (next-state
+association), ``judge`` (PRM votes, hints, rule judge), ``samples`` (Sample, SampleStore, grain
+data source), ``server`` (the aiohttp app), ``pipeline`` (judge workers -> samples).
 """
 
 from openclaw_jax.gateway.config import GatewayConfig

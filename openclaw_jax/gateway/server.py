@@ -424,16 +424,10 @@ class Gateway(JudgePipeline):
         if job is not None:
             self._submit(job)
 
-    def _token_texts(self, ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([int(t)]) for t in ids]
-
     def _logprobs_block(self, result: GenerateResult, start: int, stop: int, top: int) -> dict[str, Any]:
-        ids = result.output_ids[start:stop]
-        tops = None
-        if top:
-            tops = [[(lp, self.tokenizer.decode([tid])) for lp, tid in pos[:top]]
-                    for pos in result.output_top_logprobs[start:stop]]
-        return O.logprobs_content(self._token_texts(ids), result.output_logprobs[start:stop], tops)
+        return O.logprobs_of_ids(result.output_ids[start:stop], result.output_logprobs[start:stop],
+                                 result.output_top_logprobs[start:stop] if top else None,
+                                 lambda t: self.tokenizer.decode([t]), top_n=top)
 
     @staticmethod
     def _finish_reason(result: GenerateResult, has_calls: bool) -> str:

@@ -62,9 +62,7 @@ class OpenAIRoutes:
                 for j in range(req.sampling.n)]
 
     def _chat_logprobs(self, ids, logprobs, tops) -> dict[str, Any]:
-        tt = self.token_text
-        return O.logprobs_content([tt(int(t)) for t in ids], logprobs,
-                                  None if not tops else [[(lp, tt(int(t))) for lp, t in pos] for pos in tops])
+        return O.logprobs_of_ids(ids, logprobs, tops, self.token_text)
 
     @staticmethod
     def _split_tool_calls(req: P.ChatRequest, text: str) -> tuple[str, list[dict[str, Any]]]:

@@ -497,17 +497,31 @@ class PoolClient:
         return await self._fan_out_simple("POST", "/flush_cache")
 
 
-async def _stream_results(resp: aiohttp.ClientResponse, worker: _Worker, parse) -> AsyncIterator[GenerateResult]:
-    """The parsed `/generate` chunks of an SSE response, up to ``[DONE]``."""
+async def _sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     decoder = SSEDecoder()
     async for piece in resp.content.iter_any():
         for event in decoder.feed(piece):
-            if event == "[DONE]":
-                return
-            yield parse(_chunk_json(event, worker), worker)
+            yield event
     for event in decoder.close():
-        if event != "[DONE]":
-            yield parse(_chunk_json(event, worker), worker)
+        yield event
+
+
+async def _stream_results(resp: aiohttp.ClientResponse, worker: _Worker, parse) -> AsyncIterator[GenerateResult]:
+    """The parsed `/generate` chunks of an SSE response. The finished chunk comes once the stream has ended
+    (``[DONE]``), so a caller that stops there leaves no answer half-read on the connection."""
+    held: GenerateResult | None = None
+    async with contextlib.aclosing(_sse_events(resp)) as events:
+        async for event in events:
+            if event == "[DONE]":
+                break
+            if held is not None:
+                yield held
+            held = parse(_chunk_json(event, worker), worker)
+            if not held.finished:
+                yield held
+                held = None
+    if held is not None:
+        yield held
 
 
 def _chunk_json(event: str, worker: _Worker) -> Any:

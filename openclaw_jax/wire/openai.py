@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from openclaw_jax.wire import json_safe
 from openclaw_jax.wire.errors import WireError
@@ -321,6 +321,15 @@ def logprobs_content(token_texts: Sequence[str], logprobs: Sequence[float],
             {"token": t, "logprob": float(v), "bytes": _token_bytes(t)} for v, t in top[i]]
         content.append({"token": tok, "logprob": float(lp), "bytes": _token_bytes(tok), "top_logprobs": tops})
     return {"content": content}
+
+
+def logprobs_of_ids(ids: Sequence[int], logprobs: Sequence[float],
+                    tops: Sequence[Sequence[tuple[float, int]]] | None, token_text: Callable[[int], str],
+                    *, top_n: int | None = None) -> dict[str, Any]:
+    """`logprobs_content` of token ids, each spelt by ``token_text(id)``; ``tops`` as (logprob, id) per position,
+    the first ``top_n`` of each kept."""
+    top = None if not tops else [[(lp, token_text(int(t))) for lp, t in pos[:top_n]] for pos in tops]
+    return logprobs_content([token_text(int(t)) for t in ids], logprobs, top)
 
 
 def completion_logprobs(tokens: Sequence[str], logprobs: Sequence[float | None],

@@ -89,13 +89,17 @@ class SamplingParams:
         return self.temperature < 1e-6
 
     def to_json(self) -> dict[str, Any]:
-        """The ``sampling_params`` object to send: max_new_tokens always, other fields when not default."""
-        out: dict[str, Any] = {"max_new_tokens": self.max_new_tokens}
+        """The ``sampling_params`` to send: the sampling distribution always (a worker would otherwise apply
+        its model's generation-config defaults, and the rollout records these values), the rest when set."""
+        out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "max_new_tokens" and value != f.default:
+            if f.name in ALWAYS_SENT or value != f.default:
                 out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
+
+
+ALWAYS_SENT = frozenset({"max_new_tokens", "temperature", "top_p", "top_k"})
 
 
 # SGLang SamplingParams fields the JAX engine accepts only at their neutral value.
