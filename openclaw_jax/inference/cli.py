@@ -20,7 +20,7 @@ from openclaw_jax.inference.server import InferenceServer
 from openclaw_jax.serving import http_guard as G
 from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
 
-logger = logging.getLogger("openclaw_jax.inference.server")
+logger = logging.getLogger(__name__)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:

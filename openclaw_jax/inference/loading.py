@@ -52,5 +52,3 @@ def context_length_from(hf_config: dict | None, model_cfg, override: int | None)
         if hf_config and isinstance(hf_config.get(key), int):
             return int(hf_config[key])
     return int(model_cfg.max_position_embeddings)
-
-
