@@ -309,13 +309,15 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             cleanups.append(env.close)
 
             async def evaluate(step: int) -> float:
-                score = await env.preference_score(writer=writer, step=step)
-                progress.update(pref=score)
-                record = {"step": step, "preference_score": score, "time_s": time.monotonic() - t_start}
+                graded = await env.heldout_eval(writer=writer, step=step)
+                score, accuracy = graded["preference_score"], graded["accuracy"]
+                progress.update(pref=score, acc=accuracy)
+                record = {"step": step, "preference_score": score,
+                          "accuracy": accuracy if accuracy == accuracy else None, "time_s": time.monotonic() - t_start}
                 summary["preference"].append(record)
                 with open(run_dir / "eval.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
-                log.info("held-out preference score at step %d: %.3f", step, score)
+                log.info("held-out preference score at step %d: %.3f, accuracy %.3f", step, score, accuracy)
                 return score
 
             await evaluate(trainer.step)
@@ -410,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = asyncio.run(run(cfg))
     log.info("done: %s", json.dumps({k: v for k, v in summary.items() if k != "preference"}))
     for record in summary["preference"]:
-        log.info("preference score at step %d: %.3f", record["step"], record["preference_score"])
+        log.info("preference score at step %d: %.3f, accuracy %s", record["step"], record["preference_score"],
+                 record.get("accuracy"))
     return 0
 
 
