@@ -273,8 +273,10 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         agentic = None
         env_tasks: list[asyncio.Task] = []
         if is_main and not cfg.agentic.enabled:
+            # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
             gw_cfg = dataclasses.replace(cfg.gateway, policy_urls=tuple(policy_urls),
-                                         store_dir=str(run_dir / "samples"), model=base.model_dir)
+                                         store_dir=str(run_dir / "samples"), model=base.model_dir,
+                                         judge_hints=cfg.gateway.judge_hints and cfg.trainer.uses_hints)
             gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=base.tokenizer)
             cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
             log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
