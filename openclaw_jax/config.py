@@ -188,6 +188,12 @@ class TrainerConfig:
                  f"trainer.micro_batch_size={self.micro_batch_size} must be 0 (whole batch) or divide "
                  f"trainer.rollout_batch_size={self.rollout_batch_size}")
 
+    @property
+    def uses_hints(self) -> bool:
+        """Whether the method learns from hints at all: `rl` (GRPO only) needs no hint votes, no
+        teacher pass and no hint-only samples."""
+        return self.method != "rl"
+
 
 @dataclass(frozen=True)
 class EnvConfig:

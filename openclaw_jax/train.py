@@ -273,8 +273,10 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         agentic = None
         env_tasks: list[asyncio.Task] = []
         if is_main and not cfg.agentic.enabled:
+            # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
             gw_cfg = dataclasses.replace(cfg.gateway, policy_urls=tuple(policy_urls),
-                                         store_dir=str(run_dir / "samples"), model=base.model_dir)
+                                         store_dir=str(run_dir / "samples"), model=base.model_dir,
+                                         judge_hints=cfg.gateway.judge_hints and cfg.trainer.uses_hints)
             gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=base.tokenizer)
             cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
             log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
@@ -309,13 +311,15 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             cleanups.append(env.close)
 
             async def evaluate(step: int) -> float:
-                score = await env.preference_score(writer=writer, step=step)
-                progress.update(pref=score)
-                record = {"step": step, "preference_score": score, "time_s": time.monotonic() - t_start}
+                graded = await env.heldout_eval(writer=writer, step=step)
+                score, accuracy = graded["preference_score"], graded["accuracy"]
+                progress.update(pref=score, acc=accuracy)
+                record = {"step": step, "preference_score": score,
+                          "accuracy": accuracy if accuracy == accuracy else None, "time_s": time.monotonic() - t_start}
                 summary["preference"].append(record)
                 with open(run_dir / "eval.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
-                log.info("held-out preference score at step %d: %.3f", step, score)
+                log.info("held-out preference score at step %d: %.3f, accuracy %.3f", step, score, accuracy)
                 return score
 
             await evaluate(trainer.step)
@@ -410,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = asyncio.run(run(cfg))
     log.info("done: %s", json.dumps({k: v for k, v in summary.items() if k != "preference"}))
     for record in summary["preference"]:
-        log.info("preference score at step %d: %.3f", record["step"], record["preference_score"])
+        log.info("preference score at step %d: %.3f, accuracy %s", record["step"], record["preference_score"],
+                 record.get("accuracy"))
     return 0
 
 

@@ -77,6 +77,32 @@ def test_rule_evaluator_against_live_server(tmp_path):
     assert (out / "score_vs_step.png").stat().st_size > 1000
 
 
+def half_right_model(body, headers):
+    """The right result when the second operand is even, one too many otherwise; always short."""
+    a, op, b = ARITH.search(body["messages"][-1]["content"]).groups()
+    value = eval(f"{a}{op}{b}")  # noqa: S307 - our own digits
+    return f"The answer: {value if int(b) % 2 == 0 else value + 1}."
+
+
+def test_accuracy_beside_preference_in_report_summary_and_tensorboard(tmp_path):
+    out = tmp_path / "eval"
+    with ScriptedOpenAIServer(half_right_model) as server:
+        main(["--persona", "concise:max_chars=60", "--questions", "16", "--seed", "2", "--source", "arithmetic",
+              "--server-url", server.url, "--out", str(out), "--step", "4", "--max-tokens", "9"])
+    questions = heldout_questions("arithmetic", 16, seed=2)
+    right = [int(ARITH.search(q.text).group(3)) % 2 == 0 for q in questions]
+    [path] = _reports(out)
+    report = json.loads(path.read_text())
+    # every answer is short and finished, so the brevity persona is always satisfied ...
+    assert report["results"]["satisfied_fraction"] == 1.0
+    # ... while accuracy counts only the answers with the right final number
+    assert report["results"]["accuracy"] == pytest.approx(sum(right) / 16)
+    assert report["results"]["accuracy_graded"] == 16
+    assert [i["correct"] for i in report["items"]] == right
+    [(step, value)] = read_event_tags(out / "tb")["eval/accuracy"]
+    assert step == 4 and value.simple_value == pytest.approx(sum(right) / 16)
+
+
 def test_judge_evaluator_votes_averaged_and_reproducible(tmp_path):
     def run(out):
         with ScriptedOpenAIServer(styled_model) as model, ScriptedOpenAIServer(judge, model="judge") as j:

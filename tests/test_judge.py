@@ -242,3 +242,27 @@ def test_model_judge_timeout_is_no_vote():
     j = asyncio.run(judge.judge("r", NextState("user", "thanks")))
     assert j.eval_votes == (None, None) and j.eval_score == 0 and j.hints == ()
     assert j.kind is None
+
+
+def test_judge_without_hints_casts_eval_votes_only():
+    """`hints=False` (the `rl` method): no hint call at all, so no hint and no hint-only sample."""
+    calls = []
+
+    class Pool:
+        async def generate(self, input_ids, *, sampling_params=None, **kw):
+            calls.append(sampling_params["sampling_seed"])
+            return SimpleNamespace(text="\\boxed{-1} [HINT_START]Please keep it short.[HINT_END]")
+
+    class Tok:
+        def apply_chat_template(self, messages, **kw):
+            return [ord(c) % 256 for m_ in messages for c in m_["content"]]
+
+    j = asyncio.run(ModelJudge(Pool(), Tok(), votes=3, hints=False).judge("r", NextState("user", "no"), seed=7))
+    assert calls == [7, 8, 9] and j.eval_score == -1 and j.hints == () and j.hint_votes == ()
+    # the rule judge: a correction with an instruction still scores -1, with no hint
+    text = "That's wrong. Please keep your answer under 60 characters."
+    assert RuleJudge().judge_now("r", NextState("user", text)).kind == "opd+rl"
+    off = RuleJudge(hints=False).judge_now("r", NextState("user", text))
+    assert off.eval_score == -1 and off.hints == () and off.kind == "rl" and off.raw["hint"] == []
+    # an instruction without a verdict would be a hint-only sample; without hints it is no sample
+    assert RuleJudge(hints=False).judge_now("r", NextState("user", "Please use tabs instead.")).kind is None

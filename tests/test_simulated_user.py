@@ -228,6 +228,8 @@ def test_stats_and_preference_score_reach_tensorboard(tmp_path):
     assert [(s, v.simple_value) for s, v in tags["simuser/turn_satisfaction"]] == [(7, 0.5)]
     assert [(s, v.simple_value) for s, v in tags["eval/satisfied_fraction"]] == [(9, 0.0)]
     assert [(s, v.simple_value) for s, v in tags["eval/preference_score"]] == [(9, 0.0)]
+    # "It is 7." is never the right result of "What is i + i?" (an even number): accuracy 0
+    assert [(s, v.simple_value) for s, v in tags["eval/accuracy"]] == [(9, 0.0)]
 
 
 # ---------------------------------------------------------------------------------------------

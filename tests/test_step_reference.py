@@ -65,7 +65,7 @@ def _response_logits(model, prompt, response, *, grad=False):
     return logits[len(prompt) - 1:len(prompt) - 1 + len(response)] / TAU
 
 
-def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg):
+def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, teacher_candidates=True):
     import torch
 
     student, teacher = _torch_model(student_dir), _torch_model(teacher_dir)
@@ -94,7 +94,7 @@ def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg):
         case["student_topk_ids"][b, :r] = sq
         case["student_topk_logprobs"][b, :r] = np.take_along_axis(lsm, sq, -1)
         # RL-only samples: the un-hinted prompt is the single teacher candidate (DESIGN section 6)
-        prompts = (s.hint_prompt_ids or [s.prompt_ids])[:C]
+        prompts = (s.hint_prompt_ids or [s.prompt_ids])[:C] if teacher_candidates else []
         for c, prompt in enumerate(prompts):
             t_lsm = log_softmax(_response_logits(teacher, prompt, s.response_ids).numpy())
             sp = np.argsort(-t_lsm, axis=-1, kind="stable")[:, :K]
@@ -163,3 +163,49 @@ def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b
     assert metrics["grad_norm"] == pytest.approx(ref_grad_norm, rel=1e-3, abs=1e-6)
     # the case must exercise the OPD branch with several candidates, or the wiring goes unchecked
     assert ref_metrics["opd_subset_size"] > 0 and abs(ref_metrics["opd_loss"]) > 1e-3
+
+
+def test_rl_trains_on_rewards_alone_without_teacher_or_hint_only_samples(tiny_qwen3_dir, tiny_qwen3_dir_b, tmp_path):
+    """`rl`: the hint-only sample (reward 0) is not in the batch, so the GRPO mean is over the three
+    rewarded samples; the teacher pass never runs; the step equals the reference GRPO step on them."""
+    import jax
+
+    from openclaw_jax.config import load_experiment_config
+    from openclaw_jax.gateway.samples import SampleStore
+    from openclaw_jax.models.hub import load_pretrained
+    from openclaw_jax.parallel.mesh import make_mesh
+    from openclaw_jax.trainer.batcher import SampleBatcher
+    from openclaw_jax.trainer.loop import Trainer
+
+    cfg = load_experiment_config([], [
+        "trainer.method=rl", f"trainer.temperature={TAU}", f"gateway.temperature={TAU}", f"trainer.top_k={TOP_K}",
+        "trainer.chunk_size=8", "trainer.rollout_batch_size=4", "gateway.max_candidates=2",
+        "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.optimizer.lr=1e-3"])
+    student = load_pretrained(tiny_qwen3_dir, dtype="float32").model
+    teacher = load_pretrained(tiny_qwen3_dir_b, dtype="float32").model
+    trainer = Trainer(cfg, student, teacher, make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    calls = []
+    real_teacher_pass = trainer._teacher_pass
+    trainer._teacher_pass = lambda *a, **k: calls.append(1) or real_teacher_pass(*a, **k)
+
+    samples = _samples(np.random.default_rng(0), student.cfg.vocab_size)
+    with SampleStore(tmp_path / "store") as store:
+        for sample in samples:
+            store.append(sample)
+    batcher = SampleBatcher(str(tmp_path / "store"), trainer.spec)
+    [packed] = list(batcher.batches(0, len(samples), current_version=0))
+    assert batcher.dropped["hint_only"] == 1 and [s.kind for s in packed.samples] == ["opd+rl", "rl", "opd+rl"]
+    assert packed.teacher["candidate_mask"].sum() == 0  # no hint candidate, no un-hinted anchor
+    metrics = trainer.train_on(packed)
+    assert calls == []
+
+    kept = [s for s in samples if s.kind != "opd"]
+    ref_loss, ref_metrics, ref_grad_norm = _reference(tiny_qwen3_dir, tiny_qwen3_dir_b, kept, 2, {"w_opd": 0.0},
+                                                      teacher_candidates=False)
+    assert metrics["loss"] == pytest.approx(ref_loss, abs=1e-5, rel=1e-4)
+    assert metrics["grpo_pg_loss"] == pytest.approx(ref_metrics["grpo_pg_loss"], abs=1e-5, rel=1e-4)
+    assert metrics["opd_loss"] == 0.0
+    assert metrics["grad_norm"] == pytest.approx(ref_grad_norm, rel=1e-3, abs=1e-6)
+    # a zero-loss row in the mean would scale the loss by 3/4: the reference on all four differs
+    diluted = ref_loss * 3 / 4
+    assert abs(metrics["loss"] - diluted) > 1e-4

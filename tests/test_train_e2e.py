@@ -66,6 +66,8 @@ def test_tiny_cpu_run_killed_and_resumed(tmp_path):
     assert summary["resumed"] is True
     assert summary["start_step"] == killed_at
     assert summary["end_step"] == MAX_STEPS
+    # every held-out evaluation carries accuracy beside preference (arithmetic questions know their answers)
+    assert summary["preference"] and all(0.0 <= r["accuracy"] <= 1.0 for r in summary["preference"])
 
     # every trained window is contiguous from offset 0: nothing lost, nothing trained twice
     windows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
@@ -86,7 +88,7 @@ def test_tiny_cpu_run_killed_and_resumed(tmp_path):
     for extra in ("rollout/prm_eval_score", "samples/opd_rl", "samples/opd", "samples/rl", "time/old_pass",
                   "time/teacher_pass", "time/train_step", "time/weight_sync", "time/weight_sync_blocking",
                   "weight_sync/failures", "tokens_per_s", "weight_version",
-                  "staleness/mean", "sel_k_star", "eval/preference_score"):
+                  "staleness/mean", "sel_k_star", "eval/preference_score", "eval/accuracy"):
         assert extra in tags, extra
     assert any(t.startswith("hints") for t in tags)
     steps_logged = sorted({step for step, _ in tags["loss"]})

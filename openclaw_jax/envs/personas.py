@@ -23,6 +23,8 @@ import random
 import re
 from typing import Any, Callable, Sequence
 
+from openclaw_jax.envs.grading import final_number, format_number, is_correct, parse_reference
+
 RUBRIC_LEVELS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -168,17 +170,20 @@ class Persona:
     #: at most this many instructions per correction, so each correction stays one clear hint
     max_instructions: int = 2
 
-    def rules(self, answer: str, question: str | None, finish_reason: str | None) -> list[RuleResult]:
+    def rules(self, answer: str, question: str | None, finish_reason: str | None,
+              reference: str | None = None) -> list[RuleResult]:
         raise NotImplementedError
 
     def check(
-        self, answer_text: str, question: str | None = None, *, finish_reason: str | None = None
+        self, answer_text: str, question: str | None = None, *, finish_reason: str | None = None,
+        reference: str | None = None,
     ) -> PreferenceVerdict:
         """Judge `answer_text`. Deterministic; `question` lets rules refer to the problem's numbers,
-        `finish_reason` ("stop" / "length") lets rules ask for a complete answer."""
+        `finish_reason` ("stop" / "length") lets rules ask for a complete answer, `reference` (the
+        question's known answer) lets rules ask for a right one."""
         if not isinstance(answer_text, str):
             raise TypeError(f"{self.name}: answer_text must be str, got {type(answer_text).__name__}")
-        return PreferenceVerdict.from_rules(self.rules(answer_text, question, finish_reason))
+        return PreferenceVerdict.from_rules(self.rules(answer_text, question, finish_reason, reference))
 
     def react(
         self, question: str | None, answer: str, verdict: PreferenceVerdict, rng: random.Random
@@ -252,7 +257,8 @@ class StudentProse(Persona):
         self.min_sentences = min_sentences
         self.min_step_sentences = min_step_sentences
 
-    def rules(self, answer: str, question: str | None, finish_reason: str | None) -> list[RuleResult]:
+    def rules(self, answer: str, question: str | None, finish_reason: str | None,
+              reference: str | None = None) -> list[RuleResult]:
         markup = [desc for pat, desc in _MARKUP_PATTERNS if pat.search(answer)]
         lists = [desc for pat, desc in _LIST_PATTERNS if pat.search(answer)]
         sentences = split_sentences(answer)
@@ -358,7 +364,8 @@ class TeacherFriendly(Persona):
         self.min_problem_numbers = min_problem_numbers
         self.friendly_markers = tuple(m.lower() for m in friendly_markers)
 
-    def rules(self, answer: str, question: str | None, finish_reason: str | None) -> list[RuleResult]:
+    def rules(self, answer: str, question: str | None, finish_reason: str | None,
+              reference: str | None = None) -> list[RuleResult]:
         lower = answer.lower()
         friendly = any(re.search(r"(?<![a-z])" + re.escape(m) + r"(?![a-z])", lower) for m in self.friendly_markers)
         answer_numbers = extract_numbers(answer)
@@ -420,7 +427,8 @@ class StartsWith(Persona):
         self.name = "starts_with"
         self.preference = f'I want every answer to begin with "{prefix}".'
 
-    def rules(self, answer: str, question: str | None, finish_reason: str | None) -> list[RuleResult]:
+    def rules(self, answer: str, question: str | None, finish_reason: str | None,
+              reference: str | None = None) -> list[RuleResult]:
         text = answer.lstrip()
         ok = text.startswith(self.prefix) if self.case_sensitive else text.lower().startswith(self.prefix.lower())
         return [
@@ -433,33 +441,70 @@ class StartsWith(Persona):
         ]
 
 
+_WRONG_OPENERS = (
+    "Hmm, that's not right.",
+    "No, that's wrong.",
+    "That's incorrect.",
+    "Wait, that is not right.",
+)
+_WRONG_CLOSERS = ("Can you redo it?", "Could you try again?", "Can you fix that?")
+
+
 class Concise(Persona):
-    """The answer must be at most `max_chars` characters and complete (finished with EOS).
+    """The answer must be at most `max_chars` characters and complete (finished with EOS); with
+    `correct=True` it must also be right.
 
     Completeness is read from `finish_reason`: "length" means the model was cut off by the token
     limit instead of ending the answer itself; when the finish reason is unknown that rule is
-    not applied.
+    not applied. Correctness (`correct=True`) is the final number the answer states against the
+    question's known answer (`reference`, see `envs.grading`); without a numeric reference that
+    rule is not applied.
+
+    A wrong answer draws a correction the way a person gives one: "No, that's wrong. The answer
+    should be 10, not 12." -- the second sentence is the instruction (the judge's hint), and it
+    carries the right result. A long or cut-off one draws the brevity instruction.
     """
 
     description = "A user who wants short, complete answers."
 
-    def __init__(self, max_chars: int = 40):
+    def __init__(self, max_chars: int = 40, correct: bool = False):
         if max_chars < 1:
             raise ValueError(f"concise: max_chars must be >= 1, got {max_chars}")
+        if not isinstance(correct, bool):
+            raise ValueError(f"concise: correct must be true or false, got {correct!r}")
         self.max_chars = max_chars
+        self.correct = correct
         self.name = "concise"
-        self.preference = f"I want short answers: at most {max_chars} characters, and finished, not cut off."
+        if correct:
+            self.description = "A user who wants short, complete and right answers."
+            self.preference = (f"I want short answers that are right: the correct result, in at most {max_chars} "
+                               "characters, finished, not cut off.")
+        else:
+            self.preference = f"I want short answers: at most {max_chars} characters, and finished, not cut off."
 
-    def rules(self, answer: str, question: str | None, finish_reason: str | None) -> list[RuleResult]:
+    def rules(self, answer: str, question: str | None, finish_reason: str | None,
+              reference: str | None = None) -> list[RuleResult]:
+        results = []
+        right = is_correct(answer, reference) if self.correct else None
+        if right is not None:
+            stated = final_number(answer)
+            expected = format_number(parse_reference(reference))
+            instruction = (f"The answer should be {expected}, not {format_number(stated)}." if stated is not None
+                           else f"The answer should be {expected}.")
+            results.append(RuleResult(
+                "correct", right,
+                "" if right else (f"states {format_number(stated)}, but the answer is {expected}" if stated is not None
+                                  else f"states no number; the answer is {expected}"),
+                instruction))
         length = len(answer.strip())
-        results = [
+        results.append(
             RuleResult(
                 "short",
                 length <= self.max_chars,
                 "" if length <= self.max_chars else f"is {length} characters long (limit {self.max_chars})",
                 f"Please keep your answer under {self.max_chars} characters.",
             )
-        ]
+        )
         if finish_reason is not None:
             finished = finish_reason != "length"
             results.append(
@@ -471,6 +516,14 @@ class Concise(Persona):
                 )
             )
         return results
+
+    def react(self, question: str | None, answer: str, verdict: PreferenceVerdict, rng: random.Random) -> str:
+        wrong = any(r.name == "correct" and not r.passed for r in verdict.rules)
+        if not wrong:
+            return super().react(question, answer, verdict, rng)
+        # A person who spots a wrong result says so first, then what the result is (the hint).
+        instructions = list(verdict.instructions[: self.max_instructions])
+        return " ".join([rng.choice(_WRONG_OPENERS), *instructions, rng.choice(_WRONG_CLOSERS)])
 
 
 class Keyword(Persona):
@@ -488,7 +541,8 @@ class Keyword(Persona):
         pattern = re.escape(word.lower())
         self._pattern = re.compile(r"(?<!\w)" + pattern + r"(?!\w)" if whole_word else pattern)
 
-    def rules(self, answer: str, question: str | None, finish_reason: str | None) -> list[RuleResult]:
+    def rules(self, answer: str, question: str | None, finish_reason: str | None,
+              reference: str | None = None) -> list[RuleResult]:
         ok = bool(self._pattern.search(answer.lower()))
         return [
             RuleResult(

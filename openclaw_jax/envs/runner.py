@@ -64,19 +64,28 @@ class EnvRunner:
         finally:
             store.close()
 
-    async def preference_score(self, *, writer: Any = None, step: int | None = None) -> float:
-        """Fraction of greedy held-out first answers that satisfy the persona (issue 6's score).
+    async def heldout_eval(self, *, writer: Any = None, step: int | None = None) -> dict[str, float]:
+        """Greedy held-out first answers graded two ways: `preference_score`, the fraction that
+        satisfy the persona (issue 6's score), and `accuracy`, the fraction whose final number is
+        the question's answer (NaN when the questions carry no numeric answers).
 
-        Logged as `eval/preference_score`, with the mean rubric grade as `eval/mean_rubric_score`.
+        Logged as `eval/preference_score`, `eval/accuracy` and the mean rubric grade as
+        `eval/mean_rubric_score`.
         """
         # As many held-out questions in flight as the policy batches at once: greedy decoding on
         # CPU is memory-bound, so a full batch costs about as much as one sequence.
         result = await preference_score(self.base_url, self.persona, self.heldout, max_tokens=self.cfg.env.max_tokens,
                                         api_key=self.api_key, concurrency=max(4, self.cfg.policy.max_batch_size))
+        record = {"preference_score": float(result.score), "accuracy": float(result.accuracy),
+                  "mean_rubric_score": float(result.mean_score)}
         if writer is not None and step is not None:
-            writer.scalars(step, {"eval/preference_score": result.score, "eval/mean_rubric_score": result.mean_score})
+            writer.scalars(step, {f"eval/{k}": v for k, v in record.items() if v == v})
             writer.flush()
-        return float(result.score)
+        return record
+
+    async def preference_score(self, *, writer: Any = None, step: int | None = None) -> float:
+        """The held-out preference score alone (see `heldout_eval`)."""
+        return (await self.heldout_eval(writer=writer, step=step))["preference_score"]
 
     async def close(self) -> None:
         await self.user.close()

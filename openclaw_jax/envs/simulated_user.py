@@ -34,6 +34,7 @@ import random
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
+from openclaw_jax.envs.grading import accuracy, is_correct
 from openclaw_jax.envs.personas import Persona, PreferenceVerdict
 from openclaw_jax.envs.questions import Question
 
@@ -47,6 +48,8 @@ SESSION_DONE_HEADER = "X-Session-Done"
 # first answers, and the fraction of first answers that fully satisfy the persona.
 METRIC_PREFERENCE_SCORE = "eval/preference_score"
 METRIC_SATISFIED_FRACTION = "eval/satisfied_fraction"
+# Fraction of first answers whose final number is the question's known answer (envs.grading).
+METRIC_ACCURACY = "eval/accuracy"
 METRIC_PREFIX_SIMUSER = "simuser/"
 
 
@@ -140,6 +143,7 @@ class TurnRecord:
     score: float
     satisfied: bool
     reaction: str
+    correct: bool | None = None  # final number == the question's answer (None: not gradable)
 
 
 @dataclasses.dataclass
@@ -164,6 +168,8 @@ class UserStats:
     first_answers: int = 0
     first_answers_satisfied: int = 0
     first_answer_score_sum: float = 0.0
+    first_answers_graded: int = 0
+    first_answers_correct: int = 0
 
     def add(self, result: SessionResult) -> None:
         self.sessions += 1
@@ -176,6 +182,9 @@ class UserStats:
                 self.first_answers += 1
                 self.first_answers_satisfied += t.satisfied
                 self.first_answer_score_sum += t.score
+                if t.correct is not None:
+                    self.first_answers_graded += 1
+                    self.first_answers_correct += t.correct
 
     @property
     def first_answer_satisfaction(self) -> float:
@@ -190,6 +199,8 @@ class UserStats:
         return {
             "first_answer_satisfaction": self.first_answer_satisfaction,
             "first_answer_score": self.mean_first_answer_score,
+            "first_answer_accuracy": (self.first_answers_correct / self.first_answers_graded
+                                      if self.first_answers_graded else float("nan")),
             "turn_satisfaction": self.satisfied_turns / self.turns if self.turns else float("nan"),
             "sessions": float(self.sessions),
             "failed_sessions": float(self.failed_sessions),
@@ -367,11 +378,13 @@ class SimulatedUser:
             while True:
                 question = questions[q_pos]
                 reply = await send(False, cfg.max_tokens)
-                verdict: PreferenceVerdict = self.persona.check(reply.text, question.text, finish_reason=reply.finish_reason)
+                verdict: PreferenceVerdict = self.persona.check(reply.text, question.text, finish_reason=reply.finish_reason,
+                                                                reference=question.answer)
                 reaction = self.persona.react(question.text, reply.text, verdict, rng)
                 result.turns.append(TurnRecord(
                     session_id, len(result.turns), question.id, attempt, reply.text,
                     reply.finish_reason, verdict.score, verdict.satisfied, reaction,
+                    is_correct(reply.text, question.answer),
                 ))
                 messages.append({"role": "assistant", "content": reply.text})
                 out_of_turns = len(result.turns) >= cfg.turns_per_session
@@ -442,13 +455,17 @@ async def collect_first_answers(
 
 @dataclasses.dataclass(frozen=True)
 class PreferenceScore:
-    """`score` = fraction of first answers that satisfy the persona; `mean_score` = mean rubric score."""
+    """`score` = fraction of first answers that satisfy the persona; `mean_score` = mean rubric score;
+    `accuracy` = fraction of first answers whose final number is the question's answer (NaN when no
+    question has a numeric answer), `correct` per answer (None: not gradable)."""
 
     persona: str
     score: float
     mean_score: float
     answers: tuple[FirstAnswer, ...]
     verdicts: tuple[PreferenceVerdict, ...]
+    correct: tuple[bool | None, ...] = ()
+    accuracy: float = float("nan")
 
     @property
     def n(self) -> int:
@@ -459,13 +476,17 @@ def score_first_answers(persona: Persona, answers: Sequence[FirstAnswer]) -> Pre
     """Pure: the persona's verdicts on collected answers."""
     if not answers:
         raise ValueError("no answers to score; pass at least one held-out question")
-    verdicts = tuple(persona.check(a.text, a.question.text, finish_reason=a.finish_reason) for a in answers)
+    verdicts = tuple(persona.check(a.text, a.question.text, finish_reason=a.finish_reason, reference=a.question.answer)
+                     for a in answers)
+    correct = tuple(is_correct(a.text, a.question.answer) for a in answers)
     return PreferenceScore(
         persona=persona.name,
         score=sum(v.satisfied for v in verdicts) / len(verdicts),
         mean_score=sum(v.score for v in verdicts) / len(verdicts),
         answers=tuple(answers),
         verdicts=verdicts,
+        correct=correct,
+        accuracy=accuracy(correct),
     )
 
 
@@ -486,8 +507,9 @@ async def preference_score(
     """Fraction of greedy first answers on `heldout_questions` that satisfy `persona`.
 
     Uses side turns, so measuring never feeds the trainer. When `writer` and `step` are given,
-    writes `eval/satisfied_fraction` (= `.score`, the fraction satisfied) and
-    `eval/preference_score` (= `.mean_score`, the mean rubric grade, as the benchmark CLI does).
+    writes `eval/satisfied_fraction` (= `.score`, the fraction satisfied),
+    `eval/preference_score` (= `.mean_score`, the mean rubric grade, as the benchmark CLI does) and
+    `eval/accuracy` (= `.accuracy`, NaN -- not written -- when no question has a numeric answer).
     """
     own = isinstance(client_or_base_url, str)
     client = make_client(client_or_base_url, api_key=api_key) if own else client_or_base_url
@@ -500,8 +522,9 @@ async def preference_score(
         if own:
             await client.close()
     result = score_first_answers(persona, answers)
-    log.info("preference score %s on %d held-out questions: %.3f (mean rubric %.3f)",
-             persona.name, result.n, result.score, result.mean_score)
+    log.info("preference score %s on %d held-out questions: %.3f (mean rubric %.3f), accuracy %.3f",
+             persona.name, result.n, result.score, result.mean_score, result.accuracy)
     if writer is not None and step is not None:
-        log_scalars(writer, step, {METRIC_SATISFIED_FRACTION: result.score, METRIC_PREFERENCE_SCORE: result.mean_score})
+        log_scalars(writer, step, {METRIC_SATISFIED_FRACTION: result.score, METRIC_PREFERENCE_SCORE: result.mean_score,
+                                   METRIC_ACCURACY: result.accuracy})
     return result

@@ -14,8 +14,8 @@ Examples:
       --checkpoint runs/demo --evaluator rule --out runs/demo/eval --tb runs/demo/tb
 
 Writes per evaluation `<out>/report_<persona>_<evaluator>_step<N>.json`, for the invocation
-`<out>/report.json`, TensorBoard scalars `eval/preference_score` and `eval/satisfied_fraction`
-at each step (into --tb, default `<out>/tb`), and `<out>/score_vs_step.png` over every report
+`<out>/report.json`, TensorBoard scalars `eval/preference_score`, `eval/satisfied_fraction` and
+`eval/accuracy` (the fraction of answers whose final number is the question's answer) at each step (into --tb, default `<out>/tb`), and `<out>/score_vs_step.png` over every report
 in `<out>`.
 """
 
@@ -204,8 +204,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     plot = plot_score_vs_step(out)
     for r, p in zip(reports, paths):
         res = r["results"]
-        log.info("step %d: preference score %s, satisfied fraction %s -> %s", r["step"], res["mean_score"],
-                 res["satisfied_fraction"], p)
+        log.info("step %d: preference score %s, satisfied fraction %s, accuracy %s -> %s", r["step"],
+                 res["mean_score"], res["satisfied_fraction"], res["accuracy"], p)
     log.info("plot: %s", plot)
     return reports
 

@@ -21,13 +21,14 @@ from typing import Any
 from openclaw_jax.envs.personas import persona_from_spec
 from openclaw_jax.envs.questions import heldout_questions
 from openclaw_jax.envs.simulated_user import (
+    METRIC_ACCURACY,
     METRIC_PREFERENCE_SCORE,
     METRIC_SATISFIED_FRACTION,
     collect_first_answers,
     make_client,
 )
 from openclaw_jax.eval.evaluators import Evaluator
-from openclaw_jax.eval.scoring import build_report, load_reports, report_filename, score_series
+from openclaw_jax.eval.scoring import accuracy_series, build_report, load_reports, report_filename, score_series
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,9 @@ async def evaluate_server(
         log.warning("%d of %d answers got no valid grade (every judge vote failed or was off the rubric); "
                     "they are left out of the mean. Check the judge server and --judge-max-tokens.",
                     res["n"] - res["graded"], res["n"])
-    log.info("eval %s step %d (%s): preference score %s, satisfied %s over %d questions",
-             config.persona, step, evaluator.describe()["kind"], res["mean_score"], res["satisfied_fraction"], res["n"])
+    log.info("eval %s step %d (%s): preference score %s, satisfied %s, accuracy %s over %d questions",
+             config.persona, step, evaluator.describe()["kind"], res["mean_score"], res["satisfied_fraction"],
+             res["accuracy"], res["n"])
     return report
 
 
@@ -127,7 +129,8 @@ def write_summary(reports: list[dict[str, Any]], paths: list[Path], out_dir: str
 
 
 def log_tensorboard(reports: list[dict[str, Any]], tb_dir: str | Path) -> None:
-    """`eval/preference_score` (mean grade) and `eval/satisfied_fraction` at each report's step."""
+    """`eval/preference_score` (mean grade), `eval/satisfied_fraction` and `eval/accuracy` at each
+    report's step."""
     from tensorboardX import SummaryWriter
 
     # A unique suffix: two invocations within one second would otherwise share (and clobber)
@@ -136,7 +139,8 @@ def log_tensorboard(reports: list[dict[str, Any]], tb_dir: str | Path) -> None:
     try:
         for r in reports:
             for tag, value in ((METRIC_PREFERENCE_SCORE, r["results"]["mean_score"]),
-                               (METRIC_SATISFIED_FRACTION, r["results"]["satisfied_fraction"])):
+                               (METRIC_SATISFIED_FRACTION, r["results"]["satisfied_fraction"]),
+                               (METRIC_ACCURACY, r["results"].get("accuracy"))):
                 if value is not None and not math.isnan(value):
                     writer.add_scalar(tag, float(value), int(r["step"]))
     finally:
@@ -144,14 +148,16 @@ def log_tensorboard(reports: list[dict[str, Any]], tb_dir: str | Path) -> None:
 
 
 def plot_score_vs_step(out_dir: str | Path) -> Path:
-    """Plot mean grade (solid) and satisfied fraction (dashed) against step for every report in
-    `out_dir`, one colour per (persona, evaluator). Returns the PNG path."""
+    """Plot mean grade (solid), satisfied fraction (dashed) and accuracy (dotted) against step for
+    every report in `out_dir`, one colour per (persona, evaluator). Returns the PNG path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = score_series(load_reports(out_dir))
+    reports = load_reports(out_dir)
+    series = score_series(reports)
+    accuracies = accuracy_series(reports)
     if not series:
         raise FileNotFoundError(f"no report_*.json in {out_dir}; run an evaluation first")
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -161,6 +167,10 @@ def plot_score_vs_step(out_dir: str | Path) -> Path:
             steps = [p[0] for p in pts]
             ax.plot(steps, [p[1] for p in pts], "o-", color=color, label=f"{label}: preference score")
             ax.plot(steps, [p[2] for p in pts], "s--", color=color, alpha=0.6, label=f"{label}: satisfied fraction")
+            acc = accuracies.get(label, [])
+            if any(a == a for _, a in acc):  # NaN-only (no gradable question): nothing to draw
+                ax.plot([p[0] for p in acc], [p[1] for p in acc], "^:", color=color, alpha=0.8,
+                        label=f"{label}: accuracy")
         ax.set_xlabel("training step")
         ax.set_ylabel("score on held-out questions")
         ax.set_ylim(-0.03, 1.03)

@@ -16,6 +16,7 @@ import logging
 import random
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
+from openclaw_jax.envs.grading import is_correct
 from openclaw_jax.envs.personas import Persona
 from openclaw_jax.envs.simulated_user import FirstAnswer, make_client, resolve_model
 from openclaw_jax.eval.scoring import ItemScore, average_votes, parse_rubric_score, rubric_messages
@@ -34,7 +35,8 @@ class Evaluator(Protocol):
 
 
 def _rule_fields(persona: Persona, answer: FirstAnswer) -> dict[str, Any]:
-    verdict = persona.check(answer.text, answer.question.text, finish_reason=answer.finish_reason)
+    verdict = persona.check(answer.text, answer.question.text, finish_reason=answer.finish_reason,
+                            reference=answer.question.answer)
     return {
         "question_id": answer.question.id,
         "question": answer.question.text,
@@ -43,6 +45,7 @@ def _rule_fields(persona: Persona, answer: FirstAnswer) -> dict[str, Any]:
         "rule_score": verdict.score,
         "satisfied": verdict.satisfied,
         "violations": tuple(verdict.violations),
+        "correct": is_correct(answer.text, answer.question.answer),
     }
 
 

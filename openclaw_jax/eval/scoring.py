@@ -96,6 +96,7 @@ class ItemScore:
     rule_score: float | None = None  # the persona's own check, always recorded for comparison
     satisfied: bool | None = None  # the persona's own check
     violations: tuple[str, ...] = ()
+    correct: bool | None = None  # the final number equals the question's answer (None: not gradable)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -109,9 +110,12 @@ def summarize(items: Sequence[ItemScore]) -> dict[str, Any]:
 
     mean_score: mean evaluator grade over items with a grade (the benchmark's preference score);
     satisfied_fraction: fraction of items the persona's rule check is fully satisfied with;
-    rule_mean_score: mean rule grade (equals mean_score for the rule evaluator).
+    rule_mean_score: mean rule grade (equals mean_score for the rule evaluator);
+    accuracy: fraction of the gradable items (question with a numeric answer) whose final number
+    is that answer (envs.grading), `accuracy_graded` of them.
     """
     graded = [i.score for i in items if i.score is not None]
+    correct = [i.correct for i in items if i.correct is not None]
     rule = [i.rule_score for i in items if i.rule_score is not None]
     sat = [i.satisfied for i in items if i.satisfied is not None]
     nan = float("nan")
@@ -121,6 +125,8 @@ def summarize(items: Sequence[ItemScore]) -> dict[str, Any]:
         "mean_score": sum(graded) / len(graded) if graded else nan,
         "satisfied_fraction": sum(sat) / len(sat) if sat else nan,
         "rule_mean_score": sum(rule) / len(rule) if rule else nan,
+        "accuracy": sum(correct) / len(correct) if correct else nan,
+        "accuracy_graded": len(correct),
         "score_histogram": {str(level): sum(1 for s in graded if s == level) for level in RUBRIC_LEVELS},
     }
 
@@ -193,6 +199,16 @@ def step_from_path(path: str | Path) -> int | None:
 
 
 # ----------------------------------------------------------------------------- reading reports back
+
+
+def accuracy_series(reports: Iterable[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """{series label: [(step, accuracy), ...]} like `score_series` (NaN where a report has none)."""
+    by_label: dict[str, dict[int, float]] = {}
+    for r in reports:
+        label = f"{r['persona']['spec']} ({r['evaluator']['kind']})"
+        acc = r["results"].get("accuracy")
+        by_label.setdefault(label, {})[int(r["step"])] = float("nan") if acc is None else acc
+    return {label: [(s, pts[s]) for s in sorted(pts)] for label, pts in sorted(by_label.items())}
 
 
 def load_reports(out_dir: str | Path) -> list[dict[str, Any]]:

@@ -75,6 +75,7 @@ class GatewayConfig:
     max_pending_judgements: int = 4096      # beyond this, new pairs are dropped (logged)
     max_candidates: int = 3                 # hint candidates kept per sample
     hint_min_chars: int = 10                # an accepted hint is longer than this (stripped)
+    judge_hints: bool = True                # False: eval votes only, no hint votes (RL-only training)
 
     # --- sessions and store
     store_dir: str = "runs/samples"

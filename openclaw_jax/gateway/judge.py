@@ -304,7 +304,7 @@ class ModelJudge:
                  max_new_tokens: int = 1024, max_candidates: int = 3, min_chars: int = 10,
                  timeout_s: float = 300.0, name: str = "model",
                  chat_template_kwargs: dict[str, Any] | None = None, eval_regex: str | None = None,
-                 hint_regex: str | None = None) -> None:
+                 hint_regex: str | None = None, hints: bool = True) -> None:
         if votes <= 0:
             raise ValueError(f"judge votes={votes} must be > 0")
         self.pool = pool
@@ -319,6 +319,7 @@ class ModelJudge:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.eval_regex = eval_regex
         self.hint_regex = hint_regex
+        self.hints = hints  # False: no hint votes at all (RL-only training needs no hints)
 
     def _render(self, messages: list[dict[str, str]]) -> list[int]:
         return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -339,11 +340,13 @@ class ModelJudge:
 
     async def judge(self, response_text: str, next_state: NextState, *, seed: int = 0) -> Judgement:
         eval_ids = self._render(eval_vote_messages(response_text, next_state))
-        hint_ids = self._render(hint_vote_messages(response_text, next_state))
         m = self.votes
+        hint_calls = []
+        if self.hints:
+            hint_ids = self._render(hint_vote_messages(response_text, next_state))
+            hint_calls = [self._call(hint_ids, seed + m + i, self.hint_regex) for i in range(m)]
         outputs = await asyncio.gather(
-            *(self._call(eval_ids, seed + i, self.eval_regex) for i in range(m)),
-            *(self._call(hint_ids, seed + m + i, self.hint_regex) for i in range(m)))
+            *(self._call(eval_ids, seed + i, self.eval_regex) for i in range(m)), *hint_calls)
         return build_judgement(outputs[:m], outputs[m:], max_candidates=self.max_candidates,
                                min_chars=self.min_chars, judge=self.name)
 
@@ -416,12 +419,14 @@ class RuleJudge:
 
     name = "rule"
 
-    def __init__(self, *, max_candidates: int = 3, min_chars: int = 10) -> None:
+    def __init__(self, *, max_candidates: int = 3, min_chars: int = 10, hints: bool = True) -> None:
         self.max_candidates = max_candidates
         self.min_chars = min_chars
+        self.hints = hints  # False: no hint vote (RL-only training needs no hints)
 
     def judge_now(self, response_text: str, next_state: NextState) -> Judgement:
-        return build_judgement([rule_eval_output(next_state)], [rule_hint_output(next_state)],
+        hint_outputs = [rule_hint_output(next_state)] if self.hints else []
+        return build_judgement([rule_eval_output(next_state)], hint_outputs,
                                max_candidates=self.max_candidates, min_chars=self.min_chars, judge=self.name)
 
     async def judge(self, response_text: str, next_state: NextState, *, seed: int = 0) -> Judgement:

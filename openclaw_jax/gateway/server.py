@@ -176,7 +176,8 @@ class Gateway(JudgePipeline):
             await self.policy.start()
         if self.judge is None:
             if cfg.judge == "rule":
-                self.judge = RuleJudge(max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars)
+                self.judge = RuleJudge(max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars,
+                                       hints=cfg.judge_hints)
             else:
                 if self.judge_pool is None:
                     # Its own client (own concurrency limit), even on the policy's URLs, so that
@@ -194,7 +195,8 @@ class Gateway(JudgePipeline):
                 self.judge = ModelJudge(self.judge_pool, judge_tokenizer, votes=cfg.judge_votes,
                                         temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens,
                                         max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars,
-                                        timeout_s=cfg.judge_timeout_s, name=f"model:{cfg.served_model_name}")
+                                        timeout_s=cfg.judge_timeout_s, name=f"model:{cfg.served_model_name}",
+                                        hints=cfg.judge_hints)
         if self.store is None:
             self.store = SampleStore(cfg.store_dir, segment_max_bytes=cfg.segment_max_bytes)
             self._owned.append(self.store)

@@ -55,6 +55,9 @@ class BatchSpec:
     max_seq_len: int = 2048
     min_response_bucket: int = 16
     rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
+    # False (the `rl` method): no teacher candidates at all, and hint-only samples (kind "opd",
+    # reward 0) are dropped so they do not dilute the GRPO mean with zero-loss rows
+    use_hints: bool = True
     max_staleness: int = 2
     staleness_mode: Literal["drop", "importance"] = "drop"
     # the trainer's tau: a sample sampled at another temperature is refused (None: accept any)
@@ -79,6 +82,8 @@ class PackedBatch:
 
 def teacher_prompts(sample: Sample, spec: BatchSpec) -> list[list[int]]:
     """The teacher candidates of a sample: its hint prompts, or the un-hinted prompt for RL-only samples."""
+    if not spec.use_hints:
+        return []
     if sample.hint_prompt_ids:
         return [list(p) for p in sample.hint_prompt_ids[: spec.max_candidates]]
     if spec.rl_only_teacher == "unhinted":
@@ -152,10 +157,13 @@ class SampleBatcher:
     def __init__(self, store_dir: str, spec: BatchSpec):
         self.store_dir = store_dir
         self.spec = spec
-        self.dropped: dict[str, int] = {"stale": 0, "too_long": 0, "temperature": 0}
+        self.dropped: dict[str, int] = {"stale": 0, "too_long": 0, "temperature": 0, "hint_only": 0}
         self._warned_temperature = False
 
     def _keep(self, sample: Sample, current_version: int | None) -> bool:
+        if not self.spec.use_hints and sample.kind == "opd":  # no reward: nothing for GRPO to learn
+            self.dropped["hint_only"] += 1
+            return False
         if sample_length(sample, self.spec) > self.spec.max_seq_len:
             self.dropped["too_long"] += 1
             log.warning("dropping sample %s: %d tokens exceed max_seq_len=%d", sample.sample_id,

@@ -153,6 +153,7 @@ class Trainer:
             batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
             min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
             min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
+            use_hints=tcfg.uses_hints,
             max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
             temperature=tcfg.temperature)
         self._batch_sharding = batch_sharding(cfg, mesh)
@@ -201,6 +202,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
+    def _no_teacher(self, bc: tuple[int, int], btk: tuple[int, int, int]) -> S.TeacherPassOutput:
+        """Zeros in the teacher pass's shapes, for a batch without any hint candidate."""
+        (b, c), (_, t, k) = bc, btk
+        zeros = self._put({"ids": np.zeros((b, c, t, k), np.int32), "lp": np.zeros((b, c, t, k), np.float32),
+                           "tok": np.zeros((b, c, t), np.float32)})
+        return S.TeacherPassOutput(zeros["ids"], zeros["lp"], zeros["lp"], zeros["tok"])
+
     def _put(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         return {k: multihost.place(v, self._batch_sharding) for k, v in arrays.items()}
 
@@ -215,11 +223,17 @@ class Trainer:
             old = jax.block_until_ready(self._old_pass(self.graphdef, state, inputs))
             times["old_pass"] = time.perf_counter() - t0
             t1 = time.perf_counter()
-            teach = jax.block_until_ready(self._teacher_pass(
-                self.teacher_graphdef, self.teacher_state, teacher_inputs, inputs.response_ids, old.topk_ids))
+            if self.spec.use_hints:
+                teach = jax.block_until_ready(self._teacher_pass(
+                    self.teacher_graphdef, self.teacher_state, teacher_inputs, inputs.response_ids, old.topk_ids))
+            else:  # `rl`: no candidate anywhere (candidate_mask 0), so no teacher forward at all
+                teach = self._no_teacher(teacher_inputs.candidate_mask.shape, old.topk_ids.shape)
             times["teacher_pass"] = time.perf_counter() - t1
             t2 = time.perf_counter()
-            old_at = self._old_at(self.graphdef, state, old.hidden, teach.topk_ids)
+            if self.spec.use_hints:
+                old_at = self._old_at(self.graphdef, state, old.hidden, teach.topk_ids)
+            else:
+                old_at = teach.logprobs_at_student_ids
             weights = None
             if self.cfg.trainer.staleness_mode == "importance":
                 weights = self._importance(old.old_logprobs, inputs.rollout_logprobs, inputs.response_mask)
@@ -305,6 +319,7 @@ class Trainer:
                 self._uncommitted_windows.append((self.step, start, stop_offset))
                 metrics["samples/dropped_stale"] = float(batcher.dropped["stale"])
                 metrics["samples/dropped_temperature"] = float(batcher.dropped["temperature"])
+                metrics["samples/dropped_hint_only"] = float(batcher.dropped["hint_only"])
                 metrics["samples/waiting"] = float(max(available - self.sample_offset, 0))
                 if syncer is not None and self.step % tcfg.sync_every == 0:
                     # Only the hand-off blocks the trainer: a device copy (its buffers are donated to

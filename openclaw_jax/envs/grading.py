@@ -1,0 +1,64 @@
+"""Task correctness of an answer: the final number it states against the question's known answer.
+
+Pure functions, no I/O. An answer is correct when the *last* number written in it equals the
+reference numerically ("10", "10.0", "1,200" and "1200" are the same number; "-4" keeps its
+sign). An answer that states no number is wrong. A reference that is not a number cannot be
+graded (`None`), so callers can leave such questions out of an accuracy instead of counting them
+as wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable
+
+# A number not glued to a word or a decimal point before it: "x2" and ".5." are not numbers,
+# "-4", "1,200", "3.50" are. A minus sign counts only when it touches the digits ("= -4"), so
+# the operator in "7 - 3" is not a sign.
+_NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def numbers_in(text: str) -> list[float]:
+    """Every number written in `text`, in order, as floats ("1,200" -> 1200.0, "-4" -> -4.0)."""
+    return [float(m.group(0).replace(",", "")) for m in _NUMBER_RE.finditer(text)]
+
+
+def final_number(text: str) -> float | None:
+    """The last number written in `text`, or None when it states none."""
+    found = numbers_in(text)
+    return found[-1] if found else None
+
+
+def parse_reference(reference: str | float | int | None) -> float | None:
+    """The reference answer as a number; None when it is missing or not a single number."""
+    if reference is None:
+        return None
+    if isinstance(reference, (int, float)):
+        return float(reference)
+    found = numbers_in(str(reference).strip())
+    return found[0] if len(found) == 1 else None
+
+
+def same_number(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def is_correct(answer: str, reference: str | float | int | None) -> bool | None:
+    """Whether the final number of `answer` equals `reference`; None when `reference` is not a number."""
+    ref = parse_reference(reference)
+    if ref is None:
+        return None
+    stated = final_number(answer)
+    return stated is not None and same_number(stated, ref)
+
+
+def format_number(value: float) -> str:
+    """A number as a person writes it: "10", "-4", "3.5" (no trailing ".0")."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def accuracy(grades: Iterable[bool | None]) -> float:
+    """Fraction correct over the gradable answers (None left out); NaN when none is gradable."""
+    graded = [g for g in grades if g is not None]
+    return sum(graded) / len(graded) if graded else float("nan")
