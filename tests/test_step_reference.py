@@ -29,7 +29,7 @@ TOP_K = 4
 
 
 def _samples(rng: np.random.Generator, vocab: int):
-    from openclaw_jax.gateway.samples import Sample
+    from openclaw_jax.samples import Sample
 
     def ids(n):
         return [int(x) for x in rng.integers(3, vocab - 8, n)]

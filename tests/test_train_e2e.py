@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.samples import SampleStore
 from openclaw_jax.losses import METRIC_NAMES
 from tb_events import read_event_tags
 

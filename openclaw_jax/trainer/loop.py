@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from openclaw_jax.config import ExperimentConfig
-from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.samples import SampleTail
 from openclaw_jax.losses import overlap_counts, select_hint
 from openclaw_jax.models.lora import LoRAParam
 from openclaw_jax.parallel import multihost
@@ -262,10 +262,10 @@ class Trainer:
         writes it) and every process trains on the same window; a stop on any process stops all.
         """
         tcfg = self.cfg.trainer
-        batcher = SampleBatcher(store_dir, self.spec)
         store = await self._open_store(store_dir, stop)
         if store is None:
             return
+        batcher = SampleBatcher(store, self.spec)  # one reader for the run: each step reads only its window
         syncer = BackgroundWeightSync(push_weights) if push_weights is not None else None
         last_arrival = time.monotonic()
         try:
@@ -338,8 +338,8 @@ class Trainer:
             if syncer is not None:  # the pool ends on the newest weights
                 await syncer.flush()
 
-    async def _open_store(self, store_dir: str, stop: asyncio.Event) -> SampleStore | None:
-        """The store, read-only. Processes other than 0 may start before process 0's gateway has
+    async def _open_store(self, store_dir: str, stop: asyncio.Event) -> SampleTail | None:
+        """The run's one reader of the store, from the sample offset on. Processes other than 0 may start before process 0's gateway has
         created it: they wait (up to `trainer.store_wait_s`) rather than fail."""
         deadline = time.monotonic() + self.cfg.trainer.store_wait_s
         while not os.path.isdir(store_dir):
@@ -351,9 +351,9 @@ class Trainer:
             if stop.is_set():
                 return None
             await asyncio.sleep(0.2)
-        return SampleStore(store_dir, readonly=True)
+        return SampleTail(store_dir, start=self.sample_offset)
 
-    async def _wait_for_records(self, store: SampleStore, end: int) -> None:
+    async def _wait_for_records(self, store: SampleTail, end: int) -> None:
         deadline = time.monotonic() + self.cfg.trainer.store_wait_s
         while store.refresh() < end:
             if time.monotonic() > deadline:
