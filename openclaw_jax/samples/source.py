@@ -24,18 +24,15 @@ class SampleStoreDataSource:
                  *, as_dict: bool = False) -> None:
         self.directory = os.fspath(directory)
         self.as_dict = as_dict
-        store = SampleStore(self.directory, readonly=True)
-        try:
-            available = len(store)
-        finally:
-            store.close()
         if start < 0:
             raise SampleStoreError(f"data source start={start} must be >= 0")
+        store = SampleStore(self.directory, readonly=True)  # kept for reading: the store is scanned once
+        available = len(store)
         self.start = start
         self.stop = available if stop is None else min(stop, available)
         if self.stop < self.start:
             self.stop = self.start
-        self._store: SampleStore | None = None
+        self._store: SampleStore | None = store
         self._store_lock = threading.Lock()
 
     def _get_store(self) -> SampleStore:
