@@ -288,6 +288,8 @@ class Trainer:
             return
         batcher = SampleBatcher(store, self.spec)  # one reader for the run: each step reads only its window
         syncer = BackgroundWeightSync(push_weights) if push_weights is not None else None
+        if syncer is not None:
+            self.serving_graphdef()  # traced now, so that no hand-off waits for it
         last_arrival = time.monotonic()
         try:
             while True:
