@@ -24,7 +24,7 @@ log = logging.getLogger("bench.train_step")
 
 
 def _samples(rng, vocab, batch, prompt, response, candidates):
-    from openclaw_jax.gateway.samples import Sample
+    from openclaw_jax.samples import Sample
 
     def ids(n):
         return [int(x) for x in rng.integers(1, vocab, n)]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.samples import SampleStore
 from tb_events import read_event_tags
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from _scripted_pool import LoopThread, RecordingProxy, Reply, ScriptedPool, serve_app
 from conftest import make_tiny_qwen3_checkpoint
 from openclaw_jax.gateway.config import GatewayConfig
-from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.samples import SampleStore
 from openclaw_jax.gateway.server import start_gateway, stop_gateway
 from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 

@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from _scripted_pool import LoopThread, ScriptedPool, serve_app
-from openclaw_jax.gateway.samples import SampleStore, encode_record, encode_sample, list_segments, segment_name
+from openclaw_jax.samples import SampleStore, encode_sample
+from openclaw_jax.samples.store import encode_record, list_segments, segment_name
 from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 
 ACK = re.compile(r"sample (\d+): session (\S+) turn (\d+) kind")

@@ -28,8 +28,8 @@ from _abuse import SlowClients, error_json, post_raw, rss_mib, run_fuzz, small_l
 from _fuzz_bodies import fuzz_requests
 from _scripted_pool import LoopThread
 from _server_utils import REPO, server_env
-from openclaw_jax.gateway import samples as samples_module
-from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.samples import store as samples_module
+from openclaw_jax.samples import SampleStore
 from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 from test_gateway import Env
 

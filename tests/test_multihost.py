@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from openclaw_jax.gateway.samples import Sample, SampleStore
+from openclaw_jax.samples import Sample, SampleStore
 from tb_events import read_event_tags
 
 pytestmark = pytest.mark.slow

@@ -73,7 +73,7 @@ def _outputs(nb, kind: str) -> list[str]:
 
 @pytest.mark.slow
 def test_quickstart_executes(tiny_run, tmp_path, monkeypatch):
-    from openclaw_jax.gateway.samples import SampleStore
+    from openclaw_jax.samples import SampleStore
 
     nb = _execute("01_quickstart.ipynb", tiny_run, tmp_path, monkeypatch)
     text = "\n".join(_outputs(nb, "stream") + _outputs(nb, "text/markdown"))
@@ -87,7 +87,7 @@ def test_quickstart_executes(tiny_run, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_loss_anatomy_executes(tiny_run, tmp_path, monkeypatch):
     """The notebook recomputes step 1 (phases + dense loss) and must match the trainer's TensorBoard log."""
-    from openclaw_jax.gateway.samples import SampleStore
+    from openclaw_jax.samples import SampleStore
 
     nb = _execute("02_loss_anatomy.ipynb", tiny_run, tmp_path, monkeypatch)
     figures = _outputs(nb, "image/png")
@@ -105,7 +105,7 @@ def test_loss_anatomy_executes(tiny_run, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_run_inspection_executes(tiny_run, tmp_path, monkeypatch):
-    from openclaw_jax.gateway.samples import SampleStore
+    from openclaw_jax.samples import SampleStore
 
     nb = _execute("03_run_inspection.ipynb", tiny_run, tmp_path, monkeypatch)
     assert len(_outputs(nb, "image/png")) >= 3   # losses, reward by case, preference/throughput

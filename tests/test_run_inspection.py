@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_jax.gateway.samples import Sample, SampleStore
+from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.trainer import run_inspection as ri
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Durability tests for the append-only sample store (gateway/samples.py)."""
+"""Durability tests for the append-only sample store (openclaw_jax/samples/)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import zlib
 import grain
 import pytest
 
-from openclaw_jax.gateway.samples import (
-    RECORD_MAGIC,
+from openclaw_jax.samples import (
     Sample,
     SampleError,
     SampleStore,
@@ -25,8 +24,8 @@ from openclaw_jax.gateway.samples import (
     SampleStoreLockedError,
     decode_sample,
     encode_sample,
-    segment_name,
 )
+from openclaw_jax.samples.store import RECORD_MAGIC, segment_name
 
 
 def make_sample(i: int, *, size: int = 8) -> Sample:
@@ -230,7 +229,7 @@ WRITER_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests_dir!r})
     from test_sample_store import make_sample
-    from openclaw_jax.gateway.samples import SampleStore
+    from openclaw_jax.samples import SampleStore
     store = SampleStore(sys.argv[1])
     start = len(store)
     i = start

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from _sglang import REPO
-from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.samples import SampleStore
 
 pytestmark = pytest.mark.sglang
 

@@ -271,7 +271,7 @@ def live_stack(tiny_qwen3_dir, tmp_path_factory):
 def _wait_for_samples(store_dir, count, timeout_s=120.0):
     import time
 
-    from openclaw_jax.gateway.samples import SampleStore
+    from openclaw_jax.samples import SampleStore
 
     deadline = time.monotonic() + timeout_s
     while True:

@@ -29,7 +29,7 @@ TOP_K = 4
 
 
 def _samples(rng: np.random.Generator, vocab: int):
-    from openclaw_jax.gateway.samples import Sample
+    from openclaw_jax.samples import Sample
 
     def ids(n):
         return [int(x) for x in rng.integers(3, vocab - 8, n)]
@@ -171,7 +171,7 @@ def test_rl_trains_on_rewards_alone_without_teacher_or_hint_only_samples(tiny_qw
     import jax
 
     from openclaw_jax.config import load_experiment_config
-    from openclaw_jax.gateway.samples import SampleStore
+    from openclaw_jax.samples import SampleStore
     from openclaw_jax.models.hub import load_pretrained
     from openclaw_jax.parallel.mesh import make_mesh
     from openclaw_jax.trainer.batcher import SampleBatcher

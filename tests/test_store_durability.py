@@ -17,8 +17,9 @@ import types
 
 import pytest
 
-from openclaw_jax.gateway import samples as samples_module
-from openclaw_jax.gateway.samples import Sample, SampleStore, segment_name
+from openclaw_jax.samples import store as samples_module
+from openclaw_jax.samples import Sample, SampleStore
+from openclaw_jax.samples.store import segment_name
 
 
 class PowerCutFS:

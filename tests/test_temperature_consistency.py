@@ -10,7 +10,7 @@ import pytest
 
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.configlib import ConfigError
-from openclaw_jax.gateway.samples import Sample, SampleStore
+from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
 
 

@@ -16,7 +16,7 @@ import optax
 import pytest
 from flax import nnx
 
-from openclaw_jax.gateway.samples import Sample
+from openclaw_jax.samples import Sample
 from openclaw_jax.losses import LossConfig, hybrid_loss
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder

@@ -16,7 +16,7 @@ from openclaw_jax.config import ExperimentConfig
 from openclaw_jax.envs.personas import persona_from_spec
 from openclaw_jax.envs.questions import heldout_questions, train_questions
 from openclaw_jax.envs.simulated_user import SimulatedUser, SimulatedUserConfig, preference_score
-from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.samples import SampleStore
 
 log = logging.getLogger(__name__)
 

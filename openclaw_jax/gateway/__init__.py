@@ -16,13 +16,14 @@ Agents talk to ``/v1/chat/completions`` (JSON or SSE streaming, tools), ``/v1/mo
 The next main request of a session supplies the *next state* (its last message, role user
 or tool) of the previous main turn; the judge scores that pair (``judge.py``), the
 three-case rule makes at most one sample, and the sample is appended durably to the
-store (``samples.py``). What is never lost: an appended sample. What a crash loses: turns
+store (``openclaw_jax.samples``). What is never lost: an appended sample. What a crash loses: turns
 still waiting for their next state or for the judge (in memory only).
 
 Modules: ``config`` (GatewayConfig), ``protocol`` (session headers, the gateway's request
 limits; the OpenAI shapes are :mod:`openclaw_jax.wire.openai`), ``sessions`` (next-state
-association), ``judge`` (PRM votes, hints, rule judge), ``samples`` (Sample, SampleStore, grain
-data source), ``server`` (the aiohttp app), ``pipeline`` (judge workers -> samples).
+association), ``judge`` (PRM votes, hints, rule judge), ``server`` (the aiohttp app),
+``pipeline`` (judge workers -> samples), ``store_writer`` (the one writer into the sample store,
+:mod:`openclaw_jax.samples`).
 """
 
 from openclaw_jax.gateway.config import GatewayConfig

@@ -14,7 +14,7 @@ import zlib
 from typing import Any, Callable
 
 from openclaw_jax.gateway.judge import hint_augmented_messages
-from openclaw_jax.gateway.samples import Sample
+from openclaw_jax.samples import Sample
 from openclaw_jax.gateway.sessions import ScoringJob, TurnRecord
 
 logger = logging.getLogger("openclaw_jax.gateway.server")

@@ -42,7 +42,7 @@ from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
 from openclaw_jax.gateway.pipeline import JudgePipeline
 from openclaw_jax.gateway.protocol import ChatCompletionRequest, GatewayHTTPError, bad_request, parse_chat_request, \
     parse_session_info
-from openclaw_jax.gateway.samples import Sample, SampleStore
+from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
 from openclaw_jax.serving import http_guard as G

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from openclaw_jax.gateway.samples import Sample, SampleStore
+from openclaw_jax.samples import Sample, SampleStore
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """From stored samples to padded, bucketed training batches (host side, NumPy).
 
-`SampleBatcher.batches(start, stop)` is a grain pipeline over the sample store: read the
-samples in `[start, stop)`, drop those that cannot train (too stale, too long), and pack
-`batch_size` of them per batch. `pack` turns a list of samples into the padded arrays of
+`SampleBatcher.batches(start, stop)` reads the samples in `[start, stop)` through the run's one
+`SampleTail` (an incremental reader: it reads only those records, never rescans the store), drops
+those that cannot train (too stale, too long, another temperature), and packs `batch_size` of
+them per batch. `pack` turns a list of samples into the padded arrays of
 `StudentInputs` / `TeacherInputs`, with every length rounded up to a bucket so each shape
 compiles once.
 
@@ -15,12 +16,13 @@ ratio min(pi_old / pi_rollout, cap).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
-from openclaw_jax.gateway.samples import Sample, SampleStoreDataSource
+from openclaw_jax.samples import Sample, SampleTail
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +154,14 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
 
 
 class SampleBatcher:
-    """A grain pipeline over the store: filter samples that cannot train, batch the rest."""
+    """Windows of the store, read through one `SampleTail` for the run: filter samples that cannot
+    train, batch the rest. `store` is the tail (the caller owns it) or a store directory (a tail is
+    opened on first use; `close` closes it)."""
 
-    def __init__(self, store_dir: str, spec: BatchSpec):
-        self.store_dir = store_dir
+    def __init__(self, store: str | os.PathLike | SampleTail, spec: BatchSpec):
+        self._tail = store if isinstance(store, SampleTail) else None
+        self._owns_tail = self._tail is None
+        self.store_dir = self._tail.directory if self._tail is not None else os.fspath(store)
         self.spec = spec
         self.dropped: dict[str, int] = {"stale": 0, "too_long": 0, "temperature": 0, "hint_only": 0}
         self._warned_temperature = False
@@ -189,13 +195,19 @@ class SampleBatcher:
         return True
 
     def batches(self, start: int, stop: int, *, current_version: int | None = None) -> Iterator[PackedBatch]:
-        """Batches from store offsets `[start, stop)`; the last one may be partial (padded rows)."""
-        import grain
+        """Batches from store offsets `[start, stop)` (which must exist); the last one may be partial
+        (padded rows). Windows are read forward: offsets before `start` are released."""
+        kept = [s for s in self.tail.read(start, stop) if self._keep(s, current_version)]
+        for i in range(0, len(kept), self.spec.batch_size):
+            yield pack(kept[i:i + self.spec.batch_size], self.spec, current_version=current_version)
 
-        source = SampleStoreDataSource(self.store_dir, start=start, stop=stop)
-        dataset = (grain.MapDataset.source(source)
-                   .filter(lambda s: self._keep(s, current_version))
-                   .to_iter_dataset()
-                   .batch(self.spec.batch_size, drop_remainder=False, batch_fn=list))
-        for group in dataset:
-            yield pack(group, self.spec, current_version=current_version)
+    @property
+    def tail(self) -> SampleTail:
+        if self._tail is None:
+            self._tail = SampleTail(self.store_dir)
+        return self._tail
+
+    def close(self) -> None:
+        if self._owns_tail and self._tail is not None:
+            self._tail.close()
+            self._tail = None

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from openclaw_jax.config import ExperimentConfig
-from openclaw_jax.gateway.samples import SampleStore
+from openclaw_jax.samples import SampleTail
 from openclaw_jax.losses import overlap_counts, select_hint
 from openclaw_jax.models.lora import LoRAParam
 from openclaw_jax.parallel import multihost
@@ -39,14 +39,6 @@ WeightPush = Callable[[nnx.GraphDef, nnx.State, str], Awaitable[None]]
 
 
 _WAIT, _TRAIN, _STOP = 0, 1, 2
-
-
-def _detach(state: nnx.State) -> nnx.State:
-    """Weights the next (donating) step cannot invalidate: a device copy, or with several processes
-    the full value on the host (a collective: every process calls it at the same step)."""
-    if multihost.is_multiprocess():
-        return multihost.tree_to_host(state)
-    return jax.tree.map(lambda x: x.copy(), state)
 
 
 def _agree_on_window(action: int, end: int) -> tuple[int, int]:
@@ -108,6 +100,11 @@ def jit_phases(cfg: ExperimentConfig, settings: S.StepSettings, tx, schedule, tr
         "train_step": jax.jit(
             functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule),
             donate_argnums=(1, 3), out_shardings=(trainable_shardings, opt_shardings, None)),
+        # the same step, also emitting the serving weights (compute dtype, LoRA merged) for a weight sync
+        "train_step_serving": jax.jit(
+            functools.partial(S.train_step_serving, settings=settings, optimizer=tx, lr_schedule=schedule,
+                              merge_lora=cfg.model.lora.enabled, serving_dtype=settings.compute_dtype),
+            donate_argnums=(1, 3), out_shardings=(trainable_shardings, opt_shardings, None, None)),
         "k_star": jax.jit(functools.partial(_k_star, mode=cfg.loss.hint_selection)),
     }
 
@@ -163,6 +160,10 @@ class Trainer:
         self._old_at = phases["old_logprobs_at"]
         self._importance = phases["importance"]
         self._train_step = phases["train_step"]
+        self._train_step_serving = phases["train_step_serving"]
+        # the serving weights the last `train_on(..., serve=True)` wrote, and their graphdef
+        self._serving_state: nnx.State | None = None
+        self._serving_graphdef: nnx.GraphDef | None = None
         self._k_star = phases["k_star"]
 
     # ------------------------------------------------------------------ state
@@ -212,8 +213,24 @@ class Trainer:
     def _put(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         return {k: multihost.place(v, self._batch_sharding) for k, v in arrays.items()}
 
-    def train_on(self, packed: PackedBatch) -> dict[str, float]:
-        """One optimizer step on `packed`; returns host metrics (DESIGN names plus step extras)."""
+    def serving_graphdef(self) -> nnx.GraphDef:
+        """The graphdef of `serving_model()` (traced once, abstractly: no weights are computed)."""
+        if self._serving_graphdef is None:
+            self._serving_graphdef = nnx.split(nnx.eval_shape(self.serving_model))[0]
+        return self._serving_graphdef
+
+    def take_serving_weights(self) -> tuple[nnx.GraphDef, nnx.State]:
+        """The serving model (as `serving_model()`) the last `train_on(..., serve=True)` produced inside
+        its jitted step: arrays of their own that later (donating) steps leave alone. Taken once."""
+        if self._serving_state is None:
+            raise RuntimeError("no serving weights: call train_on(packed, serve=True) before taking them")
+        state, self._serving_state = self._serving_state, None
+        return self.serving_graphdef(), state
+
+    def train_on(self, packed: PackedBatch, *, serve: bool = False) -> dict[str, float]:
+        """One optimizer step on `packed`; returns host metrics (DESIGN names plus step extras).
+
+        `serve`: the step also writes the updated weights for serving (`take_serving_weights`)."""
         times: dict[str, float] = {}
         t0 = time.perf_counter()
         with jax.set_mesh(self.mesh):
@@ -240,8 +257,12 @@ class Trainer:
             batch = S.assemble_batch(inputs, teacher_inputs, old, teach, old_at, weights)
             k_star = self._k_star(old.topk_ids, teach.topk_ids, teacher_inputs.candidate_mask,
                                   inputs.response_mask)
-            self.trainable, self.opt_state, metrics = self._train_step(
-                self.graphdef, self.trainable, self.frozen, self.opt_state, inputs, batch)
+            if serve:
+                self.trainable, self.opt_state, metrics, self._serving_state = self._train_step_serving(
+                    self.graphdef, self.trainable, self.frozen, self.opt_state, inputs, batch)
+            else:
+                self.trainable, self.opt_state, metrics = self._train_step(
+                    self.graphdef, self.trainable, self.frozen, self.opt_state, inputs, batch)
             metrics = multihost.tree_to_host(metrics)
             times["train_step"] = time.perf_counter() - t2
         self.step += 1
@@ -276,11 +297,13 @@ class Trainer:
         writes it) and every process trains on the same window; a stop on any process stops all.
         """
         tcfg = self.cfg.trainer
-        batcher = SampleBatcher(store_dir, self.spec)
         store = await self._open_store(store_dir, stop)
         if store is None:
             return
+        batcher = SampleBatcher(store, self.spec)  # one reader for the run: each step reads only its window
         syncer = BackgroundWeightSync(push_weights) if push_weights is not None else None
+        if syncer is not None:
+            self.serving_graphdef()  # traced now, so that no hand-off waits for it
         last_arrival = time.monotonic()
         try:
             while True:
@@ -314,20 +337,22 @@ class Trainer:
                     self._uncommitted_windows.append((self.step, start, stop_offset))
                     self.sample_offset = stop_offset
                     continue
-                metrics = await asyncio.to_thread(self.train_on, packed)
+                sync_now = syncer is not None and (self.step + 1) % tcfg.sync_every == 0
+                metrics = await asyncio.to_thread(self.train_on, packed, serve=sync_now)
                 self.sample_offset = stop_offset
                 self._uncommitted_windows.append((self.step, start, stop_offset))
                 metrics["samples/dropped_stale"] = float(batcher.dropped["stale"])
                 metrics["samples/dropped_temperature"] = float(batcher.dropped["temperature"])
                 metrics["samples/dropped_hint_only"] = float(batcher.dropped["hint_only"])
                 metrics["samples/waiting"] = float(max(available - self.sample_offset, 0))
-                if syncer is not None and self.step % tcfg.sync_every == 0:
-                    # Only the hand-off blocks the trainer: a device copy (its buffers are donated to
-                    # the next step), or with several processes the collective gather to the host.
+                if sync_now:
+                    # Only the hand-off blocks the trainer. The step itself wrote the serving weights
+                    # (arrays the next, donating step leaves alone): one process hands them over as they
+                    # are; several gather them to the host first (a collective, at the same step on all).
                     t = time.perf_counter()
-                    graphdef, state = nnx.split(self.serving_model())
-                    # a device copy is only dispatched (microseconds); a cross-process gather blocks
-                    state = await asyncio.to_thread(_detach, state) if multihost.is_multiprocess() else _detach(state)
+                    graphdef, state = self.take_serving_weights()
+                    if multihost.is_multiprocess():
+                        state = await asyncio.to_thread(multihost.tree_to_host, state)
                     syncer.submit(graphdef, state, self.weight_version)
                     metrics["time/weight_sync_blocking"] = time.perf_counter() - t
                 if syncer is not None:
@@ -353,8 +378,8 @@ class Trainer:
             if syncer is not None:  # the pool ends on the newest weights
                 await syncer.flush()
 
-    async def _open_store(self, store_dir: str, stop: asyncio.Event) -> SampleStore | None:
-        """The store, read-only. Processes other than 0 may start before process 0's gateway has
+    async def _open_store(self, store_dir: str, stop: asyncio.Event) -> SampleTail | None:
+        """The run's one reader of the store, from the sample offset on. Processes other than 0 may start before process 0's gateway has
         created it: they wait (up to `trainer.store_wait_s`) rather than fail."""
         deadline = time.monotonic() + self.cfg.trainer.store_wait_s
         while not os.path.isdir(store_dir):
@@ -366,9 +391,9 @@ class Trainer:
             if stop.is_set():
                 return None
             await asyncio.sleep(0.2)
-        return SampleStore(store_dir, readonly=True)
+        return SampleTail(store_dir, start=self.sample_offset)
 
-    async def _wait_for_records(self, store: SampleStore, end: int) -> None:
+    async def _wait_for_records(self, store: SampleTail, end: int) -> None:
         deadline = time.monotonic() + self.cfg.trainer.store_wait_s
         while store.refresh() < end:
             if time.monotonic() > deadline:

@@ -97,7 +97,7 @@ def load_config(run_dir: str | os.PathLike):
 
 def load_samples(run_dir: str | os.PathLike, start: int = 0, stop: int | None = None) -> list:
     """Samples `[start, stop)` of the run's store (read-only; safe while the run writes)."""
-    from openclaw_jax.gateway.samples import SampleStore
+    from openclaw_jax.samples import SampleStore
 
     store = SampleStore(Path(run_dir) / "samples", readonly=True)
     try:

@@ -349,3 +349,33 @@ def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.
         optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
     )
     return tx, schedule
+
+
+def serving_state(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, *, merge_lora: bool,
+                  dtype: str | jnp.dtype | None) -> nnx.State:
+    """The state of the plain serving model (LoRA merged in the master dtype, then floating leaves in
+    `dtype`): what weight sync pushes. Its graphdef is `nnx.split` of the same model outside jit."""
+    model = nnx.merge(graphdef, trainable, frozen)
+    if merge_lora:
+        from openclaw_jax.models.lora import merge_lora as merge
+
+        # merge_lora builds the plain model abstractly; its logical sharding names mean nothing to the
+        # trainer's mesh, so trace it without one (the merged arrays' layout is left to XLA)
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+            model = merge(model)
+    return cast_floating(nnx.state(model), dtype)
+
+
+def train_step_serving(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, opt_state: Any,
+                       inputs: StudentInputs, batch: HybridBatch, settings: StepSettings,
+                       optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None, *,
+                       merge_lora: bool, serving_dtype: str | jnp.dtype | None
+                       ) -> tuple[nnx.State, Any, dict[str, jax.Array], nnx.State]:
+    """`train_step`, plus the updated weights as `serving_state` (an extra output of the same program).
+
+    The weight sync gets arrays the step already wrote, in their own buffers: the next step, which
+    donates the trainable state, cannot invalidate them, and nothing is copied outside XLA."""
+    trainable, opt_state, metrics = train_step(graphdef, trainable, frozen, opt_state, inputs, batch, settings,
+                                               optimizer, lr_schedule)
+    return trainable, opt_state, metrics, serving_state(graphdef, trainable, frozen, merge_lora=merge_lora,
+                                                        dtype=serving_dtype)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from openclaw_jax.envs.agentic.episode import Episode, EpisodeRunner, Policy, Task, oldest_version
-from openclaw_jax.gateway.samples import Sample, SampleStore
+from openclaw_jax.samples import Sample, SampleStore
 
 log = logging.getLogger(__name__)
 

@@ -129,7 +129,7 @@ class AgenticDriver:
         self._reader = None
 
     async def start(self) -> "AgenticDriver":
-        from openclaw_jax.gateway.samples import SampleStore
+        from openclaw_jax.samples import SampleStore
         from openclaw_jax.rollout.client import PoolClient
 
         a = self.cfg.agentic

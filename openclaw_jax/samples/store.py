@@ -1,8 +1,4 @@
-"""Training samples and the durable, append-only sample store (DESIGN section 9).
-
-A :class:`Sample` is one scored main turn: the exact prompt and response token ids the
-policy saw and sampled, the rollout log-probs the policy server returned, the judge's
-reward, and zero or more hint-augmented prompts (teacher candidates).
+"""The durable, append-only sample store (DESIGN section 9).
 
 The :class:`SampleStore` is the one place where the gateway (writer) and the trainer
 (reader) meet. Its guarantees:
@@ -26,24 +22,19 @@ exclusive ``flock`` on ``LOCK``; any number of read-only readers may scan concur
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
-import json
 import logging
 import os
 import re
 import struct
 import threading
-import time
-import uuid
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-logger = logging.getLogger(__name__)
+from openclaw_jax.samples.sample import Sample, decode_sample, encode_sample
 
-SAMPLE_FORMAT_VERSION = 1
-SAMPLE_KINDS = ("opd+rl", "opd", "rl")
+logger = logging.getLogger(__name__)
 
 RECORD_MAGIC = b"OCJS"
 _HEADER = struct.Struct("<4sII")
@@ -54,119 +45,12 @@ SEGMENT_PATTERN = re.compile(r"^samples-(\d{6})\.log$")
 DEFAULT_SEGMENT_MAX_BYTES = 64 << 20
 
 
-class SampleError(ValueError):
-    """A sample's fields are inconsistent (wrong kind for its reward/hints, length mismatch)."""
-
-
 class SampleStoreError(RuntimeError):
     """The sample store cannot be opened, written or read as asked."""
 
 
 class SampleStoreLockedError(SampleStoreError):
     """Another process already holds the store open for writing."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One scored main turn, ready for the trainer.
-
-    ``kind`` follows the three-case rule: ``opd+rl`` (hint accepted and eval +-1; reward =
-    eval), ``opd`` (hint only; reward 0), ``rl`` (eval +-1 only; no hint candidates).
-    ``hint_prompt_ids[c]`` is the chat-template rendering (with generation prompt) of the
-    turn's prompt with ``hints[c]`` appended to its last user message; the response
-    tokens are the same ``response_ids`` for every candidate.
-    """
-
-    session_id: str
-    turn_index: int
-    kind: str
-    reward: float
-    prompt_ids: list[int]
-    response_ids: list[int]
-    rollout_logprobs: list[float]
-    hints: list[str] = field(default_factory=list)
-    hint_prompt_ids: list[list[int]] = field(default_factory=list)
-    # The weight version that began the response (the oldest it saw: staleness counts from it) and
-    # the one that ended it; they differ when the policy's weights were swapped mid-response.
-    weight_version: str | None = None
-    last_weight_version: str | None = None
-    # Sampling temperature the rollout log-probs were computed with (log_softmax(z / T)); the
-    # trainer's tau must equal it. top_p / top_k truncated the sampling (not the log-probs).
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    eval_score: int = 0
-    eval_votes: list[int | None] = field(default_factory=list)
-    hint_votes: list[int | None] = field(default_factory=list)
-    # The judge's raw outputs, for inspection: {"eval": [text, ...], "hint": [text, ...]}.
-    judge_raw: dict[str, Any] = field(default_factory=dict)
-    judge: str = ""
-    next_state: dict[str, Any] = field(default_factory=dict)
-    response_text: str = ""
-    finish_reason: str = ""
-    sample_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created_at: float = field(default_factory=time.time)
-    # Multi-turn (agentic) samples: which response tokens are trained (1) and which are context the
-    # environment appended (0, e.g. tool observations), and a per-token advantage (e.g. the
-    # group-normalised GRPO advantage, per step with PRM votes). None: every response token is
-    # trained with advantage `reward` (a conversation turn).
-    loss_mask: list[int] | None = None
-    token_advantages: list[float] | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in SAMPLE_KINDS:
-            raise SampleError(f"sample kind {self.kind!r} is not one of {SAMPLE_KINDS}")
-        if len(self.response_ids) != len(self.rollout_logprobs):
-            raise SampleError(
-                f"sample has {len(self.response_ids)} response ids but {len(self.rollout_logprobs)} rollout "
-                "log-probs; they must be one per response token")
-        if not self.response_ids:
-            raise SampleError("sample has no response tokens; an empty response cannot be trained on")
-        for name in ("loss_mask", "token_advantages"):
-            value = getattr(self, name)
-            if value is not None and len(value) != len(self.response_ids):
-                raise SampleError(f"sample has {len(self.response_ids)} response ids but {len(value)} {name} "
-                                  "entries; they must be one per response token (or None)")
-        if len(self.hints) != len(self.hint_prompt_ids):
-            raise SampleError(
-                f"sample has {len(self.hints)} hints but {len(self.hint_prompt_ids)} hint prompts; "
-                "they must be one per candidate")
-        if self.kind == "opd+rl" and not (self.reward in (1, -1) and self.hints):
-            raise SampleError(f"an 'opd+rl' sample needs reward +-1 and >= 1 hint (reward={self.reward!r}, "
-                              f"{len(self.hints)} hints)")
-        if self.kind == "opd" and not (self.reward == 0 and self.hints):
-            raise SampleError(f"an 'opd' sample needs reward 0 and >= 1 hint (reward={self.reward!r}, "
-                              f"{len(self.hints)} hints)")
-        if self.kind == "rl" and not (self.reward in (1, -1) and not self.hints):
-            raise SampleError(f"an 'rl' sample needs reward +-1 and no hints (reward={self.reward!r}, "
-                              f"{len(self.hints)} hints)")
-
-    @property
-    def num_candidates(self) -> int:
-        return len(self.hints)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["format_version"] = SAMPLE_FORMAT_VERSION
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Sample":
-        version = data.get("format_version", SAMPLE_FORMAT_VERSION)
-        if version != SAMPLE_FORMAT_VERSION:
-            raise SampleError(f"sample format_version={version!r} is not supported (this code reads "
-                              f"{SAMPLE_FORMAT_VERSION})")
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def encode_sample(sample: Sample) -> bytes:
-    """Sample -> JSON bytes. Floats round-trip exactly (repr); -inf log-probs are kept."""
-    return json.dumps(sample.to_dict(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def decode_sample(payload: bytes) -> Sample:
-    return Sample.from_dict(json.loads(payload.decode("utf-8")))
 
 
 def encode_record(payload: bytes) -> bytes:
@@ -302,6 +186,9 @@ class SampleStore:
         self.fsync = fsync
         self._lock = threading.RLock()
         self._index: list[_RecordLocation] = []
+        self._base = 0  # offset of self._index[0]: a reader may release what it has consumed
+        self._sealed: set[int] = set()  # segments with a later one: complete, never scanned again
+        self.bytes_read = 0  # segment bytes read (scans and record reads), for metrics and tests
         self._segments: list[int] = []
         self._scanned_until: dict[int, int] = {}
         self._torn: dict[int, str] = {}  # segment -> why its tail was skipped
@@ -386,14 +273,18 @@ class SampleStore:
                     self._scanned_until[seg] = 0
             self._segments.sort()
             for i, seg in enumerate(self._segments):
-                if seg in self._torn:
+                if seg in self._torn or seg in self._sealed:
                     continue
                 is_last = i == len(self._segments) - 1
                 if seg == self._write_segment:
                     continue  # our own writes are indexed as they are acknowledged
                 scan = scan_segment(os.path.join(self.directory, segment_name(seg)), seg,
                                     self._scanned_until[seg])
+                self.bytes_read += scan.file_bytes - self._scanned_until[seg]
                 self._index.extend(scan.records)
+                if not is_last:
+                    # The single writer moved on to a later segment: nothing more is appended here.
+                    self._sealed.add(seg)
                 self._scanned_until[seg] = scan.valid_bytes
                 for begin, end, why in scan.skipped:
                     logger.error("sample store %s: skipped corrupt bytes [%d, %d) of %s (%s); the records "
@@ -404,11 +295,32 @@ class SampleStore:
                     self._torn[seg] = scan.problem
                     logger.warning("sample store %s: skipping the tail of %s after %d valid bytes: %s",
                                    self.directory, segment_name(seg), scan.valid_bytes, scan.problem)
-            return len(self._index)
+            return self._base + len(self._index)
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._index)
+            return self._base + len(self._index)
+
+    def release_before(self, offset: int) -> None:
+        """Forget where the records before ``offset`` are (a forward reader's memory stays bounded);
+        reading them afterwards is an error. Read-only stores only: the writer keeps its index."""
+        with self._lock:
+            if not self.readonly:
+                raise SampleStoreError("release_before is for read-only stores; the writer keeps its index")
+            drop = min(max(offset - self._base, 0), len(self._index))
+            if drop == 0:
+                return
+            del self._index[:drop]
+            self._base += drop
+            keep = self._index[0].segment if self._index else (self._segments[-1] if self._segments else 0)
+            for seg in [s for s in self._read_handles if s < keep]:
+                self._read_handles.pop(seg).close()
+
+    def _location(self, offset: int) -> _RecordLocation:
+        if offset < self._base:
+            raise SampleStoreError(f"sample offset {offset} of {self.directory!r} was released by this reader "
+                                   f"(it keeps offsets >= {self._base}); open a new reader to read it again")
+        return self._index[offset - self._base]
 
     def _read_payload(self, loc: _RecordLocation) -> bytes:
         handle = self._read_handles.get(loc.segment)
@@ -416,6 +328,7 @@ class SampleStore:
             handle = open(os.path.join(self.directory, segment_name(loc.segment)), "rb")
             self._read_handles[loc.segment] = handle
         raw = os.pread(handle.fileno(), RECORD_HEADER_BYTES + loc.length, loc.offset)
+        self.bytes_read += len(raw)
         magic, length, crc = _HEADER.unpack_from(raw)
         payload = raw[RECORD_HEADER_BYTES:]
         if magic != RECORD_MAGIC or length != loc.length or len(payload) != length or zlib.crc32(payload) != crc:
@@ -428,8 +341,9 @@ class SampleStore:
             self._check_open()
             if start < 0:
                 raise SampleStoreError(f"read offset {start} must be >= 0")
-            stop = len(self._index) if max_count is None else min(len(self._index), start + max_count)
-            return [self._read_payload(self._index[i]) for i in range(start, stop)]
+            end = self._base + len(self._index)
+            stop = end if max_count is None else min(end, start + max_count)
+            return [self._read_payload(self._location(i)) for i in range(start, stop)]
 
     def read(self, start: int = 0, max_count: int | None = None) -> list[Sample]:
         """Samples with offsets ``start, start+1, ...`` (at most ``max_count``) that exist now."""
@@ -437,12 +351,12 @@ class SampleStore:
 
     def __getitem__(self, offset: int) -> Sample:
         with self._lock:
-            if not 0 <= offset < len(self._index):
-                raise IndexError(f"sample offset {offset} is out of range [0, {len(self._index)})")
-            return decode_sample(self._read_payload(self._index[offset]))
+            if not 0 <= offset < self._base + len(self._index):
+                raise IndexError(f"sample offset {offset} is out of range [0, {self._base + len(self._index)})")
+            return decode_sample(self._read_payload(self._location(offset)))
 
     def __iter__(self) -> Iterator[Sample]:
-        for i in range(len(self)):
+        for i in range(self._base, len(self)):
             yield self[i]
 
     @property
@@ -480,7 +394,7 @@ class SampleStore:
             self._write_pos = start + len(record)
             self._scanned_until[self._write_segment] = self._write_pos
             self._index.append(_RecordLocation(self._write_segment, start, len(payload)))
-            return len(self._index) - 1
+            return self._base + len(self._index) - 1
 
     # ----------------------------------------------------------------- closing
     def _check_open(self) -> None:
@@ -513,65 +427,3 @@ class SampleStore:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing useful to report
             pass
-
-
-class SampleStoreDataSource:
-    """grain ``RandomAccessDataSource`` over the samples ``[start, stop)`` of a store.
-
-    The length is fixed when the source is made (grain needs a stable length); make a new
-    source (e.g. ``SampleStoreDataSource(dir, start=consumed_offset)``) to see newer
-    samples. Index ``i`` is store offset ``start + i``. Picklable (file handles reopen
-    lazily in each worker), read-only, thread-safe.
-    """
-
-    def __init__(self, directory: str | os.PathLike, start: int = 0, stop: int | None = None,
-                 *, as_dict: bool = False) -> None:
-        self.directory = os.fspath(directory)
-        self.as_dict = as_dict
-        store = SampleStore(self.directory, readonly=True)
-        try:
-            available = len(store)
-        finally:
-            store.close()
-        if start < 0:
-            raise SampleStoreError(f"data source start={start} must be >= 0")
-        self.start = start
-        self.stop = available if stop is None else min(stop, available)
-        if self.stop < self.start:
-            self.stop = self.start
-        self._store: SampleStore | None = None
-        self._store_lock = threading.Lock()
-
-    def _get_store(self) -> SampleStore:
-        with self._store_lock:
-            if self._store is None:
-                self._store = SampleStore(self.directory, readonly=True)
-            return self._store
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, index: int) -> Sample | dict[str, Any]:
-        index = int(index)
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} is out of range [0, {len(self)}) for {self!r}")
-        store = self._get_store()
-        offset = self.start + index
-        if offset >= len(store):
-            store.refresh()
-        sample = store[offset]
-        return sample.to_dict() if self.as_dict else sample
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_store"] = None
-        del state["_store_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._store_lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"SampleStoreDataSource(directory={self.directory!r}, start={self.start}, stop={self.stop})"
-
