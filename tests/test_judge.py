@@ -250,7 +250,7 @@ def test_judge_without_hints_casts_eval_votes_only():
 
     class Pool:
         async def generate(self, input_ids, *, sampling_params=None, **kw):
-            calls.append(sampling_params["sampling_seed"])
+            calls.append(sampling_params.sampling_seed)
             return SimpleNamespace(text="\\boxed{-1} [HINT_START]Please keep it short.[HINT_END]")
 
     class Tok:
