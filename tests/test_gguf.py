@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import struct
-import zlib
 from pathlib import Path
 
 import gguf as gguf_ref
