@@ -136,7 +136,7 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
     out of `base` (the trainer donates their buffers)."""
     from flax import nnx
 
-    from openclaw_jax.models.lora import LoRAConfig, add_lora
+    from openclaw_jax.models.lora import add_lora
     from openclaw_jax.parallel.mesh import make_mesh, shard_model
     from openclaw_jax.trainer.loop import Trainer
 
@@ -149,9 +149,7 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
         teacher = load_pretrained(cfg.trainer.teacher, mesh=mesh, dtype=cfg.model.dtype, attention=cfg.model.attention,
                                   tokenizer=False).model
     if cfg.model.lora.enabled:
-        lc = cfg.model.lora
-        student = add_lora(student, LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets),
-                           rngs=nnx.Rngs(cfg.seed + 1))
+        student = add_lora(student, cfg.model.lora, rngs=nnx.Rngs(cfg.seed + 1))
     student = shard_model(student, mesh)  # places what is not placed yet (LoRA adapters)
     teacher = shard_model(teacher, mesh)
     pad = base.tokenizer.pad_token_id
