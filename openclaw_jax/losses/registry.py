@@ -48,11 +48,15 @@ def loss_kind(name: str, *, overwrite: bool = False) -> Callable[[K], K]:
     return decorate
 
 
+def _lookup(table: dict[str, Any], name: str, what: str) -> Any:
+    if name not in table:
+        raise ValueError(f"unknown {what} {name!r}; registered: {tuple(sorted(table))}")
+    return table[name]
+
+
 def get_kind(name: str) -> Any:
-    try:
-        return _KINDS[name]
-    except KeyError:
-        raise ValueError(f"loss kind {name!r} is not known; use one of {available_kinds()}") from None
+    """The registered ``LossKind`` instance called ``name``."""
+    return _lookup(_KINDS, name, "loss kind")
 
 
 def available_kinds() -> tuple[str, ...]:
@@ -101,10 +105,8 @@ def register_loss(name: str, kind: str, adjust_config: Callable[[LossConfig], Lo
 
 
 def get_loss(name: str) -> RegisteredLoss:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown loss {name!r}; registered losses: {sorted(_REGISTRY)}") from None
+    """The named loss ``name`` (``combine``, ``rl``, ``opd``, ``token_combine``, ``tail_kl``, ...)."""
+    return _lookup(_REGISTRY, name, "loss")
 
 
 def available_losses() -> tuple[str, ...]:
