@@ -14,6 +14,7 @@ from openclaw_jax.configlib import ConfigError, load_config
 from openclaw_jax.envs.agentic.config import AgenticConfig
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.losses import LossConfig
+from openclaw_jax.models.config import LoRAConfig
 
 
 def _require(cond: bool, message: str) -> None:
@@ -41,20 +42,6 @@ class RandomModelConfig:
             _require(getattr(self, name) > 0, f"model.random.{name}={getattr(self, name)} must be > 0")
         _require(self.num_heads % self.num_kv_heads == 0,
                  f"model.random.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
-
-
-@dataclass(frozen=True)
-class LoRAConfig:
-    enabled: bool = False
-    rank: int = 8
-    alpha: float = 16.0
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-    def __post_init__(self):
-        _require(self.rank > 0, f"model.lora.rank={self.rank} must be > 0")
-        allowed = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-        bad = [t for t in self.targets if t not in allowed]
-        _require(not bad, f"model.lora.targets has {bad}; allowed: {sorted(allowed)}")
 
 
 @dataclass(frozen=True)

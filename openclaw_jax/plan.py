@@ -187,7 +187,7 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
 
     from openclaw_jax.models.config import ModelConfig
     from openclaw_jax.models.decoder import Decoder
-    from openclaw_jax.models.lora import LoRAConfig, LoRAParam, add_lora
+    from openclaw_jax.models.lora import LoRAParam, add_lora
     from openclaw_jax.models.weights import apply_dtypes
     from openclaw_jax.parallel.mesh import make_mesh, state_shardings
     from openclaw_jax.trainer import step as S
@@ -206,9 +206,7 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     def student():
         model = Decoder(mcfg, rngs=nnx.Rngs(0))
         if cfg.model.lora.enabled:
-            lc = cfg.model.lora
-            model = add_lora(model, LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets),
-                             rngs=nnx.Rngs(1))
+            model = add_lora(model, cfg.model.lora, rngs=nnx.Rngs(1))
         return model
 
     abstract_student = nnx.eval_shape(student)

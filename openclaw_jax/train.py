@@ -136,7 +136,7 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
     out of `base` (the trainer donates their buffers)."""
     from flax import nnx
 
-    from openclaw_jax.models.lora import LoRAConfig, add_lora
+    from openclaw_jax.models.lora import add_lora
     from openclaw_jax.parallel.mesh import make_mesh, shard_model
     from openclaw_jax.trainer.loop import Trainer
 
@@ -149,9 +149,7 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
         teacher = load_pretrained(cfg.trainer.teacher, mesh=mesh, dtype=cfg.model.dtype, attention=cfg.model.attention,
                                   tokenizer=False).model
     if cfg.model.lora.enabled:
-        lc = cfg.model.lora
-        student = add_lora(student, LoRAConfig(rank=lc.rank, alpha=lc.alpha, targets=lc.targets),
-                           rngs=nnx.Rngs(cfg.seed + 1))
+        student = add_lora(student, cfg.model.lora, rngs=nnx.Rngs(cfg.seed + 1))
     student = shard_model(student, mesh)  # places what is not placed yet (LoRA adapters)
     teacher = shard_model(teacher, mesh)
     pad = base.tokenizer.pad_token_id
@@ -184,16 +182,193 @@ class Progress:
 # ----------------------------------------------------------------------------- the run
 
 
+@dataclasses.dataclass
+class _Run:
+    """What the parts of one run share."""
+
+    cfg: ExperimentConfig
+    run_dir: Path
+    base: BaseModel
+    trainer: Any
+    writer: Any
+    progress: Progress
+    summary: dict[str, Any]
+    is_main: bool
+    t_start: float
+    cleanups: list[Any] = dataclasses.field(default_factory=list)
+
+    def record_eval(self, record: dict[str, Any]) -> None:
+        record["time_s"] = time.monotonic() - self.t_start
+        with open(self.run_dir / "eval.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+async def _start_embedded_pool(r: _Run):
+    """Process 0 serves the student with the JAX engine; returns (policy urls, weight push)."""
+    from aiohttp import web
+
+    from openclaw_jax.rollout.weight_sync import InProcessWeightSync
+
+    # With several processes every one takes part in gathering the weights.
+    serving = await asyncio.to_thread(_process_local_copy, r.trainer.serving_model())
+    policy_urls, sync = [], None
+    if r.is_main:
+        from openclaw_jax.inference.engine import Engine, EngineConfig
+        from openclaw_jax.inference.server import InferenceServer
+
+        cfg, base = r.cfg, r.base
+        engine = Engine(serving, base.tokenizer, context_length=cfg.policy.context_length or None,
+                        config=EngineConfig(max_batch_size=cfg.policy.max_batch_size),
+                        weight_version=r.trainer.weight_version, seed=cfg.seed)
+        server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
+                                 served_model_name=Path(base.model_dir).name)
+        runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
+        await site.start()
+        r.cleanups.append(runner.cleanup)
+        policy_urls = [f"http://{cfg.policy.host}:{runner.addresses[0][1]}"]
+        sync = InProcessWeightSync(engine)
+
+    async def push(graphdef, state, version):
+        # `state` is already detached from the trainer's buffers (Trainer.run hands over a copy)
+        if sync is not None:
+            await sync(graphdef, state, version)
+
+    return policy_urls, push
+
+
+async def _connect_external_pool(r: _Run, resumed: bool):
+    """A client to external SGLang workers and a disk weight push; returns (policy urls, weight push)."""
+    from openclaw_jax.rollout.client import PoolClient
+    from openclaw_jax.rollout.weight_sync import DiskWeightSync, worker_urls
+
+    cfg, base = r.cfg, r.base
+    client = None
+    if r.is_main:
+        client = PoolClient(worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
+                            request_timeout_s=cfg.policy.request_timeout_s)
+        await client.start()
+        r.cleanups.append(client.close)
+    push = DiskWeightSync(client, cfg.policy.weight_sync_dir or r.run_dir / "weights",
+                          model_config=base.config.replace(param_dtype=cfg.model.dtype), extra_config=base.hf_config,
+                          tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
+    if resumed:  # the workers serve the base model; bring them to the resumed weights
+        from flax import nnx
+
+        graphdef, state = nnx.split(r.trainer.serving_model())
+        await push(graphdef, state, r.trainer.weight_version)
+    return list(cfg.policy.urls), push
+
+
+async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
+    """The OpenAI-compatible gateway (judge + sample store) in front of the pool; returns its URL."""
+    from openclaw_jax.gateway.server import start_gateway, stop_gateway
+
+    # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
+    gw_cfg = dataclasses.replace(r.cfg.gateway, policy_urls=tuple(policy_urls),
+                                 store_dir=str(r.run_dir / "samples"), model=r.base.model_dir,
+                                 judge_hints=r.cfg.gateway.judge_hints and r.cfg.trainer.uses_hints)
+    gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=r.base.tokenizer)
+    r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
+    log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
+    r.summary["gateway_url"] = gateway_url
+    return gateway_url
+
+
+async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
+    """Group rollouts of an environment feed the store; returns (evaluate, driver, drive task)."""
+    from openclaw_jax.envs.agentic.run import AgenticDriver
+
+    trainer = r.trainer
+    agentic = await AgenticDriver(r.cfg, policy_urls, r.base.tokenizer, store_dir=str(r.run_dir / "samples"),
+                                  offset_fn=lambda: trainer.sample_offset).start()
+    r.cleanups.append(agentic.close)
+    r.summary["heldout"] = []
+
+    async def evaluate(step: int) -> float:
+        record = await agentic.evaluate(step, r.writer)
+        r.record_eval(record)
+        r.summary["heldout"].append(record)
+        r.progress.update(heldout=record["heldout_success"])
+        log.info("held-out success at step %d: %.3f %s", step, record["heldout_success"], record["per_family"])
+        return record["heldout_success"]
+
+    await evaluate(trainer.step)
+    return evaluate, agentic, asyncio.create_task(agentic.drive(stop))
+
+
+async def _start_users(r: _Run, gateway_url: str, stop: asyncio.Event):
+    """Simulated users talk to the gateway; returns (evaluate, drive task)."""
+    from openclaw_jax.envs.runner import EnvRunner
+
+    trainer = r.trainer
+    env = EnvRunner(r.cfg, gateway_url, store_dir=str(r.run_dir / "samples"), api_key=r.cfg.gateway.api_key,
+                    offset_fn=lambda: trainer.sample_offset)
+    r.cleanups.append(env.close)
+
+    async def evaluate(step: int) -> float:
+        graded = await env.heldout_eval(writer=r.writer, step=step)
+        score, accuracy = graded["preference_score"], graded["accuracy"]
+        r.progress.update(pref=score, acc=accuracy)
+        record = {"step": step, "preference_score": score, "accuracy": accuracy if accuracy == accuracy else None}
+        r.record_eval(record)
+        r.summary["preference"].append(record)
+        log.info("held-out preference score at step %d: %.3f, accuracy %.3f", step, score, accuracy)
+        return score
+
+    await evaluate(trainer.step)
+    return evaluate, asyncio.create_task(env.drive(stop))
+
+
+def _step_callback(r: _Run, evaluate, agentic):
+    """What happens after each training step: progress, rollout logs, exports, periodic evaluation."""
+    cfg, trainer = r.cfg, r.trainer
+
+    async def on_step(step: int, metrics: dict[str, float]) -> None:
+        r.progress.update(step=f"{step}/{cfg.trainer.max_steps}", loss=metrics.get("loss", float("nan")),
+                          reward=metrics.get("rollout/reward", float("nan")),
+                          waiting=int(metrics.get("samples/waiting", 0)))
+        if agentic is not None:
+            agentic.log_rollouts(step, r.writer)
+        if cfg.trainer.export_every and step % cfg.trainer.export_every == 0:
+            await asyncio.to_thread(export, trainer, r.base, r.run_dir)
+        eval_every = cfg.agentic.eval_every if cfg.agentic.enabled else cfg.env.eval_every
+        if evaluate is not None and eval_every and step % eval_every == 0 \
+                and step < cfg.trainer.max_steps:
+            await evaluate(step)
+
+    return on_step
+
+
+async def _prepare(cfg: ExperimentConfig, run_dir: Path, t_start: float) -> tuple[_Run, Any, bool]:
+    """Base model (+ SFT warm-up), trainer, checkpoint restore, writers; returns (run, checkpointer, resumed)."""
+    import jax
+
+    from openclaw_jax.trainer.checkpoint import Checkpointer
+    from openclaw_jax.trainer.metrics import MetricsWriter
+
+    base = await asyncio.to_thread(load_base_model, cfg)
+    if cfg.agentic.enabled and cfg.agentic.warmup_steps:  # SFT warm-up on demonstrations (cached in the run)
+        from openclaw_jax.envs.agentic.run import warm_up
+
+        base = await asyncio.to_thread(warm_up, cfg, base, run_dir)
+    trainer = await asyncio.to_thread(build_trainer, cfg, base)
+    checkpointer = Checkpointer(run_dir / "ckpt", max_to_keep=cfg.trainer.keep_checkpoints)
+    resumed = await asyncio.to_thread(trainer.restore, checkpointer)
+    is_main = jax.process_index() == 0
+    r = _Run(cfg=cfg, run_dir=run_dir, base=base, trainer=trainer,
+             writer=MetricsWriter(run_dir / "tb", enabled=is_main), progress=Progress(cfg.progress and is_main),
+             summary={"resumed": resumed, "start_step": trainer.step, "preference": []}, is_main=is_main,
+             t_start=t_start)
+    return r, checkpointer, resumed
+
+
 async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Run the whole loop; returns a summary (steps, preference scores, wall time)."""
     import jax
-    from aiohttp import web
 
-    from openclaw_jax.gateway.server import start_gateway, stop_gateway
     from openclaw_jax.parallel.mesh import maybe_initialize_distributed
-    from openclaw_jax.rollout.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
-    from openclaw_jax.trainer.checkpoint import Checkpointer
-    from openclaw_jax.trainer.metrics import MetricsWriter
 
     t_start = time.monotonic()
     maybe_initialize_distributed()
@@ -207,140 +382,31 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
-    base = await asyncio.to_thread(load_base_model, cfg)
-    if cfg.agentic.enabled and cfg.agentic.warmup_steps:  # SFT warm-up on demonstrations (cached in the run)
-        from openclaw_jax.envs.agentic.run import warm_up
-
-        base = await asyncio.to_thread(warm_up, cfg, base, run_dir)
-    trainer = await asyncio.to_thread(build_trainer, cfg, base)
-    checkpointer = Checkpointer(run_dir / "ckpt", max_to_keep=cfg.trainer.keep_checkpoints)
-    resumed = await asyncio.to_thread(trainer.restore, checkpointer)
-    is_main = jax.process_index() == 0
-    writer = MetricsWriter(run_dir / "tb", enabled=is_main)
-    progress = Progress(cfg.progress and is_main)
-
-    cleanups: list[Any] = []
-    summary: dict[str, Any] = {"resumed": resumed, "start_step": trainer.step, "preference": []}
+    r, checkpointer, resumed = await _prepare(cfg, run_dir, t_start)
+    trainer, summary = r.trainer, r.summary
     try:
-        # --- serving pool (process 0 talks to it; every process takes part in weight export)
+        # serving pool (process 0 talks to it; every process takes part in weight export)
         if cfg.policy.mode == "embedded":
-            # Process 0 serves; with several processes every one takes part in gathering the weights.
-            serving = await asyncio.to_thread(_process_local_copy, trainer.serving_model())
-            policy_urls, sync = [], None
-            if is_main:
-                from openclaw_jax.inference.engine import Engine, EngineConfig
-                from openclaw_jax.inference.server import InferenceServer
-
-                engine = Engine(serving, base.tokenizer, context_length=cfg.policy.context_length or None,
-                                config=EngineConfig(max_batch_size=cfg.policy.max_batch_size),
-                                weight_version=trainer.weight_version, seed=cfg.seed)
-                server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
-                                         served_model_name=Path(base.model_dir).name)
-                runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
-                await runner.setup()
-                site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
-                await site.start()
-                cleanups.append(runner.cleanup)
-                policy_urls = [f"http://{cfg.policy.host}:{runner.addresses[0][1]}"]
-                sync = InProcessWeightSync(engine)
-
-            async def push(graphdef, state, version):
-                # `state` is already detached from the trainer's buffers (Trainer.run hands over a copy)
-                if sync is not None:
-                    await sync(graphdef, state, version)
+            policy_urls, push = await _start_embedded_pool(r)
         else:
-            from openclaw_jax.rollout.client import PoolClient
-
-            policy_urls = list(cfg.policy.urls)
-            client = None
-            if is_main:
-                client = PoolClient(worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
-                                    request_timeout_s=cfg.policy.request_timeout_s)
-                await client.start()
-                cleanups.append(client.close)
-            push = DiskWeightSync(client, cfg.policy.weight_sync_dir or run_dir / "weights",
-                                  model_config=base.config.replace(param_dtype=cfg.model.dtype), extra_config=base.hf_config,
-                                  tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
-            if resumed:  # the workers serve the base model; bring them to the resumed weights
-                from flax import nnx
-
-                graphdef, state = nnx.split(trainer.serving_model())
-                await push(graphdef, state, trainer.weight_version)
+            policy_urls, push = await _connect_external_pool(r, resumed)
         log.info("policy pool: %s", policy_urls)
 
-        # --- gateway (judge + sample store) and simulated users: process 0 only
-        evaluate = None
-        agentic = None
+        # gateway (judge + sample store) and simulated users, or an agentic environment: process 0 only
+        evaluate = agentic = None
         env_tasks: list[asyncio.Task] = []
-        if is_main and not cfg.agentic.enabled:
-            # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
-            gw_cfg = dataclasses.replace(cfg.gateway, policy_urls=tuple(policy_urls),
-                                         store_dir=str(run_dir / "samples"), model=base.model_dir,
-                                         judge_hints=cfg.gateway.judge_hints and cfg.trainer.uses_hints)
-            gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=base.tokenizer)
-            cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
-            log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
-            summary["gateway_url"] = gateway_url
+        if r.is_main and cfg.agentic.enabled:
+            evaluate, agentic, task = await _start_agentic(r, policy_urls, stop)
+            env_tasks.append(task)
+        elif r.is_main:
+            gateway_url = await _start_gateway(r, policy_urls)
+            if cfg.env.enabled:
+                evaluate, task = await _start_users(r, gateway_url, stop)
+                env_tasks.append(task)
 
-        if is_main and cfg.agentic.enabled:  # group rollouts of an environment feed the store instead
-            from openclaw_jax.envs.agentic.run import AgenticDriver
-
-            agentic = await AgenticDriver(cfg, policy_urls, base.tokenizer, store_dir=str(run_dir / "samples"),
-                                          offset_fn=lambda: trainer.sample_offset).start()
-            cleanups.append(agentic.close)
-            summary["heldout"] = []
-
-            async def evaluate(step: int) -> float:
-                record = await agentic.evaluate(step, writer)
-                record["time_s"] = time.monotonic() - t_start
-                summary["heldout"].append(record)
-                progress.update(heldout=record["heldout_success"])
-                with open(run_dir / "eval.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
-                log.info("held-out success at step %d: %.3f %s", step, record["heldout_success"], record["per_family"])
-                return record["heldout_success"]
-
-            await evaluate(trainer.step)
-            env_tasks.append(asyncio.create_task(agentic.drive(stop)))
-
-        elif is_main and cfg.env.enabled:
-            from openclaw_jax.envs.runner import EnvRunner
-
-            env = EnvRunner(cfg, gateway_url, store_dir=str(run_dir / "samples"), api_key=cfg.gateway.api_key,
-                            offset_fn=lambda: trainer.sample_offset)
-            cleanups.append(env.close)
-
-            async def evaluate(step: int) -> float:
-                graded = await env.heldout_eval(writer=writer, step=step)
-                score, accuracy = graded["preference_score"], graded["accuracy"]
-                progress.update(pref=score, acc=accuracy)
-                record = {"step": step, "preference_score": score,
-                          "accuracy": accuracy if accuracy == accuracy else None, "time_s": time.monotonic() - t_start}
-                summary["preference"].append(record)
-                with open(run_dir / "eval.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
-                log.info("held-out preference score at step %d: %.3f, accuracy %.3f", step, score, accuracy)
-                return score
-
-            await evaluate(trainer.step)
-            env_tasks.append(asyncio.create_task(env.drive(stop)))
-
-        async def on_step(step: int, metrics: dict[str, float]) -> None:
-            progress.update(step=f"{step}/{cfg.trainer.max_steps}", loss=metrics.get("loss", float("nan")),
-                            reward=metrics.get("rollout/reward", float("nan")),
-                            waiting=int(metrics.get("samples/waiting", 0)))
-            if agentic is not None:
-                agentic.log_rollouts(step, writer)
-            if cfg.trainer.export_every and step % cfg.trainer.export_every == 0:
-                await asyncio.to_thread(export, trainer, base, run_dir)
-            eval_every = cfg.agentic.eval_every if cfg.agentic.enabled else cfg.env.eval_every
-            if evaluate is not None and eval_every and step % eval_every == 0 \
-                    and step < cfg.trainer.max_steps:
-                await evaluate(step)
-
-        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=writer, push_weights=push,
-                          stop=stop, on_step=on_step,
-                          progress=lambda text: progress.update(status=text))
+        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer, push_weights=push,
+                          stop=stop, on_step=_step_callback(r, evaluate, agentic),
+                          progress=lambda text: r.progress.update(status=text))
         interrupted = stop.is_set()  # Ctrl-C / SIGTERM: checkpoint and export, skip the final evaluation
         summary["interrupted"] = interrupted
         stop.set()
@@ -348,15 +414,15 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*env_tasks, return_exceptions=True)
         await asyncio.to_thread(trainer.save_checkpoint, checkpointer)
-        summary["export_dir"] = str(await asyncio.to_thread(export, trainer, base, run_dir))
+        summary["export_dir"] = str(await asyncio.to_thread(export, trainer, r.base, run_dir))
         if evaluate is not None and trainer.step > summary["start_step"] and not interrupted:
             await evaluate(trainer.step)
     finally:
-        progress.close()
-        for cleanup in reversed(cleanups):
+        r.progress.close()
+        for cleanup in reversed(r.cleanups):
             with contextlib.suppress(Exception):
                 await cleanup()
-        writer.close()
+        r.writer.close()
         checkpointer.close()
     summary["end_step"] = trainer.step
     summary["wall_time_s"] = time.monotonic() - t_start

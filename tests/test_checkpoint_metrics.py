@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from openclaw_jax.trainer.checkpoint import Checkpointer
@@ -30,8 +30,7 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
     assert ckpt.latest_step() == 3
     restored, meta = ckpt.restore(_state(0))
     assert meta == {"sample_offset": 30, "weight_version": "v3"}
-    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(_state(3))):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    chex.assert_trees_all_equal(restored, _state(3))  # same tree structure and values
     # max_to_keep=2 leaves steps 2 and 3; a fresh manager on the same directory sees them
     again = Checkpointer(tmp_path / "ckpt")
     assert again.latest_step() == 3

@@ -238,3 +238,31 @@ def test_reference_self_consistency():
     loss, grad, _ = reference_loss(case["logits"], case, {})
     assert loss == 0 and not grad.any()
     assert np.allclose(np.exp(log_softmax(case["logits"])).sum(-1), 1.0)
+
+
+def test_a_loss_file_registers_itself_with_the_decorator():
+    """A new loss is one class with @loss_kind plus register_loss: here GRPO with a doubled advantage,
+    checked against the reference GRPO-only loss (w_opd = 0) with the advantages doubled."""
+    from openclaw_jax.losses import LossKind, available_losses, loss_kind, register_loss
+    from openclaw_jax.losses.hybrid import grpo_sample_loss
+
+    @loss_kind("test_double_grpo")
+    class DoubleGrpo(LossKind):
+        def gather(self, batch, cfg, *, tokens, kstar, active):
+            return tokens, None
+
+        def terms(self, cur_logprobs, batch, cfg, plan, *, old, rewards, raw_kl, stats):
+            return grpo_sample_loss(raw_kl, 2.0 * rewards, cfg, plan, stats)
+
+    register_loss("test_double_grpo", "test_double_grpo", None, "test only")
+    assert "test_double_grpo" in available_losses()
+    with pytest.raises(ValueError, match="already registered"):
+        loss_kind("test_double_grpo")(DoubleGrpo)
+    with pytest.raises(ValueError, match="kind 'nope' is not one of"):
+        register_loss("test_nope", "nope")
+    cfg = LossConfig(hint_selection="token_optimal")
+    loss, grad, _ = _run("test_double_grpo", CASE, cfg)
+    doubled = dict(CASE, advantages=2.0 * np.asarray(CASE["advantages"]))
+    ref_loss, ref_grad, _ = reference_loss(CASE["logits"], doubled, dict(hint_selection="token_optimal", w_opd=0.0))
+    np.testing.assert_allclose(loss, ref_loss, rtol=VALUE_RTOL)
+    _assert_grad_close(grad, ref_grad)

@@ -20,6 +20,7 @@ import tokenizers
 
 from openclaw_jax.models import tokenizer as T
 from openclaw_jax.models.gguf import smollm2_gguf_path
+from openclaw_jax.models.tokenizer.tiny import _tiny_backend_json
 
 # The Qwen3 added-token table (Qwen3 tokenizer_config.json), written out independently of the code.
 QWEN3_SPECIALS = {
@@ -366,7 +367,7 @@ def test_tiny_tokenizer_layout(vocab_size, tmp_path):
     assert max(ids) < vocab_size and tok.decode(ids) == text
     # Deterministic: built twice (cache cleared), identical files.
     first = tok.backend.to_str()
-    T._tiny_backend_json.cache_clear()
+    _tiny_backend_json.cache_clear()
     assert T.tiny_test_tokenizer(vocab_size).backend.to_str() == first
 
 

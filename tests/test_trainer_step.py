@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,9 +138,8 @@ def test_train_step_matches_dense_loss(setup, loss_name):
     assert abs(float(metrics["loss"]) - float(loss)) < 1e-5 * max(1.0, abs(float(loss)))
     for name, value in dense_metrics.items():
         assert abs(float(metrics[name]) - float(value)) < 1e-4, name
-    # the applied update is minus the dense gradient, leaf by leaf
-    for got, p, g in zip(jax.tree.leaves(new), jax.tree.leaves(trainable), jax.tree.leaves(grads)):
-        np.testing.assert_allclose(np.asarray(p) - np.asarray(got), np.asarray(g), atol=1e-5)
+    # the applied update is minus the dense gradient (same tree, leaf by leaf)
+    chex.assert_trees_all_close(jax.tree.map(jnp.subtract, trainable, new), grads, atol=1e-5, rtol=0)
     assert float(metrics["grad_norm"]) == pytest.approx(float(optax.global_norm(grads)), rel=1e-4)
     assert float(metrics["lr"]) == pytest.approx(1.0)
 

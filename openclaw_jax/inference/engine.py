@@ -16,6 +16,10 @@ benchmarks) talk to it through thread-safe handles, so the event loop never bloc
 Log-probs are log_softmax(logits / T) over the full vocabulary (T = 1 for greedy rows), see
 `openclaw_jax.inference.sampling`.  Weights are an `nnx.State` swapped under the engine lock
 between steps (`swap_weights`), each result carries the `weight_version` it ran with.
+
+Parts: `kernels.py` (the jitted prefill / insert / decode steps), `scheduler.py` (config, buckets,
+request handles, batch sizing and prefill grouping), `stops.py` (finish reasons and reported text);
+this module is the engine thread that drives them.
 """
 
 from __future__ import annotations
@@ -25,11 +29,9 @@ import collections
 import dataclasses
 import functools
 import logging
-import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 import jax
@@ -37,200 +39,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from openclaw_jax.inference import sampling as sampling_ops
+from openclaw_jax.inference import stops
+from openclaw_jax.inference.kernels import decode_jit, insert_jit, prefill_jit, zeros_cache_jit
+from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, plan_batch,
+                                              prefill_groups, sampling_arrays)
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
-from openclaw_jax.models.decoder import KVCache
 
 logger = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
     """The engine could not run a request (shut down, internal failure)."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_batch_size: int = 16
-    # smallest prompt bucket (prefill length) and cache bucket (prompt + new tokens)
-    min_prompt_bucket: int = 16
-    min_cache_bucket: int = 64
-    # KV cache memory allowed for one running batch (B * Lc * bytes per token)
-    kv_cache_budget_bytes: int = 2 << 30
-    # at most this many (padded) prompt tokens per prefill call
-    max_prefill_tokens: int = 16384
-    # how long the scheduler waits for more requests before forming a new batch
-    batch_wait_s: float = 0.003
-    min_batch_bucket: int = 1
-    # top-N log-probs are computed for a power-of-two N >= this (fewer compiled variants)
-    min_top_logprobs_bucket: int = 8
-
-    def __post_init__(self):
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size={self.max_batch_size} must be >= 1")
-        for name in ("min_prompt_bucket", "min_cache_bucket"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-
-
-def bucket(n: int, minimum: int = 1) -> int:
-    """Smallest power of two >= max(n, minimum)."""
-    n = max(int(n), int(minimum), 1)
-    return 1 << (n - 1).bit_length()
-
-
-# --------------------------------------------------------------------------------------------
-# pure jitted steps (graphdef is bound with functools.partial; params arrive as an nnx.State)
-# --------------------------------------------------------------------------------------------
-def _sample_outputs(log_src_logits, temps, top_p, top_k, min_p, keys, steps, token_ids, n_top, k_ids):
-    skeys = sampling_ops.step_keys(keys, steps)
-    tokens, log_probs = sampling_ops.sample_tokens(log_src_logits, temps, top_p, top_k, min_p, skeys)
-    out = {"tokens": tokens, "token_lp": sampling_ops.gather_logprobs(log_probs, tokens[:, None])[:, 0]}
-    if n_top:
-        out["top_vals"], out["top_ids"] = sampling_ops.top_logprobs(log_probs, n_top)
-    if k_ids:
-        out["ids_lp"] = sampling_ops.gather_logprobs(log_probs, token_ids)
-    return out
-
-
-def _prefill_impl(graphdef, state, input_ids, lengths, temps, top_p, top_k, min_p, keys, token_ids, *,
-                  n_top: int, k_ids: int, want_input: bool):
-    model = nnx.merge(graphdef, state)
-    b, lp_len = input_ids.shape
-    # the prompt attends causally to itself: the full-forward attention (blockwise/fused), no [L, L] scores
-    hidden, cache = model.prefill_hidden(input_ids, model.init_cache(b, lp_len))
-    last = hidden[jnp.arange(b), lengths - 1]
-    logits = model.logits(last)
-    out = _sample_outputs(logits, temps, top_p, top_k, min_p, keys, jnp.zeros((b,), jnp.int32), token_ids,
-                          n_top, k_ids)
-    out["cache"] = cache
-    if want_input:
-        # Prompt log-probs: position t predicts token t + 1.
-        all_lp = sampling_ops.scaled_log_probs(model.logits(hidden), temps)
-        nxt = jnp.concatenate([input_ids[:, 1:], jnp.zeros((b, 1), input_ids.dtype)], axis=1)
-        out["in_lp"] = sampling_ops.gather_logprobs(all_lp, nxt[..., None])[..., 0]
-        if n_top:
-            out["in_top_vals"], out["in_top_ids"] = sampling_ops.top_logprobs(all_lp, n_top)
-        if k_ids:
-            out["in_ids_lp"] = sampling_ops.gather_logprobs(
-                all_lp, jnp.broadcast_to(token_ids[:, None, :], (b, lp_len, token_ids.shape[-1])))
-    return out
-
-
-def _insert_impl(big, small, rows):
-    """Copy prefill caches `[layers, b, Lp, ...]` into rows of the running cache (rows >= B are dropped)."""
-    lp_len = small.k.shape[2]
-    k = big.k.at[:, rows, :lp_len].set(small.k.astype(big.k.dtype), mode="drop")
-    v = big.v.at[:, rows, :lp_len].set(small.v.astype(big.v.dtype), mode="drop")
-    return type(big)(k, v)
-
-
-def _decode_impl(graphdef, state, cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps, token_ids,
-                 *, n_top: int, k_ids: int):
-    model = nnx.merge(graphdef, state)
-    logits, cache = model.decode(tokens[:, None], positions[:, None], cache)
-    out = _sample_outputs(logits[:, 0], temps, top_p, top_k, min_p, keys, steps, token_ids, n_top, k_ids)
-    out["cache"] = cache
-    return out
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _zeros_cache_jit(shape, dtype_name):
-    # Made by a jitted function so the cache is placed like every other step output (a host-made
-    # array would give the steps a different argument signature and cost a recompilation).
-    zeros = jnp.zeros(shape, jnp.dtype(dtype_name))
-    return KVCache(zeros, zeros)
-
-
-_prefill_jit = jax.jit(_prefill_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids", "want_input"))
-_insert_jit = jax.jit(_insert_impl, donate_argnums=(0,))
-_decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids"), donate_argnums=(2,))
-
-
-# --------------------------------------------------------------------------------------------
-# request handles
-# --------------------------------------------------------------------------------------------
-class RequestHandle:
-    """Receives a sequence's updates from the engine thread (thread-safe)."""
-
-    def __init__(self, rid: str, stream: bool, loop: asyncio.AbstractEventLoop | None):
-        self.rid = rid
-        self.stream = stream
-        self._loop = loop
-        self._queue: Any = asyncio.Queue() if loop is not None else queue.Queue()
-        self.cancelled = False
-
-    def _put(self, item: Any) -> None:
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                self.cancelled = True
-        else:
-            self._queue.put(item)
-
-    def cancel(self) -> None:
-        """Ask the engine to abort this sequence (e.g. the HTTP client went away)."""
-        self.cancelled = True
-
-    async def next(self) -> SequenceOutput:
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def next_sync(self, timeout: float | None = None) -> SequenceOutput:
-        item = self._queue.get(timeout=timeout)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-
-@dataclass
-class _Seq:
-    spec: GenerationSpec
-    handle: RequestHandle
-    out: SequenceOutput
-    max_new: int
-    stop_ids: frozenset
-    stop_strs: tuple[str, ...]
-    stop_tail_tokens: int
-    seed: int
-    _key: np.ndarray | None = None
-    row: int = -1
-    position: int = 0
-    last_token: int = 0
-    step_version: str = ""  # the weight version of the step that produced the token being accepted
-
-    @property
-    def base_key(self) -> np.ndarray:
-        """PRNG key of this sequence: (sampling_seed, sample index); built lazily on the engine thread."""
-        if self._key is None:
-            key = jax.random.fold_in(jax.random.PRNGKey(self.seed % (2 ** 32)), self.spec.sample_index)
-            self._key = np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-                                   else key, np.uint32)
-        return self._key
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.spec.prompt_ids)
-
-    @property
-    def need_len(self) -> int:
-        return self.prompt_len + self.max_new
-
-
-@dataclass
-class _Batch:
-    size: int
-    cache_len: int
-    cache: Any
-    rows: list  # _Seq | None per row
-
-    def free_rows(self) -> list[int]:
-        return [i for i, s in enumerate(self.rows) if s is None]
-
-    def active(self) -> list[_Seq]:
-        return [s for s in self.rows if s is not None]
 
 
 class Engine:
@@ -259,14 +78,14 @@ class Engine:
 
         # Module-level jitted steps with the graphdef as a static argument: engines serving the
         # same architecture (weight reloads, several engines in one process) share compilations.
-        self._prefill = functools.partial(_prefill_jit, self._graphdef)
-        self._insert = _insert_jit
-        self._decode = functools.partial(_decode_jit, self._graphdef)
+        self._prefill = functools.partial(prefill_jit, self._graphdef)
+        self._insert = insert_jit
+        self._decode = functools.partial(decode_jit, self._graphdef)
 
         self._lock = threading.Lock()  # guards params during a step
         self._cv = threading.Condition()
-        self._pending: collections.deque[_Seq] = collections.deque()
-        self._batch: _Batch | None = None
+        self._pending: collections.deque[Seq] = collections.deque()
+        self._batch: Batch | None = None
         self._paused = False
         self._draining = 0  # > 0 while a weight swap waits for running sequences to finish
         self._stop = False
@@ -287,7 +106,7 @@ class Engine:
     def compile_counts(self) -> dict[str, int]:
         """Number of compiled variants per jitted function (tests check buckets compile once)."""
         return {name: fn._cache_size() for name, fn in
-                (("prefill", _prefill_jit), ("insert", _insert_jit), ("decode", _decode_jit))}
+                (("prefill", prefill_jit), ("insert", insert_jit), ("decode", decode_jit))}
 
     def num_running(self) -> int:
         with self._cv:
@@ -457,7 +276,7 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
 
-    def _new_seq(self, spec: GenerationSpec, handle: RequestHandle, rid: str) -> _Seq:
+    def _new_seq(self, spec: GenerationSpec, handle: RequestHandle, rid: str) -> Seq:
         sp = spec.sampling
         max_new = sp.max_new_tokens if sp.max_new_tokens is not None else self.context_length - len(spec.prompt_ids)
         stop_ids: frozenset = frozenset()
@@ -473,7 +292,7 @@ class Engine:
             out.input_logprobs = []
             out.input_top_logprobs = [] if spec.top_logprobs_num > 0 else None
             out.input_token_ids_logprobs = [] if spec.token_ids_logprob is not None else None
-        return _Seq(spec=spec, handle=handle, out=out, max_new=max_new, stop_ids=stop_ids, stop_strs=sp.stop,
+        return Seq(spec=spec, handle=handle, out=out, max_new=max_new, stop_ids=stop_ids, stop_strs=sp.stop,
                     stop_tail_tokens=tail, seed=seed)
 
     # ------------------------------------------------------------------ scheduler thread
@@ -551,25 +370,12 @@ class Engine:
             self._batch = None
             if not self._pending:
                 return
-            chosen: list[_Seq] = []
-            cache_len = 0
-            for seq in self._pending:
-                if len(chosen) >= self.config.max_batch_size:
-                    break
-                lc = max(cache_len, bucket(seq.need_len, self.config.min_cache_bucket))
-                b = bucket(len(chosen) + 1, self.config.min_batch_bucket)
-                if chosen and b * lc * self._kv_bytes_per_token > self.config.kv_cache_budget_bytes:
-                    break
-                chosen.append(seq)
-                cache_len = lc
-            size = min(bucket(len(chosen), self.config.min_batch_bucket),
-                       bucket(self.config.max_batch_size))
-            size = max(size, len(chosen))
+            size, cache_len = plan_batch(self._pending, self.config, self._kv_bytes_per_token)
         cfg = self.model_config
         shape = (cfg.num_layers, size, cache_len, cfg.num_kv_heads, cfg.head_dim)
-        cache = _zeros_cache_jit(shape, jnp.dtype(cfg.dtype).name)
+        cache = zeros_cache_jit(shape, jnp.dtype(cfg.dtype).name)
         with self._cv:
-            self._batch = _Batch(size=size, cache_len=cache_len, cache=cache, rows=[None] * size)
+            self._batch = Batch(size=size, cache_len=cache_len, cache=cache, rows=[None] * size)
 
     def _admit(self) -> None:
         """Prefill waiting sequences that fit into free rows of the running batch (FIFO)."""
@@ -580,7 +386,7 @@ class Engine:
             # rows are a power of two; never run more than max_batch_size sequences at once
             room = self.config.max_batch_size - len(batch.active())
             free = batch.free_rows()[:max(room, 0)]
-            admitted: list[_Seq] = []
+            admitted: list[Seq] = []
             while self._pending and len(admitted) < len(free):
                 seq = self._pending[0]
                 if seq.need_len > batch.cache_len:
@@ -593,53 +399,7 @@ class Engine:
             batch.rows[row] = seq
         self._prefill_groups(admitted, batch)
 
-    def _groups(self, seqs: list[_Seq]) -> list[list[_Seq]]:
-        groups, current = [], []
-        for seq in seqs:
-            trial = current + [seq]
-            lp = bucket(max(s.prompt_len for s in trial), self.config.min_prompt_bucket)
-            if current and bucket(len(trial)) * lp > self.config.max_prefill_tokens:
-                groups.append(current)
-                current = [seq]
-            else:
-                current = trial
-        if current:
-            groups.append(current)
-        return groups
-
-    def _sampling_arrays(self, seqs: Sequence[_Seq | None], size: int, steps: Sequence[int] | None = None):
-        temps = np.ones((size,), np.float32)
-        top_p = np.ones((size,), np.float32)
-        top_k = np.zeros((size,), np.int32)
-        min_p = np.zeros((size,), np.float32)
-        keys = np.zeros((size, 2), np.uint32)
-        step = np.zeros((size,), np.int32)
-        n_top = 0
-        k_ids = 0
-        for i, seq in enumerate(seqs):
-            if seq is None:
-                continue
-            sp = seq.spec.sampling
-            temps[i] = sp.temperature
-            top_p[i] = sp.top_p
-            top_k[i] = sp.top_k if sp.top_k > 0 else 0
-            min_p[i] = sp.min_p
-            keys[i] = seq.base_key
-            step[i] = len(seq.out.output_ids) if steps is None else steps[i]
-            n_top = max(n_top, seq.spec.top_logprobs_num)
-            if seq.spec.token_ids_logprob:
-                k_ids = max(k_ids, len(seq.spec.token_ids_logprob))
-        n_top_b = bucket(n_top, self.config.min_top_logprobs_bucket) if n_top else 0
-        n_top_b = min(n_top_b, self.vocab_size)
-        k_b = bucket(k_ids, 4) if k_ids else 0
-        tids = np.zeros((size, max(k_b, 1)), np.int32)
-        for i, seq in enumerate(seqs):
-            if seq is not None and seq.spec.token_ids_logprob:
-                ids = seq.spec.token_ids_logprob
-                tids[i, :len(ids)] = ids
-        return temps, top_p, top_k, min_p, keys, step, tids, n_top_b, k_b
-
-    def _run_prefill(self, group: list[_Seq]):
+    def _run_prefill(self, group: list[Seq]):
         b = bucket(len(group), self.config.min_batch_bucket)
         lp_len = bucket(max(s.prompt_len for s in group), self.config.min_prompt_bucket)
         ids = np.zeros((b, lp_len), np.int32)
@@ -647,8 +407,8 @@ class Engine:
         for i, seq in enumerate(group):
             ids[i, :seq.prompt_len] = seq.spec.prompt_ids
             lengths[i] = seq.prompt_len
-        padded: list[_Seq | None] = list(group) + [None] * (b - len(group))
-        temps, top_p, top_k, min_p, keys, _, tids, n_top, k_ids = self._sampling_arrays(padded, b)
+        padded: list[Seq | None] = list(group) + [None] * (b - len(group))
+        temps, top_p, top_k, min_p, keys, _, tids, n_top, k_ids = sampling_arrays(padded, b, self.config, self.vocab_size)
         want_input = any(s.spec.logprob_start_len >= 0 for s in group)
         with self._lock:
             out = self._prefill(self._state, ids, lengths, temps, top_p, top_k, min_p, keys, tids,
@@ -663,14 +423,14 @@ class Engine:
             self._record_input_logprobs(group, host)
         return cache, host, lp_len
 
-    def _prefill_only(self, seqs: list[_Seq]) -> None:
-        for group in self._groups(seqs):
+    def _prefill_only(self, seqs: list[Seq]) -> None:
+        for group in prefill_groups(seqs, self.config):
             self._run_prefill(group)
             for seq in group:
                 self._finish(seq, {"type": "length", "length": 0})
 
-    def _prefill_groups(self, seqs: list[_Seq], batch: _Batch) -> None:
-        for group in self._groups(seqs):
+    def _prefill_groups(self, seqs: list[Seq], batch: Batch) -> None:
+        for group in prefill_groups(seqs, self.config):
             small_cache, host, _ = self._run_prefill(group)
             rows = np.full((small_cache.k.shape[1],), batch.size, np.int32)  # padding rows: dropped
             for i, seq in enumerate(group):
@@ -680,7 +440,7 @@ class Engine:
                 seq.position = seq.prompt_len
                 self._accept_token(seq, host, i)
 
-    def _record_input_logprobs(self, group: list[_Seq], host: dict) -> None:
+    def _record_input_logprobs(self, group: list[Seq], host: dict) -> None:
         for i, seq in enumerate(group):
             start = seq.spec.logprob_start_len
             if start < 0:
@@ -716,7 +476,7 @@ class Engine:
             if seq is not None:
                 tokens[i] = seq.last_token
                 positions[i] = seq.position
-        temps, top_p, top_k, min_p, keys, steps, tids, n_top, k_ids = self._sampling_arrays(batch.rows, size)
+        temps, top_p, top_k, min_p, keys, steps, tids, n_top, k_ids = sampling_arrays(batch.rows, size, self.config, self.vocab_size)
         with self._lock:
             out = self._decode(self._state, batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
                                tids, n_top=n_top, k_ids=k_ids)
@@ -732,7 +492,7 @@ class Engine:
             self._accept_token(seq, host, i)
 
     # ------------------------------------------------------------------ per-token host work
-    def _accept_token(self, seq: _Seq, host: dict, i: int) -> None:
+    def _accept_token(self, seq: Seq, host: dict, i: int) -> None:
         token = int(host["tokens"][i])
         out = seq.out
         out.output_ids.append(token)
@@ -747,71 +507,28 @@ class Engine:
             out.output_token_ids_logprobs.append(
                 [(float(host["ids_lp"][i, j]), int(t)) for j, t in enumerate(ids)] if ids else [])
         seq.last_token = token
-        finish = self._check_finished(seq, token)
+        limit = min(self.context_length, self._batch.cache_len if self._batch is not None else seq.need_len)
+        finish = stops.check_finished(seq, token, limit, self.tokenizer)
         if finish is not None:
             self._finish(seq, finish)
             self._release_row(seq)
         elif seq.handle.stream:
-            out.text = self._stream_text(seq)
+            out.text = stops.stream_text(seq, self.tokenizer)
             seq.handle._put(out.snapshot())
 
-    def _check_finished(self, seq: _Seq, token: int) -> dict | None:
-        n = len(seq.out.output_ids)
-        # Order as SGLang's Req.check_finished: length, then stop tokens, then stop strings.
-        if n >= seq.max_new:
-            return {"type": "length", "length": seq.max_new}
-        limit = min(self.context_length, self._batch.cache_len if self._batch is not None else seq.need_len)
-        if seq.position >= limit:  # no slot left for the next token (only reachable with max_new_tokens=None)
-            return {"type": "length", "length": n}
-        if token in seq.stop_ids:
-            return {"type": "stop", "matched": token}
-        if seq.stop_strs:
-            tail = self.tokenizer.decode(seq.out.output_ids[-(seq.stop_tail_tokens + 1):],
-                                         skip_special_tokens=seq.spec.sampling.skip_special_tokens)
-            for s in seq.stop_strs:
-                if s in tail:
-                    return {"type": "stop", "matched": s}
-        return None
-
-    def _decode_text(self, seq: _Seq, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=seq.spec.sampling.skip_special_tokens)
-
-    def _final_text(self, seq: _Seq, finish: dict) -> str:
-        sp = seq.spec.sampling
-        ids = seq.out.output_ids
-        matched = finish.get("matched")
-        if finish.get("type") == "stop" and isinstance(matched, int) and not sp.no_stop_trim and ids:
-            return self._decode_text(seq, ids[:-1])
-        text = self._decode_text(seq, ids)
-        if finish.get("type") == "stop" and isinstance(matched, str) and not sp.no_stop_trim:
-            cut = text.find(matched)
-            if cut >= 0:
-                text = text[:cut]
-        return text
-
-    def _stream_text(self, seq: _Seq) -> str:
-        """Text of an unfinished sequence, stable under growth: no half characters, no half stop strings."""
-        text = self._decode_text(seq, seq.out.output_ids).rstrip("\ufffd")
-        for s in seq.stop_strs:
-            for k in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:k]):
-                    text = text[:-k]
-                    break
-        return text
-
-    def _finish(self, seq: _Seq, finish: dict) -> None:
+    def _finish(self, seq: Seq, finish: dict) -> None:
         out = seq.out
         if out.finish_reason is not None:
             return
         if finish.get("type") != "abort":
-            out.text = self._final_text(seq, finish)
+            out.text = stops.final_text(seq, finish, self.tokenizer)
         else:
-            out.text = self._decode_text(seq, out.output_ids) if out.output_ids else ""
+            out.text = stops.decode_text(seq, out.output_ids, self.tokenizer) if out.output_ids else ""
         out.finish_reason = finish
         out.finished_time = time.time()
         seq.handle._put(out.snapshot() if seq.handle.stream else out)
 
-    def _release_row(self, seq: _Seq) -> None:
+    def _release_row(self, seq: Seq) -> None:
         batch = self._batch
         if batch is not None and 0 <= seq.row < batch.size and batch.rows[seq.row] is seq:
             batch.rows[seq.row] = None

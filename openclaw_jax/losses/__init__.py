@@ -3,14 +3,16 @@
 Pinned API: ``overlap_counts``, ``select_hint``, ``hybrid_loss``, ``HybridBatch``, ``LossConfig``.
 Extras: the chunked path (``chunked_hybrid_loss``), stats variants for micro-batch/host
 averaging, the legacy token combine and tail-KL losses via the registry, and the building
-blocks.
+blocks. One file per loss (``hybrid.py``, ``token_combine.py``, ``tail_kl.py``), each registering
+itself (``registry.py``).
 """
 
+from openclaw_jax.losses import hybrid, tail_kl, token_combine
+from openclaw_jax.losses.config import LossConfig
 from openclaw_jax.losses.hybrid import (
-    LOSS_KINDS,
     GatherPlan,
     HybridBatch,
-    LossConfig,
+    LossKind,
     chunked_hybrid_loss,
     chunked_loss_with_stats,
     dense_loss_with_stats,
@@ -28,8 +30,13 @@ from openclaw_jax.losses.policy import (
     merge_metric_stats,
     ppo_clip_loss,
 )
-from openclaw_jax.losses.registry import RegisteredLoss, available_losses, get_loss, register_loss
+from openclaw_jax.losses.registry import (RegisteredLoss, available_kinds, available_losses, get_kind, get_loss,
+                                          loss_kind, register_loss)
 from openclaw_jax.losses.selection import HINT_SELECTION_MODES, overlap_counts, select_hint
+
+
+# The loss files: importing one registers its losses (see registry.py); a new loss is added here.
+LOSS_FILES = (hybrid, tail_kl, token_combine)
 
 
 def token_combine_loss(logits, batch, cfg=LossConfig(), *, sample_count=None):
@@ -58,7 +65,10 @@ __all__ = [
     "tail_kl_loss",
     "make_gather_plan",
     "GatherPlan",
-    "LOSS_KINDS",
+    "LossKind",
+    "loss_kind",
+    "get_kind",
+    "available_kinds",
     "SUBSET_MODES",
     "HINT_SELECTION_MODES",
     "METRIC_NAMES",

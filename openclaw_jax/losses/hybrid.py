@@ -38,15 +38,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from openclaw_jax.losses.opd import (
-    SUBSET_MODES,
-    OpdSubset,
-    opd_subset,
-    take_candidate,
-    token_combine_advantages,
-    topk_opd_token_loss,
-    topk_tail_kl,
-)
+from openclaw_jax.losses.config import LossConfig
+from openclaw_jax.losses.opd import opd_subset, take_candidate, topk_opd_token_loss
 from openclaw_jax.losses.policy import (
     MetricStat,
     batch_mean,
@@ -58,53 +51,9 @@ from openclaw_jax.losses.policy import (
     sample_stat,
     token_stat,
 )
-from openclaw_jax.losses.selection import HINT_SELECTION_MODES, overlap_counts, select_hint
+from openclaw_jax.losses.registry import get_kind, loss_kind, register_loss
+from openclaw_jax.losses.selection import overlap_counts, select_hint
 from openclaw_jax.ops.logprobs import DEFAULT_CHUNK_SIZE, lse_logprobs_entropy
-
-# What the loss combines; the registry maps user-facing names onto these.
-LOSS_KINDS: tuple[str, ...] = ("hybrid", "token_combine", "tail_kl")
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Hyper-parameters of the loss family (DESIGN section 6). Static under jit (no leaves).
-
-    ``adv_diff_clip <= 0`` disables the OPD diff clip; ``ppo_kl_clamp`` None or ``<= 0``
-    disables the +-clamp of ``l_old - l_cur`` in the GRPO and top-K OPD branches.
-    """
-
-    w_rl: float = 1.0
-    w_opd: float = 1.0
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    adv_diff_clip: float = 1.0
-    hint_selection: str = "sequence_optimal"
-    subset_mode: str = "student"
-    ppo_kl_clamp: float | None = 20.0
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.hint_selection not in HINT_SELECTION_MODES:
-            raise ValueError(
-                f"loss.hint_selection={self.hint_selection!r} is not supported; use one of {HINT_SELECTION_MODES}"
-            )
-        if self.subset_mode not in SUBSET_MODES:
-            raise ValueError(f"loss.subset_mode={self.subset_mode!r} is not supported; use one of {SUBSET_MODES}")
-        for name in ("eps_clip", "eps_clip_high"):
-            value = getattr(self, name)
-            if not 0.0 <= value:
-                raise ValueError(f"loss.{name}={value!r} must be >= 0")
-        if self.eps_clip >= 1.0:
-            raise ValueError(f"loss.eps_clip={self.eps_clip!r} must be < 1 (the ratio's lower bound is 1 - eps_clip)")
-
-    @property
-    def kl_clamp(self) -> float | None:
-        return self.ppo_kl_clamp if self.ppo_kl_clamp is not None and self.ppo_kl_clamp > 0 else None
-
-
-jax.tree_util.register_static(LossConfig)
-
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
@@ -195,10 +144,11 @@ class HybridBatch:
 class GatherPlan(NamedTuple):
     """Everything the loss needs from the batch before touching the vocabulary.
 
-    ids ``[B,T,J]``: where the current log-probs are needed; column 0 is the sampled token,
-      columns 1.. are the OPD subset (``hybrid``) or the teacher's top-K at k* (``tail_kl``).
-    trained ``[B,T]``: trained token of a real sample. active ``[B,T]``: trained and the
-      sample has a hint candidate. sample_mask ``[B]``, kstar / overlap_at_kstar ``[B,T]``.
+    ids ``[B,T,J]``: where the current log-probs are needed; column 0 is the sampled token, the
+      other columns are the kind's (the OPD subset for ``hybrid``, the teacher's top-K at k* for
+      ``tail_kl``). trained ``[B,T]``: trained token of a real sample. active ``[B,T]``: trained
+      and the sample has a hint candidate. sample_mask ``[B]``, kstar / overlap_at_kstar ``[B,T]``.
+      extra: what the kind's ``gather`` kept for its ``terms`` (e.g. the OPD subset).
     """
 
     ids: jax.Array
@@ -207,32 +157,66 @@ class GatherPlan(NamedTuple):
     sample_mask: jax.Array
     kstar: jax.Array
     overlap_at_kstar: jax.Array
-    subset: OpdSubset | None
-    teacher_topk_logprobs: jax.Array | None
+    extra: Any
 
 
-def _masked(x: jax.Array | None, mask: jax.Array, dtype=jnp.float32) -> jax.Array | None:
+def masked(x: jax.Array | None, mask: jax.Array, dtype=jnp.float32) -> jax.Array | None:
+    """``x`` where ``mask``, else 0 (masked slots may hold anything, even NaN), in ``dtype``."""
     return None if x is None else jnp.where(mask, jnp.asarray(x), 0).astype(dtype)
 
 
-def make_gather_plan(batch: HybridBatch, cfg: LossConfig, kind: str = "hybrid") -> GatherPlan:
-    """Hint selection and the id sets to gather, from the batch alone (no logits needed)."""
-    if kind not in LOSS_KINDS:
-        raise ValueError(f"loss kind {kind!r} is not known; use one of {LOSS_KINDS}")
-    batch.dims()
-    sample_mask = jnp.asarray(batch.sample_mask) > 0
-    trained = (jnp.asarray(batch.loss_mask) > 0) & sample_mask[:, None]
-    has_hint = jnp.any(jnp.asarray(batch.candidate_mask) > 0, axis=1)
-    active = trained & has_hint[:, None]
+class LossKind:
+    """One loss of the family: which ids it needs and how it turns current log-probs into terms.
 
-    overlap = overlap_counts(batch.student_topk_ids, batch.teacher_topk_ids)
-    kstar = select_hint(overlap, batch.candidate_mask, batch.loss_mask, cfg.hint_selection, batch.segment_ids)
-    overlap_at_kstar = take_candidate(overlap, kstar)
-    tokens = _masked(batch.tokens, trained, jnp.int32)[..., None]
+    Subclass it in a file of its own and decorate it with ``@loss_kind("name")`` (``registry``);
+    the shared parts (hint selection, entropy / KL / diagnostics, the batch mean) stay here.
+    """
 
-    subset = None
-    teacher_lp = None
-    if kind == "hybrid":
+    name: str = ""
+
+    def gather(self, batch: HybridBatch, cfg: LossConfig, *, tokens: jax.Array, kstar: jax.Array,
+               active: jax.Array) -> tuple[jax.Array, Any]:
+        """``(ids [B,T,J], extra)``: column 0 of ids must be ``tokens``; ``extra`` goes to ``terms``."""
+        raise NotImplementedError
+
+    def terms(self, cur_logprobs: jax.Array, batch: HybridBatch, cfg: LossConfig, plan: GatherPlan, *,
+              old: jax.Array, rewards: jax.Array, raw_kl: jax.Array,
+              stats: dict[str, MetricStat]) -> jax.Array:
+        """The per-sample policy terms ``[B]`` (adds its metrics to ``stats``)."""
+        raise NotImplementedError
+
+    def dense_with_stats(self, logits, batch: HybridBatch, cfg: LossConfig, *, sample_count=None):
+        return dense_loss_with_stats(logits, batch, cfg, kind=self.name, sample_count=sample_count)
+
+    def chunked_with_stats(self, hidden, lm_head, batch: HybridBatch, cfg: LossConfig, *, temperature=1.0,
+                           chunk_size: int = DEFAULT_CHUNK_SIZE, sample_count=None):
+        return chunked_loss_with_stats(hidden, lm_head, batch, cfg, kind=self.name, temperature=temperature,
+                                       chunk_size=chunk_size, sample_count=sample_count)
+
+
+def grpo_sample_loss(raw_kl: jax.Array, rewards: jax.Array, cfg: LossConfig, plan: GatherPlan,
+                     stats: dict[str, MetricStat]) -> jax.Array:
+    """Per-sample GRPO (PPO-clip on the sampled token) ``[B]``; records its loss and clip fraction."""
+    pg, clipped = ppo_clip_loss(raw_kl, rewards, cfg.eps_clip, cfg.eps_clip_high, cfg.kl_clamp)
+    grpo_sample = masked_token_mean(pg, plan.trained)
+    stats["grpo_pg_loss"] = sample_stat(grpo_sample, plan.sample_mask)
+    stats["grpo_pg_clipfrac"] = token_stat(clipped, plan.trained)
+    return grpo_sample
+
+
+def grpo_plus_distill(grpo_sample: jax.Array, opd_token: jax.Array, cfg: LossConfig, plan: GatherPlan,
+                      stats: dict[str, MetricStat]) -> jax.Array:
+    """``w_rl * GRPO + w_opd * mean_t(distillation token loss)`` per sample; records ``opd_loss``."""
+    opd_sample = masked_token_mean(opd_token, plan.trained)
+    stats["opd_loss"] = sample_stat(opd_sample, plan.sample_mask)
+    return cfg.w_rl * grpo_sample + cfg.w_opd * opd_sample
+
+
+@loss_kind("hybrid")
+class HybridKind(LossKind):
+    """GRPO on the sampled token + top-K OPD on the subset S_t (DESIGN section 6)."""
+
+    def gather(self, batch, cfg, *, tokens, kstar, active):
         subset = opd_subset(
             student_topk_ids=batch.student_topk_ids,
             student_topk_logprobs=batch.student_topk_logprobs,
@@ -244,19 +228,42 @@ def make_gather_plan(batch: HybridBatch, cfg: LossConfig, kind: str = "hybrid") 
             active=active,
             mode=cfg.subset_mode,
         )
-        ids = jnp.concatenate([tokens, subset.ids], axis=-1)
-    elif kind == "tail_kl":
-        teacher_ids = _masked(take_candidate(batch.teacher_topk_ids, kstar), active[..., None], jnp.int32)
-        teacher_lp = _masked(take_candidate(batch.teacher_topk_logprobs, kstar), active[..., None])
-        ids = jnp.concatenate([tokens, teacher_ids], axis=-1)
-    else:
-        if batch.teacher_logprobs_at_tokens is None:
-            raise ValueError(
-                "the token_combine loss needs HybridBatch.teacher_logprobs_at_tokens [B,C,T] "
-                "(each candidate's log-prob of the sampled token); the teacher pass must provide it"
-            )
-        ids = tokens
-    return GatherPlan(ids, trained, active, sample_mask, kstar, overlap_at_kstar, subset, teacher_lp)
+        return jnp.concatenate([tokens, subset.ids], axis=-1), subset
+
+    def terms(self, cur_logprobs, batch, cfg, plan, *, old, rewards, raw_kl, stats):
+        grpo_sample = grpo_sample_loss(raw_kl, rewards, cfg, plan, stats)
+        subset = plan.extra
+        terms = topk_opd_token_loss(
+            cur_logprobs[..., 1:], subset, adv_diff_clip=cfg.adv_diff_clip, eps_clip=cfg.eps_clip,
+            eps_clip_high=cfg.eps_clip_high, kl_clamp=cfg.kl_clamp,
+        )
+        member = subset.member
+        stats["opd_pg_clipfrac"] = token_stat(terms.clipped, member)
+        stats["opd_subset_size"] = token_stat(jnp.sum(member, axis=-1), plan.active)
+        stats["opd_teacher_student_logp_topk_abs_mean"] = token_stat(terms.abs_diff, member)
+        return grpo_plus_distill(grpo_sample, terms.loss, cfg, plan, stats)
+
+
+register_loss("combine", "hybrid", None, "hybrid GRPO + top-K OPD (w_rl, w_opd from the config)")
+register_loss("rl", "hybrid", lambda cfg: dataclasses.replace(cfg, w_opd=0.0), "GRPO only")
+register_loss("opd", "hybrid", lambda cfg: dataclasses.replace(cfg, w_rl=0.0), "top-K OPD only")
+
+
+def make_gather_plan(batch: HybridBatch, cfg: LossConfig, kind: str = "hybrid") -> GatherPlan:
+    """Hint selection and the id sets to gather, from the batch alone (no logits needed)."""
+    impl = get_kind(kind)
+    batch.dims()
+    sample_mask = jnp.asarray(batch.sample_mask) > 0
+    trained = (jnp.asarray(batch.loss_mask) > 0) & sample_mask[:, None]
+    has_hint = jnp.any(jnp.asarray(batch.candidate_mask) > 0, axis=1)
+    active = trained & has_hint[:, None]
+
+    overlap = overlap_counts(batch.student_topk_ids, batch.teacher_topk_ids)
+    kstar = select_hint(overlap, batch.candidate_mask, batch.loss_mask, cfg.hint_selection, batch.segment_ids)
+    overlap_at_kstar = take_candidate(overlap, kstar)
+    tokens = masked(batch.tokens, trained, jnp.int32)[..., None]
+    ids, extra = impl.gather(batch, cfg, tokens=tokens, kstar=kstar, active=active)
+    return GatherPlan(ids, trained, active, sample_mask, kstar, overlap_at_kstar, extra)
 
 
 def _loss_terms(
@@ -270,41 +277,15 @@ def _loss_terms(
 ) -> tuple[jax.Array, dict[str, MetricStat]]:
     """Combine current log-probs at ``plan.ids`` (``[B,T,J]``) and entropy ``[B,T]`` into the loss."""
     trained, active, smask = plan.trained, plan.active, plan.sample_mask
-    old = _masked(batch.old_logprobs, trained)
-    rewards = _masked(batch.advantages, trained)
+    old = masked(batch.old_logprobs, trained)
+    rewards = masked(batch.advantages, trained)
     cur_token = cur_logprobs[..., 0]
     raw_kl = old - cur_token
 
     stats: dict[str, MetricStat] = {}
     per_sample_total = jnp.zeros(smask.shape, jnp.float32)
-    if kind == "token_combine":
-        teacher_token = _masked(take_candidate(batch.teacher_logprobs_at_tokens, plan.kstar), active)
-        advantages = token_combine_advantages(teacher_token, old, rewards, active, w_opd=cfg.w_opd, w_rl=cfg.w_rl)
-        pg, clipped = ppo_clip_loss(raw_kl, advantages, cfg.eps_clip, cfg.eps_clip_high, kl_clamp=None)
-        pg_sample = masked_token_mean(pg, trained)
-        per_sample_total = per_sample_total + pg_sample
-        stats["grpo_pg_loss"] = sample_stat(pg_sample, smask)
-        stats["grpo_pg_clipfrac"] = token_stat(clipped, trained)
-    else:
-        pg, clipped = ppo_clip_loss(raw_kl, rewards, cfg.eps_clip, cfg.eps_clip_high, cfg.kl_clamp)
-        grpo_sample = masked_token_mean(pg, trained)
-        stats["grpo_pg_loss"] = sample_stat(grpo_sample, smask)
-        stats["grpo_pg_clipfrac"] = token_stat(clipped, trained)
-        if kind == "hybrid":
-            terms = topk_opd_token_loss(
-                cur_logprobs[..., 1:], plan.subset, adv_diff_clip=cfg.adv_diff_clip, eps_clip=cfg.eps_clip,
-                eps_clip_high=cfg.eps_clip_high, kl_clamp=cfg.kl_clamp,
-            )
-            opd_token = terms.loss
-            member = plan.subset.member
-            stats["opd_pg_clipfrac"] = token_stat(terms.clipped, member)
-            stats["opd_subset_size"] = token_stat(jnp.sum(member, axis=-1), active)
-            stats["opd_teacher_student_logp_topk_abs_mean"] = token_stat(terms.abs_diff, member)
-        else:  # tail_kl
-            opd_token = jnp.where(active, topk_tail_kl(cur_logprobs[..., 1:], plan.teacher_topk_logprobs), 0.0)
-        opd_sample = masked_token_mean(opd_token, trained)
-        stats["opd_loss"] = sample_stat(opd_sample, smask)
-        per_sample_total = per_sample_total + cfg.w_rl * grpo_sample + cfg.w_opd * opd_sample
+    per_sample_total = per_sample_total + get_kind(kind).terms(cur_logprobs, batch, cfg, plan, old=old,
+                                                               rewards=rewards, raw_kl=raw_kl, stats=stats)
 
     entropy_sample = masked_token_mean(entropy, trained)
     stats["entropy_loss"] = sample_stat(entropy_sample, smask)
@@ -316,7 +297,7 @@ def _loss_terms(
             "sampled tokens); pass them or set kl_coef to 0"
         )
     if batch.ref_logprobs is not None:
-        kl_sample = masked_token_mean(low_var_kl(cur_token, _masked(batch.ref_logprobs, trained)), trained)
+        kl_sample = masked_token_mean(low_var_kl(cur_token, masked(batch.ref_logprobs, trained)), trained)
         stats["kl_loss"] = sample_stat(kl_sample, smask)
         if cfg.kl_coef != 0:
             per_sample_total = per_sample_total + cfg.kl_coef * kl_sample
@@ -324,7 +305,7 @@ def _loss_terms(
     stats["ppo_kl"] = token_stat(raw_kl, trained)
     if batch.rollout_logprobs is not None:
         stats["train_rollout_logprob_abs_diff"] = token_stat(
-            jnp.abs(old - _masked(batch.rollout_logprobs, trained)), trained
+            jnp.abs(old - masked(batch.rollout_logprobs, trained)), trained
         )
     stats["sel_overlap_at_k_star"] = token_stat(plan.overlap_at_kstar, active)
     stats["sel_k_star_mean"] = token_stat(plan.kstar, active)

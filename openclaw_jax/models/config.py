@@ -26,6 +26,44 @@ class ModelConfigError(ValueError):
     """A model config value is missing or not supported."""
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# HF module names accepted as aliases (configs use them).
+_LORA_TARGET_ALIASES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
+                        "up_proj": "up", "down_proj": "down"}
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters W + (alpha / rank) * A @ B on the named projections (`models/lora.py`).
+
+    The one LoRA config: the experiment's `model.lora` section and what `add_lora` / `Decoder(lora=...)`
+    take. `enabled` is the experiment's switch (whether training adds adapters); `add_lora` adds them
+    whatever its value. Targets are our names or the HF module names, stored as ours.
+    """
+
+    enabled: bool = False
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+            raise ModelConfigError(f"model.lora.rank={self.rank!r} must be a positive integer")
+        if not self.alpha > 0:
+            raise ModelConfigError(f"model.lora.alpha={self.alpha!r} must be > 0")
+        targets = tuple(_LORA_TARGET_ALIASES.get(t, t) for t in ((self.targets,) if isinstance(self.targets, str)
+                                                                else self.targets))
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        if unknown or not targets:
+            raise ModelConfigError(f"model.lora.targets={self.targets!r}: unknown {unknown}; use a non-empty subset "
+                                   f"of {LORA_TARGETS} (or the HF names {tuple(_LORA_TARGET_ALIASES)})")
+        object.__setattr__(self, "targets", tuple(dict.fromkeys(targets)))
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling (HF `rope_parameters` / `rope_scaling`); maths in `models/rope.py`.

@@ -33,8 +33,7 @@ import numpy as np
 from flax import nnx
 
 from openclaw_jax.models.attention import AttentionMask, attention, cached_attention
-from openclaw_jax.models.config import ModelConfig
-from openclaw_jax.models.lora import LoRAConfig, LoRAParam
+from openclaw_jax.models.config import LoRAConfig, ModelConfig
 from openclaw_jax.models.rope import apply_rope, rope_sin_cos
 from openclaw_jax.parallel.sharding import constrain
 
@@ -64,6 +63,10 @@ def init_normal(rngs: nnx.Rngs, shape: Sequence[int], dtype: jnp.dtype, stddev: 
     seed = np.asarray(jax.random.key_data(key)).astype(np.uint64).ravel().tolist()
     draw = np.random.default_rng(seed).standard_normal(tuple(shape), dtype=np.float32)
     return jnp.asarray((stddev * draw).astype(dtype))
+
+
+class LoRAParam(nnx.Param):
+    """A trainable low-rank adapter param (the base params stay plain `nnx.Param`); see `models/lora.py`."""
 
 
 class RMSNorm(nnx.Module):
@@ -101,7 +104,7 @@ class Projection(nnx.Module):
             fan_in = 1
             for d in in_shape:
                 fan_in *= d
-            self.lora_scale = lora.alpha / lora.rank
+            self.lora_scale = lora.scale
             self.lora_a = _param(init_normal(rngs, stack + in_shape + (lora.rank,), param_dtype, fan_in ** -0.5),
                                  stack_axes + in_axes + ("lora_rank",), LoRAParam)
             self.lora_b = _param(jnp.zeros(stack + (lora.rank,) + out_shape, param_dtype),

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import jax
-import numpy as np
 
 from openclaw_jax.models.config import ModelConfig
 
@@ -50,28 +49,17 @@ def _gguf_source(path: Path):
 
     gguf_file = gguf.read_gguf(path)
     hf_config = gguf.gguf_hf_config(gguf_file)
-    permute = gguf_file.architecture in gguf._PERMUTED_QK_ARCHES
-    heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
-    by_hf = {}
-    for name in gguf_file.tensors:
-        hf_name = gguf.gguf_tensor_name_to_hf(name)
-        if hf_name is not None:
-            by_hf[hf_name] = name
+    by_hf = gguf.hf_tensor_names(gguf_file)
 
     class GGUFSource(TensorSource):
         def describe(self, name):
             return f"{path} ({by_hf.get(name, name)})"
 
         def shape(self, name):
-            return tuple(gguf_file.tensors[by_hf[name]].shape) if name in by_hf else None
+            return gguf_file.shape(by_hf[name]) if name in by_hf else None
 
         def read(self, name):
-            tensor = gguf_file.tensors[by_hf[name]]
-            array = tensor.numpy()
-            kind = tensor.name.split(".")[-2] if tensor.name.startswith("blk.") else ""
-            if permute and kind in heads:
-                array = gguf.unpermute_qk_rows(array, heads[kind])
-            return np.ascontiguousarray(array, dtype=np.float32)
+            return gguf.hf_tensor(gguf_file, by_hf[name], hf_config)
 
         def names(self) -> Iterable[str]:
             return by_hf.keys()

@@ -10,51 +10,15 @@ equals its base at init. Adapter params are `LoRAParam` (a subclass of `nnx.Para
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-if TYPE_CHECKING:  # decoder imports this module; import it lazily at run time
-    from openclaw_jax.models.decoder import Decoder
+from openclaw_jax.models.config import LORA_TARGETS, LoRAConfig
+from openclaw_jax.models.decoder import Decoder, LoRAParam, init_normal
 
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-# HF module names accepted as aliases in configs.
-_TARGET_ALIASES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
-                   "up_proj": "up", "down_proj": "down"}
-
-
-class LoRAParam(nnx.Param):
-    """A trainable low-rank adapter param (the base params stay plain `nnx.Param`)."""
-
-
-@dataclass(frozen=True)
-class LoRAConfig:
-    rank: int = 8
-    alpha: float = 16.0
-    targets: tuple[str, ...] = LORA_TARGETS
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.rank, int) or self.rank <= 0:
-            raise ValueError(f"lora.rank={self.rank!r} must be a positive integer")
-        if self.alpha <= 0:
-            raise ValueError(f"lora.alpha={self.alpha!r} must be > 0")
-        targets = tuple(_TARGET_ALIASES.get(t, t) for t in ((self.targets,) if isinstance(self.targets, str)
-                                                           else self.targets))
-        unknown = [t for t in targets if t not in LORA_TARGETS]
-        if unknown or not targets:
-            raise ValueError(f"lora.targets={self.targets!r}: unknown {unknown}; use a non-empty subset of "
-                             f"{LORA_TARGETS} (or the HF names {tuple(_TARGET_ALIASES)})")
-        object.__setattr__(self, "targets", tuple(dict.fromkeys(targets)))
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
+__all__ = ["LORA_TARGETS", "LoRAConfig", "LoRAParam", "add_lora", "lora_filter", "lora_state", "merge_lora"]
 
 # Filter selecting the adapter params (for optimizers, grads, checkpoints of adapters only).
 lora_filter = nnx.OfType(LoRAParam)
@@ -74,14 +38,12 @@ def _mesh_of(value) -> jax.sharding.Mesh | None:
     return getattr(sharding, "mesh", None) if isinstance(sharding, jax.sharding.NamedSharding) else None
 
 
-def add_lora(model: "Decoder", lora: LoRAConfig, *, rngs: nnx.Rngs) -> "Decoder":
+def add_lora(model: Decoder, lora: LoRAConfig, *, rngs: nnx.Rngs) -> Decoder:
     """A new Decoder with adapters on `lora.targets`, sharing `model`'s base param arrays.
 
     The adapters are initialised fresh (A ~ N(0, 1/fan_in), B = 0); when the base is sharded on a
     mesh, the adapters are placed on the same mesh.
     """
-    from openclaw_jax.models.decoder import Decoder, init_normal
-
     if model.lora is not None:
         raise ValueError("model already has LoRA adapters; merge_lora() it first to stack another set")
     cfg = model.cfg
@@ -111,10 +73,8 @@ def add_lora(model: "Decoder", lora: LoRAConfig, *, rngs: nnx.Rngs) -> "Decoder"
     return new_model
 
 
-def merge_lora(model: "Decoder") -> "Decoder":
+def merge_lora(model: Decoder) -> Decoder:
     """A plain Decoder (no adapters) whose kernels are W + scale * A @ B, in the param dtype."""
-    from openclaw_jax.models.decoder import Decoder
-
     if model.lora is None:
         raise ValueError("model has no LoRA adapters to merge")
     scale = model.lora.scale
@@ -135,17 +95,3 @@ def merge_lora(model: "Decoder") -> "Decoder":
             value = (value.astype(jnp.float32) + scale * delta).astype(value.dtype)
         out.append((path, var.replace(value)))
     return nnx.merge(graphdef, nnx.from_flat_state(out))
-
-
-def lora_config_from_dict(values: dict | None) -> LoRAConfig | None:
-    """LoRAConfig from a plain mapping (YAML); None or {"rank": 0} means no LoRA."""
-    if not values or not values.get("rank"):
-        return None
-    fields = {f.name for f in dataclasses.fields(LoRAConfig)}
-    unknown = set(values) - fields
-    if unknown:
-        raise ValueError(f"unknown lora config keys {sorted(unknown)}; known: {sorted(fields)}")
-    kwargs = dict(values)
-    if "targets" in kwargs and not isinstance(kwargs["targets"], str):
-        kwargs["targets"] = tuple(kwargs["targets"])
-    return LoRAConfig(**kwargs)

@@ -1,4 +1,7 @@
-"""Chunked vocabulary kernels over the LM head (never [tokens x vocab] float32 at once)."""
+"""Chunked vocabulary kernels over the LM head (never [tokens x vocab] float32 at once).
+
+A leaf under `losses/`: the chunked hybrid loss built on these kernels is `openclaw_jax.losses.chunked_hybrid_loss`.
+"""
 
 from openclaw_jax.ops.logprobs import (
     DEFAULT_CHUNK_SIZE,
@@ -13,16 +16,6 @@ from openclaw_jax.ops.logprobs import (
 )
 
 
-def __getattr__(name):
-    # The chunked hybrid loss lives with the losses (which import these kernels); resolve it
-    # lazily so importing either package first works.
-    if name == "chunked_hybrid_loss":
-        from openclaw_jax.losses.hybrid import chunked_hybrid_loss
-
-        return chunked_hybrid_loss
-    raise AttributeError(f"module 'openclaw_jax.ops' has no attribute {name!r}")
-
-
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "VocabStats",
@@ -33,5 +26,4 @@ __all__ = [
     "token_logprobs",
     "topk_logprobs",
     "vocab_stats",
-    "chunked_hybrid_loss",
 ]

@@ -182,6 +182,27 @@ def _flatten_leading(x: jax.Array, n_trailing: int) -> tuple[jax.Array, tuple[in
     return flat, lead
 
 
+def _chunked_inputs(hidden: jax.Array, lm_head: jax.Array, ids, chunk_size: int):
+    """Checked inputs cut into chunks of positions: ``(hidden, lm_head, hidden chunks, id chunks or None,
+    restore)``, where ``restore`` turns a chunked per-position output back into ``[..., T, ...]``."""
+    if ids is not None:
+        ids = jnp.asarray(ids, jnp.int32)
+    _check_inputs(hidden, lm_head, ids, chunk_size)
+    length = hidden.shape[-2]
+    flat_h, lead = _flatten_leading(hidden, 1)
+    chunk = min(chunk_size, length)
+    hc = _to_chunks(flat_h, chunk)
+    idc = None if ids is None else _to_chunks(_flatten_leading(ids, 1)[0], chunk)
+
+    def restore(x):
+        if x is None:
+            return None
+        x = _from_chunks(x, length)
+        return x.reshape(lead + x.shape[1:]) if lead else x[0]
+
+    return hidden, lm_head, hc, idc, restore
+
+
 def lse_logprobs_entropy(
     hidden: jax.Array,
     lm_head: jax.Array,
@@ -202,28 +223,9 @@ def lse_logprobs_entropy(
     saves one elementwise pass in the backward. ``ids=None`` returns None in that slot, and so
     does ``with_entropy=False`` for the entropy.
     """
-    hidden = jnp.asarray(hidden)
-    lm_head = jnp.asarray(lm_head)
-    if ids is not None:
-        ids = jnp.asarray(ids, jnp.int32)
-    _check_inputs(hidden, lm_head, ids, chunk_size)
-    length = hidden.shape[-2]
-    flat_h, lead = _flatten_leading(hidden, 1)
-    chunk = min(chunk_size, length)
-    hc = _to_chunks(flat_h, chunk)
-    idc = None
-    if ids is not None:
-        flat_ids, _ = _flatten_leading(ids, 1)
-        idc = _to_chunks(flat_ids, chunk)
+    hidden, lm_head, hc, idc, restore = _chunked_inputs(jnp.asarray(hidden), jnp.asarray(lm_head), ids, chunk_size)
     temperature = jnp.asarray(temperature, jnp.float32)
     lse, logp_ids, entropy = _lse_logp_entropy_chunked(hc, lm_head, idc, temperature, with_entropy, entropy_grad)
-
-    def restore(x):
-        if x is None:
-            return None
-        x = _from_chunks(x, length)
-        return x.reshape(lead + x.shape[1:]) if lead else x[0]
-
     return restore(lse), restore(logp_ids), restore(entropy)
 
 
@@ -277,29 +279,12 @@ def vocab_stats(
     K) and the teacher pass (``ids`` = the student's top-K ids, ``top_k`` = K) need: one LM-head
     matmul per chunk instead of one per statistic. Inputs are wrapped in ``stop_gradient``.
     """
-    hidden = jax.lax.stop_gradient(jnp.asarray(hidden))
-    lm_head = jax.lax.stop_gradient(jnp.asarray(lm_head))
-    if ids is not None:
-        ids = jnp.asarray(ids, jnp.int32)
-    _check_inputs(hidden, lm_head, ids, chunk_size)
+    hidden, lm_head, hc, idc, restore = _chunked_inputs(jax.lax.stop_gradient(jnp.asarray(hidden)),
+                                                        jax.lax.stop_gradient(jnp.asarray(lm_head)), ids, chunk_size)
     if not isinstance(top_k, int) or top_k < 0 or top_k > lm_head.shape[-1]:
         raise ValueError(f"top_k must be an int in [0, V={lm_head.shape[-1]}], got {top_k!r}")
-    length = hidden.shape[-2]
-    flat_h, lead = _flatten_leading(hidden, 1)
-    chunk = min(chunk_size, length)
-    hc = _to_chunks(flat_h, chunk)
-    idc = None
-    if ids is not None:
-        idc = _to_chunks(_flatten_leading(ids, 1)[0], chunk)
     temperature = jnp.asarray(temperature, jnp.float32)
     outs = _forward_scan(hc, lm_head, idc, temperature, with_entropy, top_k)
-
-    def restore(x):
-        if x is None:
-            return None
-        x = _from_chunks(x, length)
-        return x.reshape(lead + x.shape[1:]) if lead else x[0]
-
     lse, logp_ids, ent, top_ids, top_logp = (restore(x) for x in outs)
     return VocabStats(lse, logp_ids, top_ids, top_logp, ent)
 

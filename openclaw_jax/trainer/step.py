@@ -327,11 +327,10 @@ def train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, 
 
 
 def _optimizer_count(opt_state: Any) -> jax.Array:
-    """The step count kept by optax's schedule wrappers (the first `count` leaf found)."""
-    for leaf_path, leaf in jax.tree_util.tree_leaves_with_path(opt_state):
-        if any(getattr(p, "name", None) == "count" for p in leaf_path):
-            return leaf
-    return jnp.zeros((), jnp.int32)
+    """The step count of the learning-rate schedule (optax's `ScaleByScheduleState.count`); 0 without one."""
+    return optax.tree_utils.tree_get(
+        opt_state, "count", jnp.zeros((), jnp.int32),
+        filtering=lambda path, _: getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState")
 
 
 def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.0, b1: float = 0.9,

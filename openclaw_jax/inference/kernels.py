@@ -1,0 +1,83 @@
+"""The engine's pure jitted steps: prefill (with optional prompt log-probs), row insert, decode.
+
+The model's graphdef is bound with `functools.partial` by the engine; params arrive as an
+`nnx.State`, so a weight swap never recompiles. Each bucketed shape compiles once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from openclaw_jax.inference import sampling as sampling_ops
+from openclaw_jax.models.decoder import KVCache
+
+
+def _sample_outputs(log_src_logits, temps, top_p, top_k, min_p, keys, steps, token_ids, n_top, k_ids):
+    skeys = sampling_ops.step_keys(keys, steps)
+    tokens, log_probs = sampling_ops.sample_tokens(log_src_logits, temps, top_p, top_k, min_p, skeys)
+    out = {"tokens": tokens, "token_lp": sampling_ops.gather_logprobs(log_probs, tokens[:, None])[:, 0]}
+    if n_top:
+        out["top_vals"], out["top_ids"] = sampling_ops.top_logprobs(log_probs, n_top)
+    if k_ids:
+        out["ids_lp"] = sampling_ops.gather_logprobs(log_probs, token_ids)
+    return out
+
+
+def _prefill_impl(graphdef, state, input_ids, lengths, temps, top_p, top_k, min_p, keys, token_ids, *,
+                  n_top: int, k_ids: int, want_input: bool):
+    model = nnx.merge(graphdef, state)
+    b, lp_len = input_ids.shape
+    # the prompt attends causally to itself: the full-forward attention (blockwise/fused), no [L, L] scores
+    hidden, cache = model.prefill_hidden(input_ids, model.init_cache(b, lp_len))
+    last = hidden[jnp.arange(b), lengths - 1]
+    logits = model.logits(last)
+    out = _sample_outputs(logits, temps, top_p, top_k, min_p, keys, jnp.zeros((b,), jnp.int32), token_ids,
+                          n_top, k_ids)
+    out["cache"] = cache
+    if want_input:
+        # Prompt log-probs: position t predicts token t + 1.
+        all_lp = sampling_ops.scaled_log_probs(model.logits(hidden), temps)
+        nxt = jnp.concatenate([input_ids[:, 1:], jnp.zeros((b, 1), input_ids.dtype)], axis=1)
+        out["in_lp"] = sampling_ops.gather_logprobs(all_lp, nxt[..., None])[..., 0]
+        if n_top:
+            out["in_top_vals"], out["in_top_ids"] = sampling_ops.top_logprobs(all_lp, n_top)
+        if k_ids:
+            out["in_ids_lp"] = sampling_ops.gather_logprobs(
+                all_lp, jnp.broadcast_to(token_ids[:, None, :], (b, lp_len, token_ids.shape[-1])))
+    return out
+
+
+def _insert_impl(big, small, rows):
+    """Copy prefill caches `[layers, b, Lp, ...]` into rows of the running cache (rows >= B are dropped)."""
+    lp_len = small.k.shape[2]
+    k = big.k.at[:, rows, :lp_len].set(small.k.astype(big.k.dtype), mode="drop")
+    v = big.v.at[:, rows, :lp_len].set(small.v.astype(big.v.dtype), mode="drop")
+    return type(big)(k, v)
+
+
+def _decode_impl(graphdef, state, cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps, token_ids,
+                 *, n_top: int, k_ids: int):
+    model = nnx.merge(graphdef, state)
+    logits, cache = model.decode(tokens[:, None], positions[:, None], cache)
+    out = _sample_outputs(logits[:, 0], temps, top_p, top_k, min_p, keys, steps, token_ids, n_top, k_ids)
+    out["cache"] = cache
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def zeros_cache_jit(shape, dtype_name):
+    # Made by a jitted function so the cache is placed like every other step output (a host-made
+    # array would give the steps a different argument signature and cost a recompilation).
+    zeros = jnp.zeros(shape, jnp.dtype(dtype_name))
+    return KVCache(zeros, zeros)
+
+
+
+
+prefill_jit = jax.jit(_prefill_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids", "want_input"))
+insert_jit = jax.jit(_insert_impl, donate_argnums=(0,))
+decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids"), donate_argnums=(2,))

@@ -1,0 +1,210 @@
+"""The engine's scheduling state and decisions, on the host: no JAX work is launched here.
+
+`EngineConfig` (bucket sizes and budgets), `bucket` (power-of-two shapes), `RequestHandle` (a
+caller's thread-safe view of one sequence), `Seq` and `Batch` (a sequence and the running batch
+whose rows it occupies), and the pure choices the engine thread makes: how large a new batch is
+(`plan_batch`), how admitted prompts are grouped into prefill calls (`prefill_groups`), and the
+per-row sampling arrays of a step (`sampling_arrays`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch_size: int = 16
+    # smallest prompt bucket (prefill length) and cache bucket (prompt + new tokens)
+    min_prompt_bucket: int = 16
+    min_cache_bucket: int = 64
+    # KV cache memory allowed for one running batch (B * Lc * bytes per token)
+    kv_cache_budget_bytes: int = 2 << 30
+    # at most this many (padded) prompt tokens per prefill call
+    max_prefill_tokens: int = 16384
+    # how long the scheduler waits for more requests before forming a new batch
+    batch_wait_s: float = 0.003
+    min_batch_bucket: int = 1
+    # top-N log-probs are computed for a power-of-two N >= this (fewer compiled variants)
+    min_top_logprobs_bucket: int = 8
+
+    def __post_init__(self):
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size={self.max_batch_size} must be >= 1")
+        for name in ("min_prompt_bucket", "min_cache_bucket"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+class RequestHandle:
+    """Receives a sequence's updates from the engine thread (thread-safe)."""
+
+    def __init__(self, rid: str, stream: bool, loop: asyncio.AbstractEventLoop | None):
+        self.rid = rid
+        self.stream = stream
+        self._loop = loop
+        self._queue: Any = asyncio.Queue() if loop is not None else queue.Queue()
+        self.cancelled = False
+
+    def _put(self, item: Any) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                self.cancelled = True
+        else:
+            self._queue.put(item)
+
+    def cancel(self) -> None:
+        """Ask the engine to abort this sequence (e.g. the HTTP client went away)."""
+        self.cancelled = True
+
+    async def next(self) -> SequenceOutput:
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def next_sync(self, timeout: float | None = None) -> SequenceOutput:
+        item = self._queue.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+
+
+@dataclass
+class Seq:
+    spec: GenerationSpec
+    handle: RequestHandle
+    out: SequenceOutput
+    max_new: int
+    stop_ids: frozenset
+    stop_strs: tuple[str, ...]
+    stop_tail_tokens: int
+    seed: int
+    _key: np.ndarray | None = None
+    row: int = -1
+    position: int = 0
+    last_token: int = 0
+    step_version: str = ""  # the weight version of the step that produced the token being accepted
+
+    @property
+    def base_key(self) -> np.ndarray:
+        """PRNG key of this sequence: (sampling_seed, sample index); built lazily on the engine thread."""
+        if self._key is None:
+            key = jax.random.fold_in(jax.random.PRNGKey(self.seed % (2 ** 32)), self.spec.sample_index)
+            self._key = np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+                                   else key, np.uint32)
+        return self._key
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.spec.prompt_ids)
+
+    @property
+    def need_len(self) -> int:
+        return self.prompt_len + self.max_new
+
+
+@dataclass
+class Batch:
+    size: int
+    cache_len: int
+    cache: Any
+    rows: list  # Seq | None per row
+
+    def free_rows(self) -> list[int]:
+        return [i for i, s in enumerate(self.rows) if s is None]
+
+    def active(self) -> list[Seq]:
+        return [s for s in self.rows if s is not None]
+
+
+
+def plan_batch(pending: Iterable[Seq], config: EngineConfig, kv_bytes_per_token: int) -> tuple[int, int]:
+    """(rows, cache length) of a new running batch for the sequences at the head of the queue.
+
+    Takes sequences in order while the KV cache of the bucketed batch stays within the budget
+    (the first always fits); rows are a power of two, at least the number taken.
+    """
+    chosen = 0
+    cache_len = 0
+    for seq in pending:
+        if chosen >= config.max_batch_size:
+            break
+        lc = max(cache_len, bucket(seq.need_len, config.min_cache_bucket))
+        b = bucket(chosen + 1, config.min_batch_bucket)
+        if chosen and b * lc * kv_bytes_per_token > config.kv_cache_budget_bytes:
+            break
+        chosen += 1
+        cache_len = lc
+    size = min(bucket(chosen, config.min_batch_bucket), bucket(config.max_batch_size))
+    return max(size, chosen), cache_len
+
+
+def prefill_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
+    """Consecutive groups whose padded prefill (rows x prompt bucket) stays within max_prefill_tokens."""
+    groups, current = [], []
+    for seq in seqs:
+        trial = current + [seq]
+        lp = bucket(max(s.prompt_len for s in trial), config.min_prompt_bucket)
+        if current and bucket(len(trial)) * lp > config.max_prefill_tokens:
+            groups.append(current)
+            current = [seq]
+        else:
+            current = trial
+    if current:
+        groups.append(current)
+    return groups
+
+
+def sampling_arrays(seqs: Sequence[Seq | None], size: int, config: EngineConfig, vocab_size: int,
+                    steps: Sequence[int] | None = None):
+    """Per-row sampling inputs of one step (empty rows: greedy defaults) and the bucketed top-N / id-list widths."""
+    temps = np.ones((size,), np.float32)
+    top_p = np.ones((size,), np.float32)
+    top_k = np.zeros((size,), np.int32)
+    min_p = np.zeros((size,), np.float32)
+    keys = np.zeros((size, 2), np.uint32)
+    step = np.zeros((size,), np.int32)
+    n_top = 0
+    k_ids = 0
+    for i, seq in enumerate(seqs):
+        if seq is None:
+            continue
+        sp = seq.spec.sampling
+        temps[i] = sp.temperature
+        top_p[i] = sp.top_p
+        top_k[i] = sp.top_k if sp.top_k > 0 else 0
+        min_p[i] = sp.min_p
+        keys[i] = seq.base_key
+        step[i] = len(seq.out.output_ids) if steps is None else steps[i]
+        n_top = max(n_top, seq.spec.top_logprobs_num)
+        if seq.spec.token_ids_logprob:
+            k_ids = max(k_ids, len(seq.spec.token_ids_logprob))
+    n_top_b = bucket(n_top, config.min_top_logprobs_bucket) if n_top else 0
+    n_top_b = min(n_top_b, vocab_size)
+    k_b = bucket(k_ids, 4) if k_ids else 0
+    tids = np.zeros((size, max(k_b, 1)), np.int32)
+    for i, seq in enumerate(seqs):
+        if seq is not None and seq.spec.token_ids_logprob:
+            ids = seq.spec.token_ids_logprob
+            tids[i, :len(ids)] = ids
+    return temps, top_p, top_k, min_p, keys, step, tids, n_top_b, k_b
