@@ -35,8 +35,7 @@ class EasyEnv(Environment):
     LETTERS = "abcdefghijklm"
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        if split not in ("train", "heldout"):
-            raise ValueError(f"unknown split {split!r}; use train or heldout")
+        self.check_split(split)
         rng = random.Random(f"easy/{split}/{seed}")
         words = ["cat", "sun", "tree", "road", "blue", "fish", "rain", "milk", "door", "star"]
         return [Task(f"easy/{split}/{seed}/{i}", f"Say a word ({rng.choice(words)} {i}).", self.LETTERS, {}, "easy")

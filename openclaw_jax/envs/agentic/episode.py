@@ -73,6 +73,17 @@ class Environment(abc.ABC):
     def demonstration(self, task: Task) -> list[str]:
         """Assistant turns that solve `task` (tool calls as text); used for the SFT warm-up."""
 
+    @staticmethod
+    def check_split(split: str) -> None:
+        if split not in ("train", "heldout"):
+            raise ValueError(f"unknown split {split!r}; use train or heldout")
+
+    def check_families(self, families: Sequence[str], known: Sequence[str]) -> tuple[str, ...]:
+        """`families` as a tuple, refused unless it is a non-empty subset of `known`."""
+        if not families or any(f not in known for f in families):
+            raise ValueError(f"{self.name} families {list(families)} must be a non-empty subset of {tuple(known)}")
+        return tuple(families)
+
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"

@@ -82,8 +82,7 @@ class SWEEnv(Environment):
         self.sandbox = sandbox or SandboxLimits(timeout_s=10.0, memory_mb=256)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        if split not in ("train", "heldout"):
-            raise ValueError(f"unknown split {split!r}; use train or heldout")
+        self.check_split(split)
         pool = [r for r in _REPOS if (r[0] in HELDOUT_FUNCTIONS) == (split == "heldout")]
         rng = random.Random(f"swe/{split}/{seed}")
         order = [rng.choice(pool) for _ in range(n)] if n > len(pool) else rng.sample(pool, n)

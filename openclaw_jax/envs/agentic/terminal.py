@@ -63,15 +63,11 @@ class TerminalEnv(Environment):
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
     def __init__(self, families=FAMILIES, sandbox: SandboxLimits | None = None):
-        bad = [f for f in families if f not in FAMILIES]
-        if bad or not families:
-            raise ValueError(f"terminal families {list(families)} must be a non-empty subset of {FAMILIES}")
-        self.families = tuple(families)
+        self.families = self.check_families(families, FAMILIES)
         self.sandbox = sandbox or SandboxLimits(timeout_s=5.0, memory_mb=256)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        if split not in ("train", "heldout"):
-            raise ValueError(f"unknown split {split!r}; use train or heldout")
+        self.check_split(split)
         rng = random.Random(f"terminal/{split}/{seed}")  # disjoint streams per split
         return [_task(self.families[i % len(self.families)], rng, f"terminal/{split}/{seed}/{i}") for i in range(n)]
 

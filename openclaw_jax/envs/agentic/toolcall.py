@@ -63,15 +63,11 @@ class ToolCallEnv(Environment):
                        "required": ["code"]}}}]
 
     def __init__(self, families: Sequence[str] = ("product", "sum"), sandbox: SandboxLimits | None = None):
-        bad = [f for f in families if f not in FAMILIES]
-        if bad or not families:
-            raise ValueError(f"toolcall families {list(families)} must be a non-empty subset of {FAMILIES}")
-        self.families = tuple(families)
+        self.families = self.check_families(families, FAMILIES)
         self.sandbox = sandbox or SandboxLimits(timeout_s=5.0, memory_mb=256)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        if split not in ("train", "heldout"):
-            raise ValueError(f"unknown split {split!r}; use train or heldout")
+        self.check_split(split)
         out: list[Task] = []
         per = {f: n // len(self.families) + (i < n % len(self.families)) for i, f in enumerate(self.families)}
         for family, count in per.items():
