@@ -27,6 +27,7 @@ from typing import Any
 
 from openclaw_jax.config import ExperimentConfig, load_experiment_config
 from openclaw_jax.configlib import ConfigError, dump_yaml
+from openclaw_jax.logs import configure_logging
 
 log = logging.getLogger("openclaw_jax.train")
 
@@ -475,8 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         sys.stdout.write(dump_yaml(cfg))
         return 0
-    logging.basicConfig(level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    configure_logging(cfg.log_level)
     summary = asyncio.run(run(cfg))
     log.info("done: %s", json.dumps({k: v for k, v in summary.items() if k != "preference"}))
     for record in summary["preference"]:

@@ -43,6 +43,7 @@ from openclaw_jax.eval.benchmark import (
 from openclaw_jax.eval.evaluators import JudgeEvaluator, RuleEvaluator, openai_complete_fn
 from openclaw_jax.eval.scoring import step_from_path
 from openclaw_jax.eval.server import EmbeddedServer
+from openclaw_jax.logs import configure_logging
 
 log = logging.getLogger("openclaw_jax.eval")
 
@@ -212,11 +213,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.verbose:  # the openai client logs every request at INFO through httpx
-        for name in ("httpx", "httpx2"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     run(args)
     return 0
 

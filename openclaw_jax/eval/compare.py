@@ -25,6 +25,7 @@ import math
 import subprocess
 import sys
 import time
+from openclaw_jax.logs import configure_logging
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -228,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if not methods or bad:

@@ -21,6 +21,7 @@ import sys
 from openclaw_jax.configlib import ConfigError, from_dict, load_yaml, parse_override, to_dict
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.server import API_KEY_ENV, start_gateway, stop_gateway
+from openclaw_jax.logs import configure_logging
 
 logger = logging.getLogger("openclaw_jax.gateway")
 
@@ -83,7 +84,7 @@ async def serve(cfg: GatewayConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         cfg = config_from_args(args)
     except ConfigError as err:

@@ -19,6 +19,7 @@ from openclaw_jax.inference.loading import context_length_from, load_for_serving
 from openclaw_jax.inference.server import InferenceServer
 from openclaw_jax.serving import http_guard as G
 from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
+from openclaw_jax.logs import configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
     except ValueError as exc:
         ap.error(str(exc))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    configure_logging(args.log_level)
     model, tokenizer, hf_config, source = load_for_serving(args.model, dtype=args.dtype)
     context_length = context_length_from(hf_config, model.cfg, args.context_length)
     engine = Engine(model, tokenizer, context_length=context_length, weight_version=args.weight_version,
