@@ -11,7 +11,7 @@ import logging
 import sys
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-NOISY = ("jax._src.xla_bridge", "jax._src.compiler", "jax._src.dispatch", "absl", "orbax", "httpx", "httpcore",
+NOISY = ("jax._src.xla_bridge", "jax._src.compiler", "jax._src.dispatch", "absl", "orbax", "httpx", "httpx2", "httpcore",
          "urllib3", "aiohttp.access", "grain", "tensorboardX")
 
 
