@@ -15,7 +15,8 @@ teacher's hint prompt+response per candidate) are laid first-fit-decreasing into
 bucketed length, several per row. Each gets a segment id (1, 2, ... within its row; padding
 slots are segment 0) and positions restarting at 0, so attention never crosses a segment and
 RoPE sees each sequence as if it were alone; `row` / `offset` say where each sequence starts.
-The per-sample arrays (response ids, masks, advantages, ...) keep their `[B, T]` layout, so the
+Rows are the bucketed length of the longest sequence, or 2-4 times it when that packs into fewer
+slots (bounded shapes: multiples of the bucket, at most `max_seq_len`). The per-sample arrays (response ids, masks, advantages, ...) keep their `[B, T]` layout, so the
 loss and its metrics are those of the unpacked batch. With micro-batches the sequences of
 micro-batch g (samples g, g + n, ...) go into rows g, g + n, ... only, and `row` is the index
 among that micro-batch's rows.
@@ -178,10 +179,20 @@ def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capa
 
 
 def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_groups: int, length: int,
-                 row_multiple: int, pad_id: int) -> dict[str, np.ndarray]:
+                 max_length: int, row_multiple: int, pad_id: int) -> dict[str, np.ndarray]:
     """Packed rows of the sequences (None: padding): input_ids, positions, segment_ids, row, offset."""
     lengths = [0 if q is None else len(q) for q in seqs]
-    row, offset, rows = pack_rows(lengths, groups, n_groups, length, row_multiple)
+    # Rows of the bucketed length, or of 2-4 times it (up to `max_length`) when that leaves fewer
+    # padded slots, e.g. two 272- and two 288-token candidates: one row of 1152, not four of 384.
+    best = None
+    for k in range(1, 5):
+        capacity = length * k
+        if k > 1 and capacity > max_length:
+            break
+        layout = pack_rows(lengths, groups, n_groups, capacity, row_multiple)
+        if best is None or layout[2] * capacity < best[0][2] * best[1]:
+            best = (layout, capacity)
+    (row, offset, rows), length = best
     ids = np.full((rows, length), pad_id, np.int32)
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
     segments = np.zeros((rows, length), np.int32)
@@ -258,10 +269,12 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
             "teacher": sum(len(x) for x in teacher_seqs if x is not None)}
     if spec.packing:
         n = _micro_batches(b, spec.micro_batch_size)
-        packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ls, spec.row_multiple, spec.pad_id)
+        packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ls, spec.max_seq_len, spec.row_multiple,
+                              spec.pad_id)
         student.update(packed)
         nt = _micro_batches(b * c, spec.micro_batch_size)
-        packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, lt, spec.row_multiple, spec.pad_id)
+        packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, lt, spec.max_seq_len, spec.row_multiple,
+                              spec.pad_id)
         packed["row"] = packed["row"].reshape(b, c)
         packed["offset"] = packed["offset"].reshape(b, c)
         teacher.update(packed)
