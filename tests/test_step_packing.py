@@ -210,3 +210,38 @@ def test_a_sample_does_not_see_its_row_neighbours():
     # the victim's own log-probs did move (the perturbation reaches the model)
     assert np.abs(np.asarray(a["old"].old_logprobs[victim]) - np.asarray(b["old"].old_logprobs[victim]))[
         mask[victim]].max() > 1e-3
+
+
+def test_shared_prefix_teacher_pass_equals_the_full_one():
+    """Hints are appended inside the last user message: the candidates share the prompt up to it.
+    Running that prefix once into a KV cache and only each candidate's rest against it gives the
+    teacher outputs of the full per-candidate forward."""
+    rng = np.random.default_rng(4)
+
+    def ids(k):
+        return [int(x) for x in rng.integers(1, VOCAB, k)]
+
+    samples = []
+    for i, n_hints in enumerate([2, 1, 0, 2]):
+        prompt, tail, r = ids(int(rng.integers(6, 20))), ids(3), int(rng.integers(2, 10))  # tail: end of turn + header
+        samples.append(Sample(
+            session_id=f"p{i}", turn_index=0, kind="opd" if n_hints else "rl", reward=0.0 if n_hints else 1.0,
+            prompt_ids=prompt + tail, response_ids=ids(r), rollout_logprobs=[-1.0] * r,
+            hints=[f"hint {j} long enough" for j in range(n_hints)],
+            hint_prompt_ids=[prompt + ids(2 + 3 * j) + tail for j in range(n_hints)], weight_version="0"))
+    full = pack(samples, _spec(False))
+    shared = pack(samples, dataclasses.replace(_spec(False), shared_prefix=True))
+    # two hints: the prompt before them; one candidate: all of its prompt but the last token
+    assert shared.teacher["prefix_len"].tolist()[:4] == [
+        len(s.prompt_ids) - 3 if len(s.hints) > 1 else len((s.hint_prompt_ids or [s.prompt_ids])[0]) - 1
+        for s in samples]
+    assert shared.teacher["input_ids"].shape[2] < full.teacher["input_ids"].shape[2]
+    assert shared.real_tokens["teacher"] < full.real_tokens["teacher"]
+    a, b = _step(full, train=False), _step(shared, train=False)
+    mask = full.student["response_mask"] > 0
+    cand = (full.teacher["candidate_mask"][:, :, None] > 0) & mask[:, None, :]
+    assert cand.sum() > 0
+    for name in ("topk_logprobs", "logprobs_at_student_ids", "logprobs_at_tokens"):
+        np.testing.assert_allclose(np.asarray(getattr(b["teach"], name))[cand],
+                                   np.asarray(getattr(a["teach"], name))[cand], atol=2e-5, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(b["teach"].topk_ids)[cand], np.asarray(a["teach"].topk_ids)[cand])

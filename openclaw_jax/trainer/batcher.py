@@ -83,6 +83,7 @@ class BatchSpec:
     bucket_quantum: int = 0         # lengths past this are multiples of it (0: powers of two)
     micro_batch_size: int = 0       # packing keeps each micro-batch's sequences in its own rows
     row_multiple: int = 1           # packed row counts are multiples of this (the batch shards)
+    shared_prefix: bool = False     # teacher: the prompt prefix common to a sample's candidates runs once
 
     def __post_init__(self):
         if self.bucket_quantum < 0:
@@ -108,7 +109,8 @@ class PackedBatch:
 
     def slots(self, part: str) -> int:
         """Token slots (real + padding) of the `part` ("student" / "teacher") model inputs."""
-        return int(np.prod(getattr(self, part)["input_ids"].shape))
+        arrays = getattr(self, part)
+        return int(arrays["input_ids"].size + (arrays["prefix_ids"].size if "prefix_ids" in arrays else 0))
 
     def padding_fraction(self, part: str | None = None) -> float:
         """Padded / total token slots of the student and teacher inputs (or of one `part`)."""
@@ -272,13 +274,54 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ls, spec.max_seq_len, spec.row_multiple,
                               spec.pad_id)
         student.update(packed)
+    if spec.packing and not spec.shared_prefix:
         nt = _micro_batches(b * c, spec.micro_batch_size)
         packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, lt, spec.max_seq_len, spec.row_multiple,
                               spec.pad_id)
         packed["row"] = packed["row"].reshape(b, c)
         packed["offset"] = packed["offset"].reshape(b, c)
         teacher.update(packed)
+    if spec.shared_prefix:
+        teacher, real["teacher"] = _shared_prefix_teacher(samples, spec)
     return PackedBatch(student, teacher, list(samples), np.asarray(staleness, np.int64), kinds, real)
+
+
+def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    n = min(len(q) for q in seqs)
+    for i in range(n):
+        if any(q[i] != seqs[0][i] for q in seqs[1:]):
+            return i
+    return n
+
+
+def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[dict[str, np.ndarray], int]:
+    """Teacher arrays with each sample's common candidate-prompt prefix split off (`TeacherInputs`):
+    prefix_ids [B, P], prefix_len [B], and per candidate the rest of its prompt + the response. The
+    prefix stops one token short of the shortest prompt, so every suffix holds the position that
+    predicts the first response token. Returns (arrays, real teacher tokens)."""
+    b, c, q = spec.batch_size, spec.max_candidates, spec.bucket_quantum
+    prompts = [teacher_prompts(s, spec) for s in samples]
+    plen = [min(_common_prefix(ps), min(len(p) for p in ps) - 1) if ps else 0 for ps in prompts]
+    suffix = max([len(p) - n + len(s.response_ids) for s, ps, n in zip(samples, prompts, plen) for p in ps] + [1])
+    lp = bucket_length(max(plen + [1]), spec.min_response_bucket, spec.max_seq_len, q)
+    ls = bucket_length(suffix, spec.min_response_bucket, spec.max_seq_len, q)
+    teacher = {"input_ids": np.full((b, c, ls), spec.pad_id, np.int32), "response_start": np.ones((b, c), np.int32),
+               "candidate_mask": np.zeros((b, c), np.float32), "prefix_ids": np.full((b, lp), spec.pad_id, np.int32),
+               "prefix_len": np.zeros((b,), np.int32)}
+    real = 0
+    for i, (s, ps, n) in enumerate(zip(samples, prompts, plen)):
+        if not ps:
+            continue
+        teacher["prefix_ids"][i, :n] = ps[0][:n]
+        teacher["prefix_len"][i] = n
+        real += n
+        for j, p in enumerate(ps):
+            rest = p[n:] + list(s.response_ids)
+            teacher["input_ids"][i, j, :len(rest)] = rest
+            teacher["response_start"][i, j] = len(p) - n
+            teacher["candidate_mask"][i, j] = 1.0
+            real += len(rest)
+    return teacher, real
 
 
 class SampleBatcher:

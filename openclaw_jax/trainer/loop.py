@@ -161,7 +161,8 @@ class Trainer:
             min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
             max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
             temperature=tcfg.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
-            micro_batch_size=tcfg.micro_batch_size, row_multiple=batch_row_multiple(cfg, mesh))
+            micro_batch_size=tcfg.micro_batch_size, row_multiple=batch_row_multiple(cfg, mesh),
+            shared_prefix=tcfg.shared_prefix_teacher)
         self._batch_sharding = batch_sharding(cfg, mesh)
         self._shapes_seen: set[tuple] = set()   # batch shapes trained on: each compiles the phases once
         phases = jit_phases(cfg, self.settings, self.tx, self.schedule, trainable_shardings, opt_shardings)

@@ -51,6 +51,7 @@ from flax import nnx
 from openclaw_jax import ops
 from openclaw_jax.losses import HybridBatch, LossConfig, get_loss
 from openclaw_jax.losses.policy import MetricStat, finalize_metrics
+from openclaw_jax.models.decoder import KVCache
 
 
 @jax.tree_util.register_dataclass
@@ -83,6 +84,9 @@ class TeacherInputs:
 
     input_ids [B, C, Lt]; response_start [B, C]; candidate_mask [B, C] (0 = padding candidate).
     Packed (module doc): input_ids, positions, segment_ids [R, Lt]; row, offset [B, C].
+    Shared prefix: prefix_ids [B, P] (the prompt tokens every candidate of a sample shares),
+    prefix_len [B]; input_ids [B, C, Ls] are then each candidate's tokens after the prefix (its
+    hint + the response) and response_start counts from the end of the prefix.
     """
 
     input_ids: jax.Array
@@ -92,6 +96,8 @@ class TeacherInputs:
     segment_ids: jax.Array | None = None
     row: jax.Array | None = None
     offset: jax.Array | None = None
+    prefix_ids: jax.Array | None = None
+    prefix_len: jax.Array | None = None
 
 
 class OldPassOutput(NamedTuple):
@@ -203,6 +209,20 @@ def _response_hidden(model, input_ids, response_start, length, positions=None, s
     return hidden[row.astype(jnp.int32)[:, None], idx]
 
 
+def _shared_prefix_hidden(model, inputs: TeacherInputs, length: int) -> jax.Array:
+    """Response hidden states `[B*C, length, H]` of every candidate: the shared prefix runs once per
+    sample into a KV cache; each candidate's suffix (hint + response) then attends to that cache
+    (slots < prefix_len) and causally to itself, at positions continuing after the prefix."""
+    b, c, ls = inputs.input_ids.shape
+    cache = model.init_cache(b, inputs.prefix_ids.shape[1])
+    _, cache = model.prefill_hidden(inputs.prefix_ids, cache)
+    cache = KVCache(*(jnp.repeat(x, c, axis=1) for x in cache))          # row b*C + c: sample b's prefix
+    prefix_len = jnp.repeat(inputs.prefix_len.astype(jnp.int32), c)
+    positions = prefix_len[:, None] + jnp.arange(ls, dtype=jnp.int32)[None, :]
+    hidden, _ = model.decode_hidden(inputs.input_ids.reshape(b * c, ls), positions, cache)
+    return gather_response(hidden, inputs.response_start.reshape(b * c), length)
+
+
 def _student_hidden(model, inputs: StudentInputs, length: int) -> jax.Array:
     return _response_hidden(model, inputs.input_ids, inputs.response_start, length, inputs.positions,
                             inputs.segment_ids, inputs.row, inputs.offset)
@@ -245,8 +265,13 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
         return ops.vocab_stats(hidden, model.lm_head_kernel(), ids=at, top_k=settings.top_k,
                                temperature=settings.temperature, chunk_size=settings.chunk_size)
 
-    stats = _map_rows(rows, (flat_ids, flat_start, at_ids.reshape(b * c, t, 1 + k), packing),
-                      settings.micro_batch_size, b * c)
+    if inputs.prefix_ids is not None:  # shared prefix (not micro-batched: the config refuses both)
+        stats = ops.vocab_stats(_shared_prefix_hidden(model, inputs, t), model.lm_head_kernel(),
+                                ids=at_ids.reshape(b * c, t, 1 + k), top_k=settings.top_k,
+                                temperature=settings.temperature, chunk_size=settings.chunk_size)
+    else:
+        stats = _map_rows(rows, (flat_ids, flat_start, at_ids.reshape(b * c, t, 1 + k), packing),
+                          settings.micro_batch_size, b * c)
     kt = stats.topk_ids.shape[-1]
     at = stats.logprobs_at_ids.reshape(b, c, t, 1 + k)
     return TeacherPassOutput(
