@@ -7,6 +7,7 @@ over the same sample.
 
     python bench/train_step.py [--model tiny|smollm2] [--batch 4] [--prompt 128] [--response 128]
                                [--candidates 2] [--repeats 3] [--packing on|off] [--quantum 128]
+                               [--shared-prefix on|off]
                                [--long-prompt 2048] [--long-response 256] [--long-candidates 3]
                                [--no-long] [--peak-tflops X] [--json]
 
@@ -36,16 +37,21 @@ log = logging.getLogger("bench.train_step")
 
 
 def _samples(rng, vocab, batch, prompt, response, candidates):
+    """Samples whose hint prompts are the prompt with 16·(c+1) hint tokens inserted before its last
+    4 tokens (the hint goes at the end of the last user message, before the assistant header)."""
     from openclaw_jax.gateway.samples import Sample
 
     def ids(n):
         return [int(x) for x in rng.integers(1, vocab, n)]
 
-    return [Sample(session_id="bench", turn_index=i, kind="opd+rl", reward=1.0 if i % 2 else -1.0,
-                   prompt_ids=ids(prompt), response_ids=ids(response), rollout_logprobs=[-1.0] * response,
-                   hints=[f"hint {c} for the bench" for c in range(candidates)],
-                   hint_prompt_ids=[ids(prompt + 16 * (c + 1)) for c in range(candidates)])
-            for i in range(batch)]
+    out = []
+    for i in range(batch):
+        p = ids(prompt)
+        out.append(Sample(session_id="bench", turn_index=i, kind="opd+rl", reward=1.0 if i % 2 else -1.0,
+                          prompt_ids=p, response_ids=ids(response), rollout_logprobs=[-1.0] * response,
+                          hints=[f"hint {c} for the bench" for c in range(candidates)],
+                          hint_prompt_ids=[p[:-4] + ids(16 * (c + 1)) + p[-4:] for c in range(candidates)]))
+    return out
 
 
 def _time(fn, repeats):
@@ -76,27 +82,34 @@ def _long_context(trainer, vocab, args):
     sample = _samples(np.random.default_rng(1), vocab, 1, args.long_prompt, args.long_response,
                       args.long_candidates)
     spec = dataclasses.replace(trainer.spec, batch_size=1, max_candidates=args.long_candidates)
-    packed = pack(sample, spec)
+    out = {}
     with jax.set_mesh(trainer.mesh):
+        packed = pack(sample, dataclasses.replace(spec, shared_prefix=False))
         inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
-        tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in packed.teacher.items()})
         state = (trainer.trainable, trainer.frozen)
         holder = {}
 
         def forward():
             holder["old"] = jax.block_until_ready(trainer._old_pass(trainer.graphdef, state, inputs))
 
-        def teacher():
-            jax.block_until_ready(trainer._teacher_pass(trainer.teacher_graphdef, trainer.teacher_state, tinputs,
-                                                        inputs.response_ids, holder["old"].topk_ids))
+        forward()  # compile
+        out["long_forward_s"] = _time(forward, args.repeats)
+        # the teacher pass as configured first (the `long_teacher_pass_s` of the JSON), then the other layout
+        for shared in (spec.shared_prefix, not spec.shared_prefix):
+            layout = pack(sample, dataclasses.replace(spec, shared_prefix=shared))
+            tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in layout.teacher.items()})
 
-        forward()
-        teacher()  # compile both
-        t_forward = _time(forward, args.repeats)
-        t_teacher = _time(teacher, args.repeats)
-    return {"long_teacher_pass_s": t_teacher, "long_forward_s": t_forward,
-            "long_teacher_over_forward": t_teacher / t_forward,
-            "long_teacher_rows": list(packed.teacher["input_ids"].shape)}
+            def teacher():
+                jax.block_until_ready(trainer._teacher_pass(trainer.teacher_graphdef, trainer.teacher_state, tinputs,
+                                                            inputs.response_ids, holder["old"].topk_ids))
+
+            teacher()  # compile
+            key = "long_teacher_pass_s" if shared == spec.shared_prefix else (
+                "long_teacher_pass_shared_prefix_s" if shared else "long_teacher_pass_full_s")
+            out[key] = _time(teacher, args.repeats)
+    out["long_teacher_over_forward"] = out["long_teacher_pass_s"] / out["long_forward_s"]
+    out["long_shared_prefix"] = spec.shared_prefix
+    return out
 
 
 def bench_model(name, args):
@@ -128,7 +141,8 @@ def bench_model(name, args):
                                       "trainer.chunk_size=64", f"gateway.max_candidates={args.candidates}",
                                       "trainer.min_seq_bucket=64", "trainer.min_response_bucket=32",
                                       "trainer.max_seq_len=4096", f"trainer.packing={args.packing == 'on'}",
-                                      f"trainer.bucket_quantum={args.quantum}"])
+                                      f"trainer.bucket_quantum={args.quantum}",
+                                      f"trainer.shared_prefix_teacher={args.shared_prefix == 'on'}"])
     samples = _samples(np.random.default_rng(0), mcfg.vocab_size, args.batch, args.prompt, args.response,
                        args.candidates)
     trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh)
@@ -170,6 +184,7 @@ def bench_model(name, args):
     sft_flops = 6 * n_params * student_tokens
     row = {"model": name, "params_M": n_params / 1e6, "candidates": args.candidates, "batch": args.batch,
            "packing": args.packing == "on", "bucket_quantum": args.quantum,
+           "shared_prefix_teacher": args.shared_prefix == "on",
            "student_tokens": student_tokens, "teacher_tokens": teacher_tokens,
            "step_s": t_jax, "sft_step_s": t_torch, "old_pass_s": split["old_pass"],
            "teacher_pass_s": split["teacher_pass"], "train_s": split["train_step"],
@@ -196,6 +211,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--packing", choices=["on", "off"], default="on")
     parser.add_argument("--quantum", type=int, default=128, help="trainer.bucket_quantum (0: power-of-two buckets)")
+    parser.add_argument("--shared-prefix", choices=["on", "off"], default="off",
+                        help="trainer.shared_prefix_teacher (the long case times both teacher layouts anyway)")
     parser.add_argument("--long-prompt", type=int, default=2048)
     parser.add_argument("--long-response", type=int, default=256)
     parser.add_argument("--long-candidates", type=int, default=3)

@@ -245,3 +245,17 @@ def test_shared_prefix_teacher_pass_equals_the_full_one():
         np.testing.assert_allclose(np.asarray(getattr(b["teach"], name))[cand],
                                    np.asarray(getattr(a["teach"], name))[cand], atol=2e-5, err_msg=name)
     np.testing.assert_array_equal(np.asarray(b["teach"].topk_ids)[cand], np.asarray(a["teach"].topk_ids)[cand])
+
+
+def test_packed_rows_may_be_longer_than_the_longest_sequence_when_that_pads_less():
+    samples = [Sample(session_id="b", turn_index=i, kind="opd", reward=0.0, prompt_ids=[1] * 128,
+                      response_ids=[2] * 128, rollout_logprobs=[-1.0] * 128, hints=["h0 long enough", "h1 long enough"],
+                      hint_prompt_ids=[[3] * (128 + 16 * (c + 1)) for c in range(2)]) for i in range(4)]
+    spec = BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=64, min_response_bucket=32, max_seq_len=4096,
+                     packing=True, bucket_quantum=128)
+    packed = pack(samples, spec)
+    # teacher sequences of 272 and 288 tokens bucket to 384: four per row of 1152 instead of one per 384
+    assert packed.teacher["input_ids"].shape == (2, 1152)
+    assert packed.padding_fraction("teacher") == pytest.approx(1 - 2240 / 2304)
+    assert pack(samples, dataclasses.replace(spec, packing=False)).padding_fraction("teacher") == pytest.approx(
+        1 - 2240 / (8 * 384))

@@ -15,8 +15,8 @@ teacher's hint prompt+response per candidate) are laid first-fit-decreasing into
 bucketed length, several per row. Each gets a segment id (1, 2, ... within its row; padding
 slots are segment 0) and positions restarting at 0, so attention never crosses a segment and
 RoPE sees each sequence as if it were alone; `row` / `offset` say where each sequence starts.
-Rows are the bucketed length of the longest sequence, or 2-4 times it when that packs into fewer
-slots (bounded shapes: multiples of the bucket, at most `max_seq_len`). The per-sample arrays (response ids, masks, advantages, ...) keep their `[B, T]` layout, so the
+Rows are the bucketed length of the longest sequence, or up to 4 times it (multiples of that
+length or of the quantum, at most `max_seq_len`) when that packs into fewer slots. The per-sample arrays (response ids, masks, advantages, ...) keep their `[B, T]` layout, so the
 loss and its metrics are those of the unpacked batch. With micro-batches the sequences of
 micro-batch g (samples g, g + n, ...) go into rows g, g + n, ... only, and `row` is the index
 among that micro-batch's rows.
@@ -181,16 +181,17 @@ def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capa
 
 
 def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_groups: int, length: int,
-                 max_length: int, row_multiple: int, pad_id: int) -> dict[str, np.ndarray]:
+                 max_length: int, row_multiple: int, pad_id: int, quantum: int = 0) -> dict[str, np.ndarray]:
     """Packed rows of the sequences (None: padding): input_ids, positions, segment_ids, row, offset."""
     lengths = [0 if q is None else len(q) for q in seqs]
-    # Rows of the bucketed length, or of 2-4 times it (up to `max_length`) when that leaves fewer
-    # padded slots, e.g. two 272- and two 288-token candidates: one row of 1152, not four of 384.
+    # Rows of the bucketed length, or up to 4 times it (multiples of it or of the quantum, at most
+    # `max_length`) when that leaves fewer padded slots, e.g. two 272- and two 288-token
+    # candidates: one row of 1152, not four of 384.
     best = None
-    for k in range(1, 5):
-        capacity = length * k
-        if k > 1 and capacity > max_length:
-            break
+    capacities = {length * k for k in range(1, 5)}
+    if quantum > 0:
+        capacities |= set(range(-(-length // quantum) * quantum, 4 * length + 1, quantum))
+    for capacity in sorted(x for x in capacities if x == length or x <= max_length):
         layout = pack_rows(lengths, groups, n_groups, capacity, row_multiple)
         if best is None or layout[2] * capacity < best[0][2] * best[1]:
             best = (layout, capacity)
@@ -272,12 +273,12 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
     if spec.packing:
         n = _micro_batches(b, spec.micro_batch_size)
         packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ls, spec.max_seq_len, spec.row_multiple,
-                              spec.pad_id)
+                              spec.pad_id, spec.bucket_quantum)
         student.update(packed)
     if spec.packing and not spec.shared_prefix:
         nt = _micro_batches(b * c, spec.micro_batch_size)
         packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, lt, spec.max_seq_len, spec.row_multiple,
-                              spec.pad_id)
+                              spec.pad_id, spec.bucket_quantum)
         packed["row"] = packed["row"].reshape(b, c)
         packed["offset"] = packed["offset"].reshape(b, c)
         teacher.update(packed)
