@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -134,37 +135,15 @@ def bench_model(name, args):
 
         student = load_pretrained("smollm2").model
         mcfg = student.cfg
-    teacher_graph, teacher_state = nnx.split(student)
-    teacher = nnx.merge(teacher_graph, jax.tree.map(lambda x: x.copy(), teacher_state))
-    mesh = make_mesh((1, -1, 1))
-    cfg = load_experiment_config([], [f"trainer.rollout_batch_size={args.batch}", "trainer.top_k=4",
-                                      "trainer.chunk_size=64", f"gateway.max_candidates={args.candidates}",
-                                      "trainer.min_seq_bucket=64", "trainer.min_response_bucket=32",
-                                      "trainer.max_seq_len=4096", f"trainer.packing={args.packing == 'on'}",
-                                      f"trainer.bucket_quantum={args.quantum}",
-                                      f"trainer.shared_prefix_teacher={args.shared_prefix == 'on'}"])
     samples = _samples(np.random.default_rng(0), mcfg.vocab_size, args.batch, args.prompt, args.response,
                        args.candidates)
-    trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh)
-    packed = pack(samples, trainer.spec)
-    before = pack(samples, dataclasses.replace(trainer.spec, packing=False, bucket_quantum=0))
-    student_tokens, teacher_tokens = _real_tokens(samples, trainer.spec)
-    trainer.train_on(packed)  # compile
-    phases = []
-
-    def jax_step():
-        phases.append(trainer.train_on(packed))
-
-    t_jax = _time(jax_step, args.repeats)
-    split = {k: statistics.median(p[f"time/{k}"] for p in phases) for k in ("old_pass", "teacher_pass", "train_step")}
-
-    # PyTorch reference: the same weights as an HF model, one SFT step (fwd + CE bwd + AdamW) on the
+    # PyTorch reference first: the same weights as an HF model, one SFT step (fwd + CE bwd + AdamW) on the
     # student's prompt+response tokens, unpadded (the bench's samples all have one length).
     hf_cfg = transformers.AutoConfig.for_model(**{k: v for k, v in mcfg.to_hf_dict().items()
                                                   if k not in ("architectures",)})
     hf_cfg.torch_dtype = "float32"
     torch_model = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager")
-    state = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in state_dict_from_model(trainer.serving_model()).items()}
+    state = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in state_dict_from_model(student).items()}
     torch_model.load_state_dict(state, strict=False)
     torch_model.train()
     opt = torch.optim.AdamW(torch_model.parameters(), lr=1e-5)
@@ -178,7 +157,30 @@ def bench_model(name, args):
 
     torch_step()
     t_torch = _time(torch_step, args.repeats)
-    del torch_model, opt
+    del torch_model, opt, state  # before the JAX trainer: the peak memory is one of the two
+    gc.collect()
+    teacher_graph, teacher_state = nnx.split(student)
+    teacher = nnx.merge(teacher_graph, jax.tree.map(lambda x: x.copy(), teacher_state))
+    mesh = make_mesh((1, -1, 1))
+    cfg = load_experiment_config([], [f"trainer.rollout_batch_size={args.batch}", "trainer.top_k=4",
+                                      "trainer.chunk_size=64", f"gateway.max_candidates={args.candidates}",
+                                      "trainer.min_seq_bucket=64", "trainer.min_response_bucket=32",
+                                      "trainer.max_seq_len=4096", f"trainer.packing={args.packing == 'on'}",
+                                      f"trainer.bucket_quantum={args.quantum}",
+                                      f"trainer.shared_prefix_teacher={args.shared_prefix == 'on'}"])
+    trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh)
+    packed = pack(samples, trainer.spec)
+    before = pack(samples, dataclasses.replace(trainer.spec, packing=False, bucket_quantum=0))
+    student_tokens, teacher_tokens = _real_tokens(samples, trainer.spec)
+    trainer.train_on(packed)  # compile
+    phases = []
+
+    def jax_step():
+        phases.append(trainer.train_on(packed))
+
+    t_jax = _time(jax_step, args.repeats)
+    split = {k: statistics.median(p[f"time/{k}"] for p in phases) for k in ("old_pass", "teacher_pass", "train_step")}
+
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.trainable))
     our_flops = n_params * (6 * student_tokens + 2 * student_tokens + 2 * teacher_tokens)
     sft_flops = 6 * n_params * student_tokens
