@@ -11,15 +11,19 @@ throughout), so a length costs at most one quantum of padding and the number of 
 bounded (log2(quantum) + max_seq_len / quantum per dimension).
 
 Packing (`BatchSpec.packing`): the sequences (the student's prompt+response per sample, the
-teacher's hint prompt+response per candidate) are laid first-fit-decreasing into rows of one
-bucketed length, several per row. Each gets a segment id (1, 2, ... within its row; padding
-slots are segment 0) and positions restarting at 0, so attention never crosses a segment and
-RoPE sees each sequence as if it were alone; `row` / `offset` say where each sequence starts.
-Rows are the bucketed length of the longest sequence, or up to 4 times it (multiples of that
-length or of the quantum, at most `max_seq_len`) when that packs into fewer slots. The per-sample arrays (response ids, masks, advantages, ...) keep their `[B, T]` layout, so the
-loss and its metrics are those of the unpacked batch. With micro-batches the sequences of
-micro-batch g (samples g, g + n, ...) go into rows g, g + n, ... only, and `row` is the index
-among that micro-batch's rows.
+teacher's hint prompt+response per candidate) are laid first-fit-decreasing into rows, several
+per row. Each gets a segment id (1, 2, ... within its row; padding slots are segment 0) and
+positions restarting at 0, so attention never crosses a segment and RoPE sees each sequence as if
+it were alone; `row` / `offset` say where each sequence starts. Rows are the bucketed length of
+the longest sequence, or up to 4 times it (multiples of that length or of the quantum, at most
+`max_seq_len`) when that packs into fewer slots. The per-sample arrays (response ids, masks,
+advantages, ...) keep their `[B, T]` layout, so the loss and its metrics are those of the
+unpacked batch. With micro-batches the sequences of micro-batch g (samples g, g + n, ...) go into
+rows g, g + n, ... only, and `row` is the index among that micro-batch's rows.
+
+Shared prefix (`BatchSpec.shared_prefix`, teacher only, not packed): the prompt tokens common to
+all candidates of a sample (everything before the hint) become `prefix_ids`, run once per sample;
+each candidate keeps only the rest of its prompt and the response (step.py).
 
 Staleness: a sample generated with weight version v is `current - v` versions old. With
 `staleness_mode="drop"` samples older than `max_staleness` are dropped; with `"importance"`
