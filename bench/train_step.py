@@ -113,32 +113,14 @@ def _long_context(trainer, vocab, args):
     return out
 
 
-def bench_model(name, args):
+def _torch_sft_step_s(mcfg, student, samples, repeats):
+    """Median seconds of one PyTorch SFT step (fwd + CE bwd + AdamW) of the same weights as an HF
+    model, on the samples' prompt+response tokens, unpadded (the bench's samples share one length)."""
     import torch
     import transformers
-    from flax import nnx
 
-    from openclaw_jax.config import load_experiment_config
-    from openclaw_jax.models.config import ModelConfig
-    from openclaw_jax.models.decoder import Decoder
     from openclaw_jax.models.weights import state_dict_from_model
-    from openclaw_jax.parallel.mesh import make_mesh, shard_model
-    from openclaw_jax.trainer.batcher import pack
-    from openclaw_jax.trainer.loop import Trainer
 
-    if name == "tiny":
-        mcfg = ModelConfig(family="qwen3", vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2,
-                           num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True, tie_word_embeddings=True)
-        student = Decoder(mcfg, rngs=nnx.Rngs(0))
-    else:
-        from openclaw_jax.models.hub import load_pretrained
-
-        student = load_pretrained("smollm2").model
-        mcfg = student.cfg
-    samples = _samples(np.random.default_rng(0), mcfg.vocab_size, args.batch, args.prompt, args.response,
-                       args.candidates)
-    # PyTorch reference first: the same weights as an HF model, one SFT step (fwd + CE bwd + AdamW) on the
-    # student's prompt+response tokens, unpadded (the bench's samples all have one length).
     hf_cfg = transformers.AutoConfig.for_model(**{k: v for k, v in mcfg.to_hf_dict().items()
                                                   if k not in ("architectures",)})
     hf_cfg.torch_dtype = "float32"
@@ -156,8 +138,32 @@ def bench_model(name, args):
         opt.step()
 
     torch_step()
-    t_torch = _time(torch_step, args.repeats)
-    del torch_model, opt, state  # before the JAX trainer: the peak memory is one of the two
+    return _time(torch_step, repeats)
+
+
+def bench_model(name, args):
+    from flax import nnx
+
+    from openclaw_jax.config import load_experiment_config
+    from openclaw_jax.models.config import ModelConfig
+    from openclaw_jax.models.decoder import Decoder
+    from openclaw_jax.parallel.mesh import make_mesh, shard_model
+    from openclaw_jax.trainer.batcher import pack
+    from openclaw_jax.trainer.loop import Trainer
+
+    if name == "tiny":
+        mcfg = ModelConfig(family="qwen3", vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2,
+                           num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True, tie_word_embeddings=True)
+        student = Decoder(mcfg, rngs=nnx.Rngs(0))
+    else:
+        from openclaw_jax.models.hub import load_pretrained
+
+        student = load_pretrained("smollm2").model
+        mcfg = student.cfg
+    samples = _samples(np.random.default_rng(0), mcfg.vocab_size, args.batch, args.prompt, args.response,
+                       args.candidates)
+    # PyTorch reference first, freed before the JAX trainer is built (peak memory of one, not both)
+    t_torch = _torch_sft_step_s(mcfg, student, samples, args.repeats)
     gc.collect()
     teacher_graph, teacher_state = nnx.split(student)
     teacher = nnx.merge(teacher_graph, jax.tree.map(lambda x: x.copy(), teacher_state))
