@@ -1,19 +1,33 @@
 """Train-step throughput: the full hybrid step (old pass, teacher pass, chunked loss + AdamW)
-for the tiny model and SmolLM2-135M, next to a plain PyTorch (HF transformers) SFT step —
-forward, cross-entropy backward, AdamW — on the same model and tokens, in one process.
+for the tiny model or SmolLM2-135M, next to a plain PyTorch (HF transformers) SFT step --
+forward, cross-entropy backward, AdamW -- on the same model and the same (unpadded) tokens, in
+one process; plus a long-context case (one sample: a 2048-token prompt, a 256-token response and
+3 hint candidates) where the teacher pass is compared with one student forward (the old pass)
+over the same sample.
 
-    python bench/train_step.py [--model tiny|smollm2|both] [--batch 4] [--prompt 128] [--response 128]
-                               [--candidates 2] [--repeats 5] [--peak-tflops X]
+    python bench/train_step.py [--model tiny|smollm2] [--batch 4] [--prompt 128] [--response 128]
+                               [--candidates 2] [--repeats 3] [--packing on|off] [--quantum 128]
+                               [--shared-prefix on|off]
+                               [--long-prompt 2048] [--long-response 256] [--long-candidates 3]
+                               [--no-long] [--peak-tflops X] [--json]
 
-Tokens/s counts prompt+response tokens of the student batch. MFU is printed when
-`--peak-tflops` is given (e.g. 989 for an H100's dense bf16): model FLOPs = 6·N·tokens for the
-trained pass + 2·N·tokens for the old pass + 2·N·tokens·C for the teacher pass.
+Times are medians over `--repeats` after one compile run. Model FLOPs count real (unpadded)
+tokens only: 6N per trained token (prompt+response), 2N per old-pass token and 2N per teacher
+token per candidate (hint prompt + response); the SFT step is 6N per token.
+`flop_rate_ratio` = (our model FLOPs / our step time) / (SFT FLOPs / SFT step time).
+`padding_fraction` = padded / total token slots of the student and teacher inputs of the batch as
+the trainer builds it; `padding_fraction_unpacked_pow2` is the same batch without packing and with
+power-of-two buckets (the layout before packing). With `--json` one JSON object goes to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
+import json
 import logging
+import os
 import statistics
 import time
 
@@ -24,16 +38,21 @@ log = logging.getLogger("bench.train_step")
 
 
 def _samples(rng, vocab, batch, prompt, response, candidates):
+    """Samples whose hint prompts are the prompt with 16·(c+1) hint tokens inserted before its last
+    4 tokens (the hint goes at the end of the last user message, before the assistant header)."""
     from openclaw_jax.samples import Sample
 
     def ids(n):
         return [int(x) for x in rng.integers(1, vocab, n)]
 
-    return [Sample(session_id="bench", turn_index=i, kind="opd+rl", reward=1.0 if i % 2 else -1.0,
-                   prompt_ids=ids(prompt), response_ids=ids(response), rollout_logprobs=[-1.0] * response,
-                   hints=[f"hint {c} for the bench" for c in range(candidates)],
-                   hint_prompt_ids=[ids(prompt + 16 * (c + 1)) for c in range(candidates)])
-            for i in range(batch)]
+    out = []
+    for i in range(batch):
+        p = ids(prompt)
+        out.append(Sample(session_id="bench", turn_index=i, kind="opd+rl", reward=1.0 if i % 2 else -1.0,
+                          prompt_ids=p, response_ids=ids(response), rollout_logprobs=[-1.0] * response,
+                          hints=[f"hint {c} for the bench" for c in range(candidates)],
+                          hint_prompt_ids=[p[:-4] + ids(16 * (c + 1)) + p[-4:] for c in range(candidates)]))
+    return out
 
 
 def _time(fn, repeats):
@@ -45,15 +64,89 @@ def _time(fn, repeats):
     return statistics.median(times)
 
 
-def bench_model(name, args):
+def _real_tokens(samples, spec):
+    from openclaw_jax.trainer.batcher import teacher_prompts
+
+    student = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    teacher = sum(len(p) + len(s.response_ids) for s in samples for p in teacher_prompts(s, spec))
+    return student, teacher
+
+
+def _long_context(trainer, vocab, args):
+    """Median seconds of the teacher pass over `--long-candidates` candidates and of one student
+    forward (the old pass) over the same single long sample."""
+    import jax.numpy as jnp
+
+    from openclaw_jax.trainer import step as S
+    from openclaw_jax.trainer.batcher import pack
+
+    sample = _samples(np.random.default_rng(1), vocab, 1, args.long_prompt, args.long_response,
+                      args.long_candidates)
+    spec = dataclasses.replace(trainer.spec, batch_size=1, max_candidates=args.long_candidates)
+    out = {}
+    with jax.set_mesh(trainer.mesh):
+        packed = pack(sample, dataclasses.replace(spec, shared_prefix=False))
+        inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
+        state = (trainer.trainable, trainer.frozen)
+        holder = {}
+
+        def forward():
+            holder["old"] = jax.block_until_ready(trainer._old_pass(trainer.graphdef, state, inputs))
+
+        forward()  # compile
+        out["long_forward_s"] = _time(forward, args.repeats)
+        # the teacher pass as configured first (the `long_teacher_pass_s` of the JSON), then the other layout
+        for shared in (spec.shared_prefix, not spec.shared_prefix):
+            layout = pack(sample, dataclasses.replace(spec, shared_prefix=shared))
+            tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in layout.teacher.items()})
+
+            def teacher():
+                jax.block_until_ready(trainer._teacher_pass(trainer.teacher_graphdef, trainer.teacher_state, tinputs,
+                                                            inputs.response_ids, holder["old"].topk_ids))
+
+            teacher()  # compile
+            key = "long_teacher_pass_s" if shared == spec.shared_prefix else (
+                "long_teacher_pass_shared_prefix_s" if shared else "long_teacher_pass_full_s")
+            out[key] = _time(teacher, args.repeats)
+    out["long_teacher_over_forward"] = out["long_teacher_pass_s"] / out["long_forward_s"]
+    out["long_shared_prefix"] = spec.shared_prefix
+    return out
+
+
+def _torch_sft_step_s(mcfg, student, samples, repeats):
+    """Median seconds of one PyTorch SFT step (fwd + CE bwd + AdamW) of the same weights as an HF
+    model, on the samples' prompt+response tokens, unpadded (the bench's samples share one length)."""
     import torch
     import transformers
+
+    from openclaw_jax.models.weights import state_dict_from_model
+
+    hf_cfg = transformers.AutoConfig.for_model(**{k: v for k, v in mcfg.to_hf_dict().items()
+                                                  if k not in ("architectures",)})
+    hf_cfg.torch_dtype = "float32"
+    torch_model = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager")
+    state = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in state_dict_from_model(student).items()}
+    torch_model.load_state_dict(state, strict=False)
+    torch_model.train()
+    opt = torch.optim.AdamW(torch_model.parameters(), lr=1e-5)
+    ids = torch.tensor([s.prompt_ids + s.response_ids for s in samples], dtype=torch.int64)
+
+    def torch_step():
+        opt.zero_grad()
+        out = torch_model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+
+    torch_step()
+    return _time(torch_step, repeats)
+
+
+def bench_model(name, args):
     from flax import nnx
 
     from openclaw_jax.config import load_experiment_config
     from openclaw_jax.models.config import ModelConfig
     from openclaw_jax.models.decoder import Decoder
-    from openclaw_jax.models.weights import state_dict_from_model
     from openclaw_jax.parallel.mesh import make_mesh, shard_model
     from openclaw_jax.trainer.batcher import pack
     from openclaw_jax.trainer.loop import Trainer
@@ -67,18 +160,24 @@ def bench_model(name, args):
 
         student = load_pretrained("smollm2").model
         mcfg = student.cfg
+    samples = _samples(np.random.default_rng(0), mcfg.vocab_size, args.batch, args.prompt, args.response,
+                       args.candidates)
+    # PyTorch reference first, freed before the JAX trainer is built (peak memory of one, not both)
+    t_torch = _torch_sft_step_s(mcfg, student, samples, args.repeats)
+    gc.collect()
     teacher_graph, teacher_state = nnx.split(student)
     teacher = nnx.merge(teacher_graph, jax.tree.map(lambda x: x.copy(), teacher_state))
     mesh = make_mesh((1, -1, 1))
     cfg = load_experiment_config([], [f"trainer.rollout_batch_size={args.batch}", "trainer.top_k=4",
                                       "trainer.chunk_size=64", f"gateway.max_candidates={args.candidates}",
                                       "trainer.min_seq_bucket=64", "trainer.min_response_bucket=32",
-                                      "trainer.max_seq_len=4096"])
-    samples = _samples(np.random.default_rng(0), mcfg.vocab_size, args.batch, args.prompt, args.response,
-                       args.candidates)
+                                      "trainer.max_seq_len=4096", f"trainer.packing={args.packing == 'on'}",
+                                      f"trainer.bucket_quantum={args.quantum}",
+                                      f"trainer.shared_prefix_teacher={args.shared_prefix == 'on'}"])
     trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh)
     packed = pack(samples, trainer.spec)
-    tokens = args.batch * (args.prompt + args.response)
+    before = pack(samples, dataclasses.replace(trainer.spec, packing=False, bucket_quantum=0))
+    student_tokens, teacher_tokens = _real_tokens(samples, trainer.spec)
     trainer.train_on(packed)  # compile
     phases = []
 
@@ -88,57 +187,60 @@ def bench_model(name, args):
     t_jax = _time(jax_step, args.repeats)
     split = {k: statistics.median(p[f"time/{k}"] for p in phases) for k in ("old_pass", "teacher_pass", "train_step")}
 
-    # PyTorch reference: the same weights as an HF model, one SFT step (fwd + CE bwd + AdamW).
-    hf_cfg = transformers.AutoConfig.for_model(**{k: v for k, v in mcfg.to_hf_dict().items()
-                                                  if k not in ("architectures",)})
-    hf_cfg.torch_dtype = "float32"
-    torch_model = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager")
-    state = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in state_dict_from_model(trainer.serving_model()).items()}
-    torch_model.load_state_dict(state, strict=False)
-    torch_model.train()
-    opt = torch.optim.AdamW(torch_model.parameters(), lr=1e-5)
-    ids = torch.from_numpy(packed.student["input_ids"].astype(np.int64))
-
-    def torch_step():
-        opt.zero_grad()
-        out = torch_model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        opt.step()
-
-    torch_step()
-    t_torch = _time(torch_step, args.repeats)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.trainable))
-    row = {"model": name, "params_M": n_params / 1e6, "tokens": tokens, "jax_step_s": t_jax,
-           "jax_tok_s": tokens / t_jax, "torch_sft_step_s": t_torch, "torch_tok_s": tokens / t_torch,
-           "ratio": (tokens / t_jax) / (tokens / t_torch), **{f"{k}_s": v for k, v in split.items()}}
+    our_flops = n_params * (6 * student_tokens + 2 * student_tokens + 2 * teacher_tokens)
+    sft_flops = 6 * n_params * student_tokens
+    row = {"model": name, "params_M": n_params / 1e6, "candidates": args.candidates, "batch": args.batch,
+           "packing": args.packing == "on", "bucket_quantum": args.quantum,
+           "shared_prefix_teacher": args.shared_prefix == "on",
+           "student_tokens": student_tokens, "teacher_tokens": teacher_tokens,
+           "step_s": t_jax, "sft_step_s": t_torch, "old_pass_s": split["old_pass"],
+           "teacher_pass_s": split["teacher_pass"], "train_s": split["train_step"],
+           "tokens_per_s": student_tokens / t_jax, "sft_tokens_per_s": student_tokens / t_torch,
+           "flop_rate_ratio": (our_flops / t_jax) / (sft_flops / t_torch),
+           "padding_fraction": packed.padding_fraction(),
+           "padding_fraction_unpacked_pow2": before.padding_fraction(),
+           "student_shape": list(packed.student["input_ids"].shape),
+           "teacher_shape": list(packed.teacher["input_ids"].shape)}
     if args.peak_tflops:
-        flops = (6 + 2 + 2 * args.candidates) * n_params * tokens
-        row["mfu"] = flops / t_jax / (args.peak_tflops * 1e12)
+        row["mfu"] = our_flops / t_jax / (args.peak_tflops * 1e12)
+    if args.long:
+        row.update(_long_context(trainer, mcfg.vocab_size, args))
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["tiny", "smollm2", "both"], default="both")
+    parser.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--response", type=int, default=128)
     parser.add_argument("--candidates", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--packing", choices=["on", "off"], default="on")
+    parser.add_argument("--quantum", type=int, default=128, help="trainer.bucket_quantum (0: power-of-two buckets)")
+    parser.add_argument("--shared-prefix", choices=["on", "off"], default="off",
+                        help="trainer.shared_prefix_teacher (the long case times both teacher layouts anyway)")
+    parser.add_argument("--long-prompt", type=int, default=2048)
+    parser.add_argument("--long-response", type=int, default=256)
+    parser.add_argument("--long-candidates", type=int, default=3)
+    parser.add_argument("--no-long", dest="long", action="store_false", help="skip the long-context case")
     parser.add_argument("--peak-tflops", type=float, default=None)
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    names = ["tiny", "smollm2"] if args.model == "both" else [args.model]
-    rows = [bench_model(n, args) for n in names]
-    print(f"device: {jax.devices()[0].device_kind} x{len(jax.devices())}; batch {args.batch} x "
-          f"({args.prompt}+{args.response}) tokens, {args.candidates} teacher candidates, median of {args.repeats}")
-    header = ["model", "params_M", "jax_tok_s", "torch_tok_s", "ratio", "jax_step_s", "old_pass_s",
-              "teacher_pass_s", "train_step_s", "torch_sft_step_s"] + (["mfu"] if args.peak_tflops else [])
-    print(" | ".join(f"{h:>14}" for h in header))
-    for row in rows:
-        print(" | ".join(f"{row[h]:>14.4g}" if isinstance(row[h], float) else f"{row[h]:>14}" for h in header))
-    print("ratio = our full hybrid step (3 phases) tokens/s over a PyTorch SFT step's tokens/s "
-          "(ours also runs the old pass and the teacher over every candidate).")
+    row = bench_model(args.model, args)
+    row["device"] = f"{jax.devices()[0].device_kind} x{len(jax.devices())}"
+    row["load_average"] = list(os.getloadavg())
+    row["repeats"] = args.repeats
+    if args.json:
+        print(json.dumps(row))
+        return
+    print(f"device: {row['device']}; batch {args.batch} x ({args.prompt}+{args.response}) tokens, {args.candidates} "
+          f"teacher candidates, packing {args.packing}, bucket quantum {args.quantum}, median of {args.repeats}; "
+          f"load average {row['load_average']}")
+    for key, value in row.items():
+        print(f"  {key:>32}: {value:.4g}" if isinstance(value, float) else f"  {key:>32}: {value}")
 
 
 if __name__ == "__main__":

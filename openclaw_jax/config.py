@@ -154,6 +154,9 @@ class TrainerConfig:
     export_every: int = 0                # HF safetensors export every N steps (0 = only at the end)
     export_dtype: Literal["master", "float32", "bfloat16"] = "master"  # master = model.param_dtype
     micro_batch_size: int = 0            # rows per micro-batch of every phase (0 = the whole batch)
+    packing: bool = True                 # several samples per row (segment ids; equal to the unpacked step)
+    bucket_quantum: int = 128            # lengths past this are multiples of it, below powers of two (0: all pow2)
+    shared_prefix_teacher: bool = False  # teacher: a sample's common prompt prefix once (KV cache), then each hint
     log_every: int = 1
     wait_timeout_s: float = 0.0          # stop when no new sample arrives for this long (0 = wait forever)
     store_wait_s: float = 300.0          # multi-host: how long other processes wait for process 0's sample store
@@ -167,6 +170,11 @@ class TrainerConfig:
         _require(self.chunk_size > 0, f"trainer.chunk_size={self.chunk_size} must be > 0")
         _require(self.max_seq_len >= self.min_seq_bucket > 0,
                  f"trainer.max_seq_len={self.max_seq_len} must be >= trainer.min_seq_bucket={self.min_seq_bucket} > 0")
+        _require(self.bucket_quantum >= 0,
+                 f"trainer.bucket_quantum={self.bucket_quantum} must be >= 0 (0: power-of-two buckets only)")
+        _require(not (self.shared_prefix_teacher and self.micro_batch_size),
+                 f"trainer.shared_prefix_teacher does not run in micro-batches (micro_batch_size="
+                 f"{self.micro_batch_size}): set one of them off")
         _require(self.importance_cap > 0, f"trainer.importance_cap={self.importance_cap} must be > 0")
         _require(self.sync_every > 0, f"trainer.sync_every={self.sync_every} must be > 0")
         _require(self.max_staleness >= 0, f"trainer.max_staleness={self.max_staleness} must be >= 0")

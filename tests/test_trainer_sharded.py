@@ -62,7 +62,7 @@ def test_train_step_sharded_equals_one_device(tmp_path):
         assert len(other["shardings"]) > 1, f"{name}: params are not sharded: {other['shardings']}"
         for key in ("metrics", "metrics2"):
             for metric, value in one[key].items():
-                if metric.startswith("time/") or metric == "tokens_per_s":
+                if metric.startswith(("time/", "batch/")) or metric == "tokens_per_s":  # batch/: the packed layout depends on the mesh
                     continue
                 assert abs(other[key][metric] - value) <= 1e-5 * max(1.0, abs(value)), (name, key, metric)
         for a, b in zip(one["params"], other["params"]):

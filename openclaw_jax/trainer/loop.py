@@ -116,6 +116,12 @@ def batch_sharding(cfg: ExperimentConfig, mesh: jax.sharding.Mesh) -> NamedShard
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp")) if even else PartitionSpec())
 
 
+def batch_row_multiple(cfg: ExperimentConfig, mesh: jax.sharding.Mesh) -> int:
+    """Packed row counts must split over the batch shards like the samples do (`batch_sharding`)."""
+    n_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    return n_batch_shards if cfg.trainer.rollout_batch_size % n_batch_shards == 0 else 1
+
+
 class Trainer:
     """Student (full or LoRA) + frozen teacher on one mesh, optax state, and the step phases."""
 
@@ -152,8 +158,11 @@ class Trainer:
             min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
             use_hints=tcfg.uses_hints,
             max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
-            temperature=tcfg.temperature)
+            temperature=tcfg.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
+            micro_batch_size=tcfg.micro_batch_size, row_multiple=batch_row_multiple(cfg, mesh),
+            shared_prefix=tcfg.shared_prefix_teacher)
         self._batch_sharding = batch_sharding(cfg, mesh)
+        self._shapes_seen: set[tuple] = set()   # batch shapes trained on: each compiles the phases once
         phases = jit_phases(cfg, self.settings, self.tx, self.schedule, trainable_shardings, opt_shardings)
         self._old_pass = phases["old_pass"]
         self._teacher_pass = phases["teacher_pass"]
@@ -268,6 +277,7 @@ class Trainer:
         self.step += 1
         total = time.perf_counter() - t0
         out = {k: float(v) for k, v in metrics.items()}
+        out.update(self._batch_stats(packed))
         mask = packed.student["response_mask"]
         tokens = float(mask.sum() + (packed.student["response_start"] * packed.student["sample_mask"]).sum())
         out.update({f"time/{k}": v for k, v in times.items()})
@@ -284,6 +294,19 @@ class Trainer:
         self._last_k_star = multihost.to_host(k_star)[np.asarray(mask) > 0]
         self._last_hints = [h for s in packed.samples for h in s.hints]
         return out
+
+    def _batch_stats(self, packed: PackedBatch) -> dict[str, float]:
+        """Padding (padded / total token slots of the model inputs) and the compiled-shape count."""
+        key = packed.shape_key()
+        if key not in self._shapes_seen:
+            self._shapes_seen.add(key)
+            log.info("new batch shape (student %s, response %s, teacher %s): %d batch shapes compiled so far",
+                     key[0], key[1], key[2], len(self._shapes_seen))
+        return {"batch/padding_fraction": packed.padding_fraction(),
+                "batch/student_padding_fraction": packed.padding_fraction("student"),
+                "batch/teacher_padding_fraction": packed.padding_fraction("teacher"),
+                "batch/student_rows": float(packed.student["input_ids"].shape[0]),
+                "batch/compiled_shapes": float(len(self._shapes_seen))}
 
     # ------------------------------------------------------------------ the loop
 

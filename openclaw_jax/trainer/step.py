@@ -29,6 +29,13 @@ so one step with micro-batches equals one step without (to float rounding).
 
 Response positions are addressed by `response_start[b]` (= prompt length): the hidden state
 that predicts response token t sits at sequence index `response_start[b] - 1 + t`.
+
+Packing: when the inputs carry `segment_ids` (batcher.py), `input_ids` are packed rows `[R, L]`
+holding several sequences, each with its own segment id and positions from 0 (attention never
+crosses a segment); sequence b starts at `offset[b]` of row `row[b]`, so response token t is
+predicted at `row[b], offset[b] + response_start[b] - 1 + t`. The hidden states are gathered back
+to the per-sample `[B, T, H]` layout at once, so everything after the forward is unchanged.
+Under micro-batching `row` indexes the rows of the sequence's own micro-batch.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from flax import nnx
 from openclaw_jax import ops
 from openclaw_jax.losses import HybridBatch, LossConfig, get_loss
 from openclaw_jax.losses.policy import MetricStat, finalize_metrics
+from openclaw_jax.models.decoder import KVCache
 
 
 @jax.tree_util.register_dataclass
@@ -52,7 +60,8 @@ class StudentInputs:
     """Prompt + response sequences of one batch (host-built, padded to a bucket).
 
     input_ids [B, L]; response_start [B] (prompt length, >= 1); response_ids, response_mask,
-    advantages, rollout_logprobs [B, T]; sample_mask [B] (0 = padding row).
+    advantages, rollout_logprobs [B, T]; sample_mask [B] (0 = padding row). Packed (module doc):
+    input_ids, positions, segment_ids [R, L]; row, offset [B].
     """
 
     input_ids: jax.Array
@@ -62,6 +71,10 @@ class StudentInputs:
     advantages: jax.Array
     rollout_logprobs: jax.Array
     sample_mask: jax.Array
+    positions: jax.Array | None = None
+    segment_ids: jax.Array | None = None
+    row: jax.Array | None = None
+    offset: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -70,11 +83,21 @@ class TeacherInputs:
     """Hint-augmented prompt + the same response, per candidate.
 
     input_ids [B, C, Lt]; response_start [B, C]; candidate_mask [B, C] (0 = padding candidate).
+    Packed (module doc): input_ids, positions, segment_ids [R, Lt]; row, offset [B, C].
+    Shared prefix: prefix_ids [B, P] (the prompt tokens every candidate of a sample shares),
+    prefix_len [B]; input_ids [B, C, Ls] are then each candidate's tokens after the prefix (its
+    hint + the response) and response_start counts from the end of the prefix.
     """
 
     input_ids: jax.Array
     response_start: jax.Array
     candidate_mask: jax.Array
+    positions: jax.Array | None = None
+    segment_ids: jax.Array | None = None
+    row: jax.Array | None = None
+    offset: jax.Array | None = None
+    prefix_ids: jax.Array | None = None
+    prefix_len: jax.Array | None = None
 
 
 class OldPassOutput(NamedTuple):
@@ -144,10 +167,10 @@ def join_micro(tree: Any) -> Any:
     return jax.tree.map(join, tree)
 
 
-def _map_rows(fn, rows: Any, micro_batch_size: int) -> Any:
-    """`fn(rows)` computed over micro-batches in a scan (rows: a tree of `[B, ...]` arrays)."""
-    b = jax.tree.leaves(rows)[0].shape[0]
-    n = num_micro_batches(b, micro_batch_size)
+def _map_rows(fn, rows: Any, micro_batch_size: int, count: int) -> Any:
+    """`fn(rows)` computed over micro-batches in a scan (rows: a tree of arrays whose leading dim
+    splits into the micro-batches of `count` sequences: `[count, ...]`, or packed rows)."""
+    n = num_micro_batches(count, micro_batch_size)
     if n == 1:
         return fn(rows)
     return join_micro(jax.lax.map(fn, split_micro(rows, n)))
@@ -174,9 +197,35 @@ def _merge(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], *, 
     return nnx.merge(graphdef, *cast_floating(states, dtype))
 
 
-def _response_hidden(model, input_ids, response_start, length):
-    hidden = model.hidden_states(input_ids)
-    return gather_response(hidden, response_start, length)
+def _response_hidden(model, input_ids, response_start, length, positions=None, segment_ids=None, row=None,
+                     offset=None):
+    """Hidden states `[N, length, H]` that predict each sequence's response tokens; packed rows
+    (`segment_ids` given) are gathered back to one row per sequence."""
+    if segment_ids is None:
+        return gather_response(model.hidden_states(input_ids), response_start, length)
+    hidden = model.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)    # [R, L, H]
+    idx = (offset + response_start)[:, None].astype(jnp.int32) - 1 + jnp.arange(length, dtype=jnp.int32)[None, :]
+    idx = jnp.clip(idx, 0, hidden.shape[1] - 1)
+    return hidden[row.astype(jnp.int32)[:, None], idx]
+
+
+def _shared_prefix_hidden(model, inputs: TeacherInputs, length: int) -> jax.Array:
+    """Response hidden states `[B*C, length, H]` of every candidate: the shared prefix runs once per
+    sample into a KV cache; each candidate's suffix (hint + response) then attends to that cache
+    (slots < prefix_len) and causally to itself, at positions continuing after the prefix."""
+    b, c, ls = inputs.input_ids.shape
+    cache = model.init_cache(b, inputs.prefix_ids.shape[1])
+    _, cache = model.prefill_hidden(inputs.prefix_ids, cache)
+    cache = KVCache(*(jnp.repeat(x, c, axis=1) for x in cache))          # row b*C + c: sample b's prefix
+    prefix_len = jnp.repeat(inputs.prefix_len.astype(jnp.int32), c)
+    positions = prefix_len[:, None] + jnp.arange(ls, dtype=jnp.int32)[None, :]
+    hidden, _ = model.decode_hidden(inputs.input_ids.reshape(b * c, ls), positions, cache)
+    return gather_response(hidden, inputs.response_start.reshape(b * c), length)
+
+
+def _student_hidden(model, inputs: StudentInputs, length: int) -> jax.Array:
+    return _response_hidden(model, inputs.input_ids, inputs.response_start, length, inputs.positions,
+                            inputs.segment_ids, inputs.row, inputs.offset)
 
 
 def old_pass(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], inputs: StudentInputs,
@@ -185,15 +234,13 @@ def old_pass(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], i
     model = _merge(graphdef, state, dtype=settings.compute_dtype)
     length = inputs.response_ids.shape[1]
 
-    def rows(x):
-        input_ids, response_start, response_ids = x
-        hidden = _response_hidden(model, input_ids, response_start, length)
-        stats = ops.vocab_stats(hidden, model.lm_head_kernel(), ids=response_ids[..., None], top_k=settings.top_k,
+    def rows(x: StudentInputs):
+        hidden = _student_hidden(model, x, length)
+        stats = ops.vocab_stats(hidden, model.lm_head_kernel(), ids=x.response_ids[..., None], top_k=settings.top_k,
                                 temperature=settings.temperature, chunk_size=settings.chunk_size)
         return OldPassOutput(stats.logprobs_at_ids[..., 0], stats.topk_ids, stats.topk_logprobs, hidden)
 
-    return _map_rows(rows, (inputs.input_ids, inputs.response_start, inputs.response_ids),
-                     settings.micro_batch_size)
+    return _map_rows(rows, inputs, settings.micro_batch_size, inputs.response_ids.shape[0])
 
 
 def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs, response_ids: jax.Array,
@@ -201,21 +248,30 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
     """Phase 2: the frozen teacher over all candidates as one batched [B*C, Lt] forward, no gradient
     (micro-batched over the B*C rows)."""
     model = _merge(graphdef, state, dtype=settings.compute_dtype)
-    b, c, lt = inputs.input_ids.shape
+    b, c = inputs.candidate_mask.shape
     t, k = student_topk_ids.shape[1], student_topk_ids.shape[2]
-    flat_ids = inputs.input_ids.reshape(b * c, lt)
+    packed = inputs.segment_ids is not None
+    flat_ids = inputs.input_ids if packed else inputs.input_ids.reshape(b * c, -1)
     flat_start = inputs.response_start.reshape(b * c)
+    packing = ((inputs.positions, inputs.segment_ids), (inputs.row.reshape(b * c), inputs.offset.reshape(b * c))
+               ) if packed else ((None, None), (None, None))
     # One LM-head pass gives the teacher's own top-K, its log-prob of y_t and its log-probs at S^q.
     tokens = jnp.broadcast_to(response_ids[:, None, :, None], (b, c, t, 1))
     at_ids = jnp.concatenate([tokens, jnp.broadcast_to(student_topk_ids[:, None], (b, c, t, k))], axis=-1)
 
     def rows(x):
-        ids, start, at = x
-        hidden = _response_hidden(model, ids, start, t)                          # [rows, T, H]
+        ids, start, at, ((positions, segment_ids), (row, offset)) = x
+        hidden = _response_hidden(model, ids, start, t, positions, segment_ids, row, offset)   # [rows, T, H]
         return ops.vocab_stats(hidden, model.lm_head_kernel(), ids=at, top_k=settings.top_k,
                                temperature=settings.temperature, chunk_size=settings.chunk_size)
 
-    stats = _map_rows(rows, (flat_ids, flat_start, at_ids.reshape(b * c, t, 1 + k)), settings.micro_batch_size)
+    if inputs.prefix_ids is not None:  # shared prefix (not micro-batched: the config refuses both)
+        stats = ops.vocab_stats(_shared_prefix_hidden(model, inputs, t), model.lm_head_kernel(),
+                                ids=at_ids.reshape(b * c, t, 1 + k), top_k=settings.top_k,
+                                temperature=settings.temperature, chunk_size=settings.chunk_size)
+    else:
+        stats = _map_rows(rows, (flat_ids, flat_start, at_ids.reshape(b * c, t, 1 + k), packing),
+                          settings.micro_batch_size, b * c)
     kt = stats.topk_ids.shape[-1]
     at = stats.logprobs_at_ids.reshape(b, c, t, 1 + k)
     return TeacherPassOutput(
@@ -274,7 +330,7 @@ def loss_fn(trainable: nnx.State, graphdef: nnx.GraphDef, frozen: nnx.State, inp
     `trainable` (master dtype: the cast to the compute dtype is inside, so gradients come back in
     the master dtype). `sample_count` is the real-sample count of the whole step's batch."""
     model = nnx.merge(graphdef, *cast_floating((trainable, frozen), settings.compute_dtype))
-    hidden = _response_hidden(model, inputs.input_ids, inputs.response_start, inputs.response_ids.shape[1])
+    hidden = _student_hidden(model, inputs, inputs.response_ids.shape[1])
     return get_loss(settings.loss_name).chunked_with_stats(
         hidden, model.lm_head_kernel(), batch, settings.loss,
         temperature=settings.temperature, chunk_size=settings.chunk_size, sample_count=sample_count)
@@ -285,7 +341,7 @@ def loss_and_grads(trainable: nnx.State, graphdef: nnx.GraphDef, frozen: nnx.Sta
                    ) -> tuple[jax.Array, dict[str, MetricStat], nnx.State]:
     """(loss, metric stats, gradients) of the whole batch, accumulated over micro-batches."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    b = inputs.input_ids.shape[0]
+    b = inputs.response_ids.shape[0]
     n = num_micro_batches(b, settings.micro_batch_size)
     if n == 1:
         (loss, stats), grads = grad_fn(trainable, graphdef, frozen, inputs, batch, settings)

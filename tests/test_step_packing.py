@@ -1,0 +1,261 @@
+"""Sequence packing: the batcher's packed layout, and packed steps equal unpacked ones.
+
+The unpacked step is itself checked against an independent NumPy/HF reference
+(test_trainer_step, test_step_reference); here the packed step must reproduce it to float
+tolerance in every phase (old pass, teacher pass, old log-probs at the teacher's ids) and in the
+train step (loss, metrics, updated params), with and without micro-batches, and a sample's
+log-probs must not move when another sample sharing its row changes (no leak across segments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from openclaw_jax.gateway.samples import Sample
+from openclaw_jax.losses import LossConfig
+from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.decoder import Decoder
+from openclaw_jax.trainer import step as S
+from openclaw_jax.trainer.batcher import BatchSpec, bucket_length, pack, pack_rows
+
+VOCAB = 96
+TAU = 0.7
+
+
+def _model(seed: int) -> Decoder:
+    cfg = ModelConfig(family="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, tie_word_embeddings=False)
+    return Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def _samples(rng: np.random.Generator, n: int = 6) -> list[Sample]:
+    """Samples of varied prompt/response lengths and 0-2 hints (RL-only ones get the un-hinted prompt)."""
+    def ids(k):
+        return [int(x) for x in rng.integers(1, VOCAB, k)]
+
+    out = []
+    for i in range(n):
+        p, r, n_hints = int(rng.integers(3, 20)), int(rng.integers(2, 12)), i % 3
+        out.append(Sample(session_id=f"s{i}", turn_index=0, kind=("rl", "opd", "opd+rl")[n_hints],
+                          reward=(1.0, 0.0, -1.0)[n_hints], prompt_ids=ids(p), response_ids=ids(r),
+                          rollout_logprobs=list(-rng.random(r) - 0.5), hints=[f"hint {j} long enough" for j in
+                                                                               range(n_hints)],
+                          hint_prompt_ids=[ids(p + 2 + 3 * j) for j in range(n_hints)], weight_version="0"))
+    return out
+
+
+def _spec(packing: bool, micro: int = 0) -> BatchSpec:
+    return BatchSpec(batch_size=8, max_candidates=2, min_seq_bucket=8, min_response_bucket=4, max_seq_len=64,
+                     packing=packing, micro_batch_size=micro)
+
+
+def _inputs(packed):
+    return (S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()}),
+            S.TeacherInputs(**{k: jnp.asarray(v) for k, v in packed.teacher.items()}))
+
+
+@functools.lru_cache(maxsize=None)
+def _phases(micro: int):
+    """The jitted phases for one setting, shared by the tests (a shape compiles once per module)."""
+    settings = S.StepSettings(loss_name="combine", loss=LossConfig(), temperature=TAU, top_k=4, chunk_size=4,
+                              micro_batch_size=micro)
+    tx, schedule = S.make_optimizer(1e-2, eps=1e-3)
+    return (tx, jax.jit(functools.partial(S.old_pass, settings=settings)),
+            jax.jit(functools.partial(S.teacher_pass, settings=settings)),
+            jax.jit(functools.partial(S.old_logprobs_at, settings=settings)),
+            jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule)))
+
+
+@functools.lru_cache(maxsize=None)
+def _models():
+    return nnx.split(_model(0), nnx.Param, ...), nnx.split(_model(1))
+
+
+def _step(packed, micro: int = 0, train: bool = True):
+    tx, old_pass, teacher_pass, old_logprobs_at, train_step = _phases(micro)
+    inputs, tinputs = _inputs(packed)
+    (gd, trainable, frozen), (tgd, tstate) = _models()
+    old = old_pass(gd, (trainable, frozen), inputs)
+    teach = teacher_pass(tgd, tstate, tinputs, inputs.response_ids, old.topk_ids)
+    if not train:
+        return dict(old=old, teach=teach)
+    old_at = old_logprobs_at(gd, (trainable, frozen), old.hidden, teach.topk_ids)
+    batch = S.assemble_batch(inputs, tinputs, old, teach, old_at)
+    new, _, metrics = train_step(gd, trainable, frozen, tx.init(trainable), inputs, batch)
+    params = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(new)}
+    before = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(trainable)}
+    return dict(old=old, teach=teach, old_at=old_at, metrics={k: float(v) for k, v in metrics.items()},
+                params=params, before=before)
+
+
+def test_pack_rows_first_fit_decreasing_within_groups():
+    row, offset, rows = pack_rows([5, 3, 4, 0, 2, 6], [0, 1, 0, 1, 0, 1], 2, 8, row_multiple=3)
+    # group 0: 5 -> row 0, 4 -> row 1, 2 -> row 0 @5; group 1: 6 -> row 0, 3 -> row 1; padding: row 0 @0
+    assert row.tolist() == [0, 1, 1, 0, 0, 0] and offset.tolist() == [0, 0, 0, 0, 5, 0]
+    assert rows == 6  # 2 rows per group, 2 groups, a multiple of 3
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_rows([9], [0], 1, 8)
+
+
+def test_bucket_quantum_bounds_the_shapes():
+    assert [bucket_length(n, 16, quantum=128) for n in (1, 17, 100, 129, 300, 512)] == [16, 32, 128, 256, 384, 512]
+    assert bucket_length(300, 16) == 512  # no quantum: powers of two
+    shapes = {bucket_length(n, 64, 2048, quantum=128) for n in range(1, 2049)}
+    assert len(shapes) == 2048 // 128 + 1  # 64 and the 16 multiples of 128
+
+
+@pytest.mark.parametrize("micro", [0, 4])
+def test_packed_layout_holds_every_sequence_once(micro):
+    samples = _samples(np.random.default_rng(0))
+    packed = pack(samples, _spec(True, micro))
+    st, te = packed.student, packed.teacher
+    n = 8 // micro if micro else 1
+    rows = st["input_ids"].shape[0]
+    assert rows < 8 and rows % n == 0  # fewer rows than samples: they were packed together
+    seen = set()
+    for b, s in enumerate(samples):
+        r = int(st["row"][b]) * n + b % n
+        o, seq = int(st["offset"][b]), s.prompt_ids + s.response_ids
+        assert st["input_ids"][r, o:o + len(seq)].tolist() == seq
+        assert st["positions"][r, o:o + len(seq)].tolist() == list(range(len(seq)))
+        seg = st["segment_ids"][r, o:o + len(seq)]
+        assert len(set(seg.tolist())) == 1 and seg[0] > 0 and (r, int(seg[0])) not in seen
+        seen.add((r, int(seg[0])))
+    assert int(np.count_nonzero(st["segment_ids"])) == packed.real_tokens["student"]
+    nt = 16 // micro if micro else 1
+    for b, s in enumerate(samples):
+        for c, prompt in enumerate(s.hint_prompt_ids or [s.prompt_ids]):
+            r, o = int(te["row"][b, c]) * nt + (b * 2 + c) % nt, int(te["offset"][b, c])
+            seq = prompt + s.response_ids
+            assert te["input_ids"][r, o:o + len(seq)].tolist() == seq
+            assert te["positions"][r, o:o + len(seq)].tolist() == list(range(len(seq)))
+    unpacked = pack(samples, _spec(False))
+    assert packed.real_tokens == unpacked.real_tokens
+    assert packed.padding_fraction() < unpacked.padding_fraction()
+    slots = st["input_ids"].size + te["input_ids"].size
+    real = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples) + sum(
+        len(p) + len(s.response_ids) for s in samples for p in (s.hint_prompt_ids or [s.prompt_ids]))
+    assert packed.padding_fraction() == pytest.approx((slots - real) / slots)
+
+
+def _assert_phases_equal(a, b, packed):
+    mask = packed.student["response_mask"] > 0
+    np.testing.assert_allclose(np.asarray(a["old"].old_logprobs)[mask], np.asarray(b["old"].old_logprobs)[mask],
+                               atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(a["old"].topk_ids)[mask], np.asarray(b["old"].topk_ids)[mask])
+    cand = (packed.teacher["candidate_mask"][:, :, None] > 0) & mask[:, None, :]
+    for name in ("topk_logprobs", "logprobs_at_student_ids", "logprobs_at_tokens"):
+        np.testing.assert_allclose(np.asarray(getattr(a["teach"], name))[cand],
+                                   np.asarray(getattr(b["teach"], name))[cand], atol=2e-5, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(a["teach"].topk_ids)[cand], np.asarray(b["teach"].topk_ids)[cand])
+    np.testing.assert_allclose(np.asarray(a["old_at"])[cand], np.asarray(b["old_at"])[cand], atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def unpacked_step():
+    return _step(pack(_samples(np.random.default_rng(1)), _spec(False)))
+
+
+@pytest.mark.parametrize("micro", [0, 4])
+def test_packed_step_equals_unpacked(micro, unpacked_step):
+    samples = _samples(np.random.default_rng(1))
+    packed = pack(samples, _spec(True, micro))
+    assert packed.student["input_ids"].shape[0] < 8 and packed.teacher["input_ids"].shape[0] < 16
+    ref = unpacked_step
+    got = _step(packed, micro)
+    _assert_phases_equal(got, ref, packed)
+    assert set(got["metrics"]) == set(ref["metrics"]) and ref["metrics"]["loss"] != 0.0
+    for name, value in ref["metrics"].items():
+        assert got["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    moved = 0
+    for k, v in ref["params"].items():
+        np.testing.assert_allclose(got["params"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        moved += int(np.any(v != ref["before"][k]))
+    assert moved > 0
+
+
+def test_a_sample_does_not_see_its_row_neighbours():
+    """Changing one sample's tokens leaves every other sample of its row unchanged (old and teacher)."""
+    samples = _samples(np.random.default_rng(1))   # the shapes of test_packed_step_equals_unpacked: no compile
+    packed = pack(samples, _spec(True))
+    rows = packed.student["row"][:len(samples)]
+    # the sample sharing a row with the most others, its first neighbour placed after it (it would see us)
+    victim = next(b for b in range(len(samples)) if any(
+        rows[o] == rows[b] and packed.student["offset"][o] > packed.student["offset"][b]
+        for o in range(len(samples))))
+    changed = list(samples)
+    s = samples[victim]
+    rng = np.random.default_rng(3)
+    changed[victim] = dataclasses.replace(
+        s, prompt_ids=[int(x) for x in rng.integers(1, VOCAB, len(s.prompt_ids))],
+        hint_prompt_ids=[[int(x) for x in rng.integers(1, VOCAB, len(p))] for p in s.hint_prompt_ids])
+    packed2 = pack(changed, _spec(True))
+    np.testing.assert_array_equal(packed2.student["row"], packed.student["row"])  # same layout
+    np.testing.assert_array_equal(packed2.teacher["row"], packed.teacher["row"])
+    a, b = _step(packed, train=False), _step(packed2, train=False)
+    mask = packed.student["response_mask"] > 0
+    others = [i for i in range(len(samples)) if i != victim]
+    for i in others:
+        np.testing.assert_allclose(np.asarray(a["old"].old_logprobs[i])[mask[i]],
+                                   np.asarray(b["old"].old_logprobs[i])[mask[i]], atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a["teach"].logprobs_at_tokens[i, 0])[mask[i]],
+                                   np.asarray(b["teach"].logprobs_at_tokens[i, 0])[mask[i]], atol=1e-6)
+    # the victim's own log-probs did move (the perturbation reaches the model)
+    assert np.abs(np.asarray(a["old"].old_logprobs[victim]) - np.asarray(b["old"].old_logprobs[victim]))[
+        mask[victim]].max() > 1e-3
+
+
+def test_shared_prefix_teacher_pass_equals_the_full_one():
+    """Hints are appended inside the last user message: the candidates share the prompt up to it.
+    Running that prefix once into a KV cache and only each candidate's rest against it gives the
+    teacher outputs of the full per-candidate forward."""
+    rng = np.random.default_rng(4)
+
+    def ids(k):
+        return [int(x) for x in rng.integers(1, VOCAB, k)]
+
+    samples = []
+    for i, n_hints in enumerate([2, 1, 0, 2]):
+        prompt, tail, r = ids(int(rng.integers(6, 20))), ids(3), int(rng.integers(2, 10))  # tail: end of turn + header
+        samples.append(Sample(
+            session_id=f"p{i}", turn_index=0, kind="opd" if n_hints else "rl", reward=0.0 if n_hints else 1.0,
+            prompt_ids=prompt + tail, response_ids=ids(r), rollout_logprobs=[-1.0] * r,
+            hints=[f"hint {j} long enough" for j in range(n_hints)],
+            hint_prompt_ids=[prompt + ids(2 + 3 * j) + tail for j in range(n_hints)], weight_version="0"))
+    full = pack(samples, _spec(False))
+    shared = pack(samples, dataclasses.replace(_spec(False), shared_prefix=True))
+    # two hints: the prompt before them; one candidate: all of its prompt but the last token
+    assert shared.teacher["prefix_len"].tolist()[:4] == [
+        len(s.prompt_ids) - 3 if len(s.hints) > 1 else len((s.hint_prompt_ids or [s.prompt_ids])[0]) - 1
+        for s in samples]
+    assert shared.teacher["input_ids"].shape[2] < full.teacher["input_ids"].shape[2]
+    assert shared.real_tokens["teacher"] < full.real_tokens["teacher"]
+    a, b = _step(full, train=False), _step(shared, train=False)
+    mask = full.student["response_mask"] > 0
+    cand = (full.teacher["candidate_mask"][:, :, None] > 0) & mask[:, None, :]
+    assert cand.sum() > 0
+    for name in ("topk_logprobs", "logprobs_at_student_ids", "logprobs_at_tokens"):
+        np.testing.assert_allclose(np.asarray(getattr(b["teach"], name))[cand],
+                                   np.asarray(getattr(a["teach"], name))[cand], atol=2e-5, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(b["teach"].topk_ids)[cand], np.asarray(a["teach"].topk_ids)[cand])
+
+
+def test_packed_rows_may_be_longer_than_the_longest_sequence_when_that_pads_less():
+    samples = [Sample(session_id="b", turn_index=i, kind="opd", reward=0.0, prompt_ids=[1] * 128,
+                      response_ids=[2] * 128, rollout_logprobs=[-1.0] * 128, hints=["h0 long enough", "h1 long enough"],
+                      hint_prompt_ids=[[3] * (128 + 16 * (c + 1)) for c in range(2)]) for i in range(4)]
+    spec = BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=64, min_response_bucket=32, max_seq_len=4096,
+                     packing=True, bucket_quantum=128)
+    packed = pack(samples, spec)
+    # teacher sequences of 272 and 288 tokens bucket to 384: four per row of 1152 instead of one per 384
+    assert packed.teacher["input_ids"].shape == (2, 1152)
+    assert packed.padding_fraction("teacher") == pytest.approx(1 - 2240 / 2304)
+    assert pack(samples, dataclasses.replace(spec, packing=False)).padding_fraction("teacher") == pytest.approx(
+        1 - 2240 / (8 * 384))
