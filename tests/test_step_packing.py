@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from openclaw_jax.gateway.samples import Sample
+from openclaw_jax.samples import Sample
 from openclaw_jax.losses import LossConfig
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
