@@ -20,19 +20,10 @@ from flax import nnx
 
 from openclaw_jax.samples import Sample
 from openclaw_jax.losses import LossConfig
-from openclaw_jax.models.config import ModelConfig
-from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batcher import BatchSpec, bucket_length, pack, pack_rows
 
-VOCAB = 96
-TAU = 0.7
-
-
-def _model(seed: int) -> Decoder:
-    cfg = ModelConfig(family="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, tie_word_embeddings=False)
-    return Decoder(cfg, rngs=nnx.Rngs(seed))
+from test_trainer_step import TAU, VOCAB, _model  # the same tiny Qwen3 model
 
 
 def _samples(rng: np.random.Generator, n: int = 6) -> list[Sample]:

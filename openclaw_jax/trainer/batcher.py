@@ -42,6 +42,7 @@ from typing import Iterator, Literal, Sequence
 import numpy as np
 
 from openclaw_jax.samples import Sample, SampleTail
+from openclaw_jax.trainer.step import num_micro_batches  # the phases split rows the same way
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +151,6 @@ def sample_length(sample: Sample, spec: BatchSpec) -> int:
     response = len(sample.response_ids)
     longest_prompt = max([len(sample.prompt_ids)] + [len(p) for p in teacher_prompts(sample, spec)])
     return longest_prompt + response
-
-
-def _micro_batches(rows: int, micro_batch_size: int) -> int:
-    """As `step.num_micro_batches` (the phases split the same way): rows // micro_batch_size, or 1."""
-    if micro_batch_size <= 0 or micro_batch_size >= rows:
-        return 1
-    if rows % micro_batch_size:
-        raise ValueError(f"micro_batch_size={micro_batch_size} must divide the {rows} rows of the batch")
-    return rows // micro_batch_size
 
 
 def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capacity: int,
@@ -282,12 +274,12 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
     real = {"student": sum(len(x) for x in student_seqs if x is not None),
             "teacher": sum(len(x) for x in teacher_seqs if x is not None)}
     if spec.packing:
-        n = _micro_batches(b, spec.micro_batch_size)
+        n = num_micro_batches(b, spec.micro_batch_size)
         packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ls, spec.max_seq_len, spec.row_multiple,
                               spec.pad_id, spec.bucket_quantum)
         student.update(packed)
     if spec.packing and not spec.shared_prefix:
-        nt = _micro_batches(b * c, spec.micro_batch_size)
+        nt = num_micro_batches(b * c, spec.micro_batch_size)
         packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, lt, spec.max_seq_len, spec.row_multiple,
                               spec.pad_id, spec.bucket_quantum)
         packed["row"] = packed["row"].reshape(b, c)
