@@ -11,14 +11,15 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from _scripted_openai import ScriptedOpenAIServer
-from openclaw_jax.eval.__main__ import expand_checkpoints, main
-from openclaw_jax.envs.questions import heldout_questions
 from tb_events import read_event_tags
+
+from openclaw_jax.envs.questions import heldout_questions
+from openclaw_jax.eval.__main__ import expand_checkpoints, main
 
 ARITH = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
 
@@ -26,7 +27,7 @@ ARITH = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
 def styled_model(body, headers):
     """'Sure, ...' when the first operand is even, plain otherwise."""
     a, op, b = ARITH.search(body["messages"][-1]["content"]).groups()
-    value = eval(f"{a}{op}{b}")  # noqa: S307 - our own digits
+    value = eval(f"{a}{op}{b}")
     return f"Sure, it is {value}." if int(a) % 2 == 0 else f"It is {value}."
 
 
@@ -80,7 +81,7 @@ def test_rule_evaluator_against_live_server(tmp_path):
 def half_right_model(body, headers):
     """The right result when the second operand is even, one too many otherwise; always short."""
     a, op, b = ARITH.search(body["messages"][-1]["content"]).groups()
-    value = eval(f"{a}{op}{b}")  # noqa: S307 - our own digits
+    value = eval(f"{a}{op}{b}")
     return f"The answer: {value if int(b) % 2 == 0 else value + 1}."
 
 
@@ -120,7 +121,8 @@ def test_judge_evaluator_votes_averaged_and_reproducible(tmp_path):
                  and item["question"] in b["messages"][-1]["content"]]
         assert len(seeds) == 3
         valid = [{0: 1.0, 1: 0.5}[s % 4] for s in seeds if s % 4 in (0, 1)]
-        assert item["votes"] == [{0: 1.0, 1: 0.5}.get(s % 4) for s in seeds]
+        # the votes run concurrently, so the judge may receive them in any order: compare as multisets
+        assert Counter(item["votes"]) == Counter({0: 1.0, 1: 0.5}.get(s % 4) for s in seeds)
         assert item["score"] == (pytest.approx(sum(valid) / len(valid)) if valid else None)
     # the rubric names the persona's preference
     assert "no markdown" in judge_requests[0][1]["messages"][-1]["content"]
