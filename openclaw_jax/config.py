@@ -145,6 +145,9 @@ class TrainerConfig:
     min_response_bucket: int = 32
     teacher: str = "initial"             # "initial" (frozen initial student) or an HF checkpoint dir
     rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
+    # GRPO advantage of a conversation turn: its reward ("none", DESIGN section 6), or the reward minus
+    # the mean reward of the step's evaluated turns ("batch_mean"; see trainer/advantages.py)
+    reward_baseline: Literal["none", "batch_mean"] = "none"
     max_staleness: int = 4               # weight versions; older samples are dropped or corrected
     staleness_mode: Literal["drop", "importance"] = "drop"
     importance_cap: float = 2.0

@@ -28,6 +28,7 @@ from openclaw_jax.models.lora import LoRAParam
 from openclaw_jax.parallel import multihost
 from openclaw_jax.rollout.weight_sync import BackgroundWeightSync
 from openclaw_jax.trainer import step as S
+from openclaw_jax.trainer.advantages import apply_reward_baseline
 from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.metrics import MetricsWriter
@@ -240,6 +241,7 @@ class Trainer:
         """One optimizer step on `packed`; returns host metrics (DESIGN names plus step extras).
 
         `serve`: the step also writes the updated weights for serving (`take_serving_weights`)."""
+        baseline = apply_reward_baseline(packed, self.cfg.trainer.reward_baseline)
         times: dict[str, float] = {}
         t0 = time.perf_counter()
         with jax.set_mesh(self.mesh):
@@ -286,6 +288,8 @@ class Trainer:
         n_real = len(packed.samples)
         out["rollout/prm_eval_score"] = float(np.mean([s.eval_score for s in packed.samples]))
         out["rollout/reward"] = float(np.mean([s.reward for s in packed.samples]))
+        if baseline is not None:
+            out["rollout/reward_baseline"] = baseline
         for kind in ("opd+rl", "opd", "rl"):  # TensorBoard tags cannot hold "+"
             out[f"samples/{kind.replace('+', '_')}"] = float(packed.kinds.get(kind, 0))
         out["samples/per_step"] = float(n_real)
