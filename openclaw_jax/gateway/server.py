@@ -32,11 +32,12 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Callable
 
 from aiohttp import web
 
+from openclaw_jax.counters import counters
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
 from openclaw_jax.gateway.pipeline import JudgePipeline
@@ -104,22 +105,15 @@ def pool_error_to_http(err: BaseException, what: str = "policy pool") -> Gateway
     return GatewayHTTPError(502, f"the {what} failed: {type(err).__name__}: {err}")
 
 
-@dataclass
-class GatewayStats:
-    requests: int = 0
-    main_turns: int = 0
-    side_turns: int = 0
-    client_errors: int = 0
-    pool_errors: int = 0
-    turns_recorded: int = 0
-    jobs_queued: int = 0
-    jobs_dropped_queue_full: int = 0
-    judgements: int = 0
-    judge_errors: int = 0
-    no_sample: int = 0
-    samples: int = 0
-    store_errors: int = 0            # failed store writes (each retry counts); judge_errors never include them
-    samples_dropped_store: int = 0   # samples lost because the store could not take them
+GatewayStats = counters(
+    "GatewayStats",
+    "requests main_turns side_turns client_errors pool_errors turns_recorded "
+    "jobs_queued jobs_dropped_queue_full judgements judge_errors no_sample samples store_errors samples_dropped_store",
+    """The gateway's counters (``stats`` in ``/healthz``): requests and their turns, judging, samples.
+
+    ``store_errors`` counts failed store writes (each retry counts; ``judge_errors`` never includes them);
+    ``samples_dropped_store`` the samples lost because the store could not take them.
+    """)
 
 
 class _ClientGone(Exception):

@@ -20,9 +20,10 @@ import collections
 import concurrent.futures
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import Any, Callable
 
+from openclaw_jax.counters import counters
 from openclaw_jax.samples import Sample, SampleStore
 
 logger = logging.getLogger(__name__)
@@ -30,12 +31,11 @@ logger = logging.getLogger(__name__)
 BASE_BACKOFF_S = 0.05
 
 
-@dataclass
-class StoreWriterStats:
-    written: int = 0             # samples durably appended
-    errors: int = 0              # failed append attempts (each retry counts)
-    dropped: int = 0             # samples lost: queue full while failing, or not writable at all
-    dropped_queue_full: int = 0  # ... of which because the queue was full
+StoreWriterStats = counters(
+    "StoreWriterStats", "written errors dropped dropped_queue_full",
+    """The store writer's counters (in its ``status()``): samples durably appended (``written``), failed
+    append attempts (``errors``, each retry counts), samples lost (``dropped``: the queue was full while
+    failing, or the sample could not be written at all) and, of those, the ones lost to a full queue.""")
 
 
 class StoreWriter:
@@ -99,8 +99,7 @@ class StoreWriter:
     def status(self) -> dict[str, Any]:
         failing = self.failing_for_s
         return {"state": "ok" if failing is None else ("failing" if self.degraded else "retrying"),
-                "pending": len(self._pending), "written": self.stats.written, "errors": self.stats.errors,
-                "dropped": self.stats.dropped, "dropped_queue_full": self.stats.dropped_queue_full,
+                "pending": len(self._pending), **asdict(self.stats),
                 "failing_for_s": None if failing is None else round(failing, 3), "last_error": self.last_error}
 
     async def flush(self, timeout_s: float) -> bool:
