@@ -29,7 +29,6 @@ worker threads. Connections are capped and must send their headers within a time
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 from dataclasses import asdict
@@ -144,7 +143,6 @@ class Gateway(JudgePipeline):
         self._workers: list[asyncio.Task] = []
         self._housekeeping: asyncio.Task | None = None
         self._active_jobs = 0
-        self._store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sample-store")
         self._api_key = cfg.api_key.encode("utf-8") if cfg.api_key else None
         self.guard = cfg.guard
         self.connections = G.ConnectionGuard(self.guard, "gateway",
@@ -195,10 +193,7 @@ class Gateway(JudgePipeline):
             self.store = SampleStore(cfg.store_dir, segment_max_bytes=cfg.segment_max_bytes)
             self._owned.append(self.store)
         self.budget = TextBudget(self.tokenizer, max_tokens=cfg.max_prompt_tokens)
-        self.writer = StoreWriter(self.store, self._store_executor, max_pending=cfg.store_queue_max,
-                                  max_backoff_s=cfg.store_retry_max_backoff_s,
-                                  degraded_after_s=cfg.store_degraded_after_s, on_written=self._sample_written,
-                                  on_error=self._store_error)
+        self.writer = StoreWriter(self.store, cfg, on_written=self._sample_written, on_error=self._store_error)
         self.writer.start()
         self._queue = asyncio.Queue(maxsize=cfg.max_pending_judgements)
         self._workers = [asyncio.create_task(self._judge_worker(i), name=f"judge-worker-{i}")
@@ -230,7 +225,6 @@ class Gateway(JudgePipeline):
         for owned in reversed(self._owned):
             if isinstance(owned, PoolClient):
                 await owned.close()
-        self._store_executor.shutdown(wait=True)
         for owned in self._owned:
             if isinstance(owned, SampleStore):
                 owned.close()
