@@ -17,11 +17,7 @@ def counters(name: str, names: str, doc: str) -> type:
     ``doc`` becomes the class docstring (say there what each counter counts). The class belongs to
     the calling module, so its repr, pickling and documentation point there.
     """
-    fields = names.split()
-    duplicated = sorted({f for f in fields if fields.count(f) > 1})
-    if duplicated:
-        raise ValueError(f"counters {name}: {duplicated} named more than once; name each counter once")
-    cls = dataclasses.make_dataclass(name, [(f, int, 0) for f in fields])
+    cls = dataclasses.make_dataclass(name, [(f, int, 0) for f in names.split()])  # refuses a name twice
     cls.__module__ = sys._getframe(1).f_globals.get("__name__", __name__)  # as collections.namedtuple does
     cls.__doc__ = doc
     return cls
