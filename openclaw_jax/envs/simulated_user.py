@@ -34,7 +34,6 @@ import random
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
-from openclaw_jax.counters import counters
 from openclaw_jax.envs.grading import accuracy, is_correct
 from openclaw_jax.envs.personas import Persona, PreferenceVerdict
 from openclaw_jax.envs.questions import Question
@@ -157,18 +156,20 @@ class SessionResult:
     error: str | None = None
 
 
-UserCounts = counters(
-    "UserCounts", "sessions failed_sessions requests turns satisfied_turns first_answers first_answers_satisfied "
-    "first_answers_graded first_answers_correct",
-    "What :class:`UserStats` counts: sessions (and failed ones), requests, turns (and satisfied ones), first "
-    "answers to a question (satisfied, graded, correct).")
-
-
 @dataclasses.dataclass
-class UserStats(UserCounts):
+class UserStats:
     """Running totals over sessions; `first_answer_satisfaction` is the headline number."""
 
+    sessions: int = 0
+    failed_sessions: int = 0
+    requests: int = 0
+    turns: int = 0
+    satisfied_turns: int = 0
+    first_answers: int = 0
+    first_answers_satisfied: int = 0
     first_answer_score_sum: float = 0.0
+    first_answers_graded: int = 0
+    first_answers_correct: int = 0
 
     def add(self, result: SessionResult) -> None:
         self.sessions += 1
