@@ -214,12 +214,15 @@ def test_model_judge_runs_all_votes_concurrently_with_distinct_seeds():
             return [ord(c) % 256 for m_ in messages for c in m_["content"]]
 
     pool = ScriptedPool()
-    judge = ModelJudge(pool, FakeTokenizer(), votes=m, temperature=0.7, max_new_tokens=64)
+    judge = ModelJudge(pool, FakeTokenizer(), votes=m, temperature=0.7, max_new_tokens=64,
+                       eval_regex="EVAL", hint_regex="HINT")
     j = asyncio.run(judge.judge("the reply", NextState("user", "which file?"), seed=100))
     assert pool.max_in_flight == 2 * m
     seeds = [p.sampling_seed for _, p in calls]
     assert sorted(seeds) == list(range(100, 100 + 2 * m))
     assert all(p.temperature == 0.7 and p.max_new_tokens == 64 for _, p in calls)
+    # eval votes (seeds 100..) carry the eval answer format, hint votes the hint one
+    assert all(p.regex == ("EVAL" if p.sampling_seed < 100 + m else "HINT") for _, p in calls)
     eval_prompt = FakeTokenizer().apply_chat_template(eval_vote_messages("the reply", NextState("user", "which file?")),
                                                      add_generation_prompt=True)
     assert sum(ids == eval_prompt for ids, _ in calls) == m

@@ -23,7 +23,7 @@ import copy
 import logging
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Sequence
 
 from openclaw_jax.wire.sglang import SamplingParams
@@ -310,8 +310,9 @@ class ModelJudge:
         self.pool = pool
         self.tokenizer = tokenizer
         self.votes = votes
-        self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
+        # every call samples alike; each adds its own seed and answer format (see `_call`)
+        self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
+                                       skip_special_tokens=True)
         self.max_candidates = max_candidates
         self.min_chars = min_chars
         self.timeout_s = timeout_s
@@ -326,8 +327,7 @@ class ModelJudge:
                                                        **self.chat_template_kwargs))
 
     async def _call(self, input_ids: list[int], seed: int, regex: str | None = None) -> str | None:
-        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                sampling_seed=seed, skip_special_tokens=True, regex=regex)
+        params = replace(self.sampling, sampling_seed=seed, regex=regex)
         try:
             result = await asyncio.wait_for(self.pool.generate(input_ids, sampling_params=params),
                                             timeout=self.timeout_s)

@@ -29,14 +29,14 @@ worker threads. Connections are capped and must send their headers within a time
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Callable
 
 from aiohttp import web
 
+from openclaw_jax.counters import counters
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
 from openclaw_jax.gateway.pipeline import JudgePipeline
@@ -104,22 +104,15 @@ def pool_error_to_http(err: BaseException, what: str = "policy pool") -> Gateway
     return GatewayHTTPError(502, f"the {what} failed: {type(err).__name__}: {err}")
 
 
-@dataclass
-class GatewayStats:
-    requests: int = 0
-    main_turns: int = 0
-    side_turns: int = 0
-    client_errors: int = 0
-    pool_errors: int = 0
-    turns_recorded: int = 0
-    jobs_queued: int = 0
-    jobs_dropped_queue_full: int = 0
-    judgements: int = 0
-    judge_errors: int = 0
-    no_sample: int = 0
-    samples: int = 0
-    store_errors: int = 0            # failed store writes (each retry counts); judge_errors never include them
-    samples_dropped_store: int = 0   # samples lost because the store could not take them
+GatewayStats = counters(
+    "GatewayStats",
+    "requests main_turns side_turns client_errors pool_errors turns_recorded "
+    "jobs_queued jobs_dropped_queue_full judgements judge_errors no_sample samples store_errors samples_dropped_store",
+    """The gateway's counters (``stats`` in ``/healthz``): requests and their turns, judging, samples.
+
+    ``store_errors`` counts failed store writes (each retry counts; ``judge_errors`` never includes them);
+    ``samples_dropped_store`` the samples lost because the store could not take them.
+    """)
 
 
 class _ClientGone(Exception):
@@ -150,7 +143,6 @@ class Gateway(JudgePipeline):
         self._workers: list[asyncio.Task] = []
         self._housekeeping: asyncio.Task | None = None
         self._active_jobs = 0
-        self._store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sample-store")
         self._api_key = cfg.api_key.encode("utf-8") if cfg.api_key else None
         self.guard = cfg.guard
         self.connections = G.ConnectionGuard(self.guard, "gateway",
@@ -201,10 +193,7 @@ class Gateway(JudgePipeline):
             self.store = SampleStore(cfg.store_dir, segment_max_bytes=cfg.segment_max_bytes)
             self._owned.append(self.store)
         self.budget = TextBudget(self.tokenizer, max_tokens=cfg.max_prompt_tokens)
-        self.writer = StoreWriter(self.store, self._store_executor, max_pending=cfg.store_queue_max,
-                                  max_backoff_s=cfg.store_retry_max_backoff_s,
-                                  degraded_after_s=cfg.store_degraded_after_s, on_written=self._sample_written,
-                                  on_error=self._store_error)
+        self.writer = StoreWriter(self.store, cfg, on_written=self._sample_written, on_error=self._store_error)
         self.writer.start()
         self._queue = asyncio.Queue(maxsize=cfg.max_pending_judgements)
         self._workers = [asyncio.create_task(self._judge_worker(i), name=f"judge-worker-{i}")
@@ -236,7 +225,6 @@ class Gateway(JudgePipeline):
         for owned in reversed(self._owned):
             if isinstance(owned, PoolClient):
                 await owned.close()
-        self._store_executor.shutdown(wait=True)
         for owned in self._owned:
             if isinstance(owned, SampleStore):
                 owned.close()

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from openclaw_jax.counters import counters
 from openclaw_jax.gateway.judge import NEXT_STATE_ROLES, NextState
 
 logger = logging.getLogger(__name__)
@@ -97,14 +98,9 @@ class _Session:
     last_active: float = 0.0
 
 
-@dataclass
-class SessionStats:
-    sessions: int = 0
-    turns_opened: int = 0
-    jobs: int = 0
-    dropped_without_next_state: int = 0
-    dropped_at_session_end: int = 0
-    failed_turns: int = 0
+SessionStats = counters(
+    "SessionStats", "sessions turns_opened jobs dropped_without_next_state dropped_at_session_end failed_turns",
+    "The session tracker's counters: sessions and turns opened, scoring jobs made, turns dropped unscored.")
 
 
 class SessionTracker:

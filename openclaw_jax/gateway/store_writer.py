@@ -1,18 +1,17 @@
 """The gateway's one writer into the sample store: in order, retried, bounded, honest about failure.
 
-Samples are appended by one background task, in the order they were scored, on a dedicated
+Samples are appended by one background task, in the order they were scored, on the writer's own
 thread (``append`` blocks for the fsync). A failed append (an ``OSError``: a full disk, EIO, a
-vanished mount) is retried with exponential back-off, capped at ``max_backoff_s``, for as long as
-it keeps failing; the samples behind it wait in memory, up to ``max_pending`` (the one being
-retried included). A sample that arrives while the queue is full is dropped and counted. When
-the store can be written again, the queue is written out in order. Any other exception from
-``append`` would fail the same way again (e.g. a record over the size limit): that sample is
-dropped, counted and logged with its traceback, and the rest go on.
+vanished mount) is retried with exponential back-off, capped at ``gateway.store_retry_max_backoff_s``,
+for as long as it keeps failing; the samples behind it wait in memory, up to
+``gateway.store_queue_max`` (the one being retried included). A sample that arrives while the
+queue is full is dropped and counted. When the store can be written again, the queue is written
+out in order. Any other exception from ``append`` would fail the same way again (e.g. a record
+over the size limit): that sample is dropped, counted and logged with its traceback, and the rest go on.
 
-``status()`` reports ``degraded`` once the current failure has lasted ``degraded_after_s``: the
-gateway's ``/healthz`` then says so and ``/readyz`` answers 503 until a write succeeds again.
+``status()`` reports ``degraded`` once the current failure has lasted ``gateway.store_degraded_after_s``:
+the gateway's ``/healthz`` then says so and ``/readyz`` answers 503 until a write succeeds again.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +19,11 @@ import collections
 import concurrent.futures
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import Any, Callable
 
+from openclaw_jax.counters import counters
+from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.samples import Sample, SampleStore
 
 logger = logging.getLogger(__name__)
@@ -30,27 +31,26 @@ logger = logging.getLogger(__name__)
 BASE_BACKOFF_S = 0.05
 
 
-@dataclass
-class StoreWriterStats:
-    written: int = 0             # samples durably appended
-    errors: int = 0              # failed append attempts (each retry counts)
-    dropped: int = 0             # samples lost: queue full while failing, or not writable at all
-    dropped_queue_full: int = 0  # ... of which because the queue was full
+StoreWriterStats = counters(
+    "StoreWriterStats", "written errors dropped dropped_queue_full",
+    """The store writer's counters (in its ``status()``): samples durably appended (``written``), failed
+    append attempts (``errors``, each retry counts), samples lost (``dropped``: the queue was full while
+    failing, or the sample could not be written at all) and, of those, the ones lost to a full queue.""")
 
 
 class StoreWriter:
-    def __init__(self, store: SampleStore, executor: concurrent.futures.Executor, *, max_pending: int,
-                 max_backoff_s: float, degraded_after_s: float,
+    """Writes into ``store`` as ``cfg.store_queue_max``, ``cfg.store_retry_max_backoff_s`` and
+    ``cfg.store_degraded_after_s`` say, on its own thread (shut down by ``close``)."""
+
+    def __init__(self, store: SampleStore, cfg: GatewayConfig, *,
                  on_written: Callable[[int, Sample], None] | None = None,
                  on_error: Callable[[], None] | None = None) -> None:
         self.store = store
-        self.executor = executor
-        self.max_pending = max_pending
-        self.max_backoff_s = max_backoff_s
-        self.degraded_after_s = degraded_after_s
+        self.cfg = cfg
         self.on_written = on_written
         self.on_error = on_error
         self.stats = StoreWriterStats()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sample-store")
         self.last_error: str | None = None
         self._failing_since: float | None = None
         self._consecutive_failures = 0
@@ -67,7 +67,7 @@ class StoreWriter:
 
     def submit(self, sample: Sample) -> bool:
         """Queue ``sample`` for writing; False (and counted) when the queue is full."""
-        if len(self._pending) >= self.max_pending:
+        if len(self._pending) >= self.cfg.store_queue_max:
             self.stats.dropped += 1
             self.stats.dropped_queue_full += 1
             now = time.monotonic()
@@ -94,13 +94,12 @@ class StoreWriter:
     @property
     def degraded(self) -> bool:
         failing = self.failing_for_s
-        return failing is not None and failing >= self.degraded_after_s
+        return failing is not None and failing >= self.cfg.store_degraded_after_s
 
     def status(self) -> dict[str, Any]:
         failing = self.failing_for_s
         return {"state": "ok" if failing is None else ("failing" if self.degraded else "retrying"),
-                "pending": len(self._pending), "written": self.stats.written, "errors": self.stats.errors,
-                "dropped": self.stats.dropped, "dropped_queue_full": self.stats.dropped_queue_full,
+                "pending": len(self._pending), **asdict(self.stats),
                 "failing_for_s": None if failing is None else round(failing, 3), "last_error": self.last_error}
 
     async def flush(self, timeout_s: float) -> bool:
@@ -120,6 +119,7 @@ class StoreWriter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self._executor.shutdown(wait=True)
 
     # ----------------------------------------------------------------- the writer task
     async def _run(self) -> None:
@@ -132,10 +132,11 @@ class StoreWriter:
                 continue
             sample = self._pending[0]
             try:
-                offset = await loop.run_in_executor(self.executor, self.store.append, sample)
+                offset = await loop.run_in_executor(self._executor, self.store.append, sample)
             except OSError as err:
                 self._failed(err)
-                await asyncio.sleep(min(self.max_backoff_s, BASE_BACKOFF_S * 2 ** min(self._consecutive_failures, 20)))
+                backoff_s = BASE_BACKOFF_S * 2 ** min(self._consecutive_failures, 20)
+                await asyncio.sleep(min(self.cfg.store_retry_max_backoff_s, backoff_s))
                 continue
             except Exception:  # noqa: BLE001 - cannot succeed on retry: drop this one, keep the rest
                 self._pending.popleft()

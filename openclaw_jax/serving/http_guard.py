@@ -37,6 +37,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
+from openclaw_jax.counters import counters
 from openclaw_jax.wire import json_safe
 from openclaw_jax.serving.offload import run_heavy
 
@@ -265,12 +266,8 @@ def _drop_body(request: web.BaseRequest) -> None:
 
 
 # ----------------------------------------------------------------------------- connections
-@dataclass
-class GuardStats:
-    connections_open: int = 0
-    connections_total: int = 0
-    connections_refused: int = 0
-    header_timeouts: int = 0
+GuardStats = counters("GuardStats", "connections_open connections_total connections_refused header_timeouts",
+                      "A server's connection counters (``connections`` in its ``/healthz``).")
 
 
 class _RateLimitedLog:
