@@ -59,7 +59,12 @@ def test_concise_correct_rules_and_scores():
     assert ok.satisfied and ok.score == 1.0
     wrong = persona.check("The answer: 12.", q, finish_reason="stop", reference="10")
     assert not wrong.satisfied and wrong.score == 0.5  # 2 of 3 rules, rounded down to a quarter
-    assert wrong.instructions == ["The answer should be 10, not 12."]
+    assert wrong.instructions == ["6 + 4 should be 10, not 12."]   # a person names what was asked
+    # a question without a plain expression (a word problem): the result alone
+    story = persona.check("She has 12.", "Ann has 6 apples and gets 4 more. How many?", finish_reason="stop",
+                          reference="10")
+    assert story.instructions == ["The answer should be 10, not 12."]
+    assert persona.check("I don't know.", q, finish_reason="stop", reference="10").instructions == ["6 + 4 should be 10."]
     long_right = persona.check("Six plus four makes ten, so it is 10", q, finish_reason="stop", reference="10")
     assert not long_right.satisfied and [r.name for r in long_right.rules if not r.passed] == ["short"]
     # Without a reference the correctness rule is not applied (as with an unknown finish reason).
@@ -75,13 +80,13 @@ def test_wrong_answer_draws_a_correction_with_the_result_that_the_judge_turns_in
     q = "What is 9 + 2?"
     cases = {
         # wrong and short: the correction names the right result
-        "The answer: 5": ("The answer should be 11, not 5.",),
+        "The answer: 5": ("9 + 2 should be 11, not 5.",),
         # right but cut off: the brevity instructions, no result
         "9 + 2 = 11. " * 10: ("Please keep your answer under 60 characters. Please stop as soon as you have "
                               "answered, so the reply ends instead of being cut off.",),
         # wrong and long: the result first, then the brevity instruction
         "Let me think about this one step by step: 9 plus 2 is 12, I think.": (
-            "The answer should be 11, not 12. Please keep your answer under 60 characters.",),
+            "9 + 2 should be 11, not 12. Please keep your answer under 60 characters.",),
     }
     for answer, hints in cases.items():
         finish = "length" if answer.startswith("9 + 2 = 11.") else "stop"

@@ -447,6 +447,8 @@ _WRONG_OPENERS = (
     "That's incorrect.",
     "Wait, that is not right.",
 )
+# "What is 9 + 2?": the expression a correction can name
+_ASKED_EXPRESSION = re.compile(r"^\s*What is (-?\d+ [-+*] -?\d+)\?\s*$")
 _WRONG_CLOSERS = ("Can you redo it?", "Could you try again?", "Can you fix that?")
 
 
@@ -489,8 +491,12 @@ class Concise(Persona):
         if right is not None:
             stated = final_number(answer)
             expected = format_number(parse_reference(reference))
-            instruction = (f"The answer should be {expected}, not {format_number(stated)}." if stated is not None
-                           else f"The answer should be {expected}.")
+            # A person names what was asked when they can ("9 + 2 should be 11, not 12."), else only the
+            # result; "should" makes it an instruction the judge takes as the hint.
+            asked = _ASKED_EXPRESSION.match(question or "")
+            subject = asked.group(1) if asked else "The answer"
+            instruction = (f"{subject} should be {expected}, not {format_number(stated)}." if stated is not None
+                           else f"{subject} should be {expected}.")
             results.append(RuleResult(
                 "correct", right,
                 "" if right else (f"states {format_number(stated)}, but the answer is {expected}" if stated is not None
