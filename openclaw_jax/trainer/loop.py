@@ -28,7 +28,7 @@ from openclaw_jax.models.lora import LoRAParam
 from openclaw_jax.parallel import multihost
 from openclaw_jax.rollout.weight_sync import BackgroundWeightSync
 from openclaw_jax.trainer import step as S
-from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher
+from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher, shape_ladder
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.metrics import MetricsWriter
 
@@ -162,7 +162,12 @@ class Trainer:
             micro_batch_size=tcfg.micro_batch_size, row_multiple=batch_row_multiple(cfg, mesh),
             shared_prefix=tcfg.shared_prefix_teacher)
         self._batch_sharding = batch_sharding(cfg, mesh)
-        self._shapes_seen: set[tuple] = set()   # batch shapes trained on: each compiles the phases once
+        self._shapes_seen: set[tuple] = set()   # phase shapes trained on (`PackedBatch.phase_keys`): each compiles once
+        self.shape_ladder = shape_ladder(self.spec)
+        log.info("compiled step shapes: at most %d (student %d: rows %s x lengths %s x responses %s; teacher %d)",
+                 self.shape_ladder.bound, self.shape_ladder.student_shapes, list(self.shape_ladder.student_rows),
+                 list(self.shape_ladder.student_lengths), list(self.shape_ladder.response),
+                 self.shape_ladder.teacher_shapes)
         phases = jit_phases(cfg, self.settings, self.tx, self.schedule, trainable_shardings, opt_shardings)
         self._old_pass = phases["old_pass"]
         self._teacher_pass = phases["teacher_pass"]
@@ -249,14 +254,15 @@ class Trainer:
             old = jax.block_until_ready(self._old_pass(self.graphdef, state, inputs))
             times["old_pass"] = time.perf_counter() - t0
             t1 = time.perf_counter()
-            if self.spec.use_hints:
+            run_teacher = self.spec.use_hints and packed.has_teacher
+            if run_teacher:
                 teach = jax.block_until_ready(self._teacher_pass(
                     self.teacher_graphdef, self.teacher_state, teacher_inputs, inputs.response_ids, old.topk_ids))
-            else:  # `rl`: no candidate anywhere (candidate_mask 0), so no teacher forward at all
+            else:  # `rl`, or no sample with a candidate (candidate_mask 0): the loss reads no teacher output
                 teach = self._no_teacher(teacher_inputs.candidate_mask.shape, old.topk_ids.shape)
             times["teacher_pass"] = time.perf_counter() - t1
             t2 = time.perf_counter()
-            if self.spec.use_hints:
+            if run_teacher:
                 old_at = self._old_at(self.graphdef, state, old.hidden, teach.topk_ids)
             else:
                 old_at = teach.logprobs_at_student_ids
@@ -297,11 +303,11 @@ class Trainer:
 
     def _batch_stats(self, packed: PackedBatch) -> dict[str, float]:
         """Padding (padded / total token slots of the model inputs) and the compiled-shape count."""
-        key = packed.shape_key()
-        if key not in self._shapes_seen:
-            self._shapes_seen.add(key)
-            log.info("new batch shape (student %s, response %s, teacher %s): %d batch shapes compiled so far",
-                     key[0], key[1], key[2], len(self._shapes_seen))
+        for key in packed.phase_keys():
+            if key is not None and key not in self._shapes_seen:
+                self._shapes_seen.add(key)
+                log.info("new %s shape %s, responses %d: %d step shapes compiled so far (at most %d)", key[0],
+                         key[1], key[-1], len(self._shapes_seen), self.shape_ladder.bound)
         return {"batch/padding_fraction": packed.padding_fraction(),
                 "batch/student_padding_fraction": packed.padding_fraction("student"),
                 "batch/teacher_padding_fraction": packed.padding_fraction("teacher"),
