@@ -101,12 +101,17 @@ class BatchSpec:
     micro_batch_size: int = 0       # packing keeps each micro-batch's sequences in its own rows
     row_multiple: int = 1           # packed row counts are multiples of this (the batch shards)
     shared_prefix: bool = False     # teacher: the prompt prefix common to a sample's candidates runs once
+    # packing: a shape used before (compiled) is taken over a new one that saves fewer than this
+    # fraction of its token slots (0: always the fewest slots)
+    shape_reuse_slack: float = 0.1
 
     def __post_init__(self):
         if self.bucket_quantum < 0:
             raise ValueError(f"bucket_quantum={self.bucket_quantum} must be >= 0 (0: power-of-two buckets)")
         if self.row_multiple < 1:
             raise ValueError(f"row_multiple={self.row_multiple} must be >= 1")
+        if not 0 <= self.shape_reuse_slack < 1:
+            raise ValueError(f"shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1)")
 
 
 @dataclass
@@ -288,12 +293,15 @@ def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capa
 
 
 def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_groups: int,
-                 rows_ladder: Sequence[int], lengths_ladder: Sequence[int], pad_id: int) -> dict[str, np.ndarray]:
+                 rows_ladder: Sequence[int], lengths_ladder: Sequence[int], pad_id: int,
+                 seen: set[tuple[int, int]] | None = None, slack: float = 0.0) -> dict[str, np.ndarray]:
     """Packed rows of the sequences (None: padding): input_ids, positions, segment_ids, row, offset.
 
     The (rows, length) pair comes from the ladders: the fewest token slots rows * length into which
     first-fit-decreasing packs every sequence (ties: the shorter rows, cheaper attention), among row
-    lengths from the longest sequence's bucket up to 4 times it (longer rows add attention cost)."""
+    lengths from the longest sequence's bucket up to 4 times it (longer rows add attention cost).
+    A pair in `seen` (compiled already) with at most 1 / (1 - slack) times those slots that also
+    fits is taken instead (the fewest slots among them); the pair used is added to `seen`."""
     lengths = [0 if q is None else len(q) for q in seqs]
     longest = next(x for x in lengths_ladder if x >= max(lengths + [1]))
     best = None
@@ -305,7 +313,18 @@ def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_
             if layout is not None:
                 best = (rows, length, layout)
                 break
+    if seen and (best[0], best[1]) not in seen:
+        budget = best[0] * best[1] / (1 - slack)
+        for rows, length in sorted(seen, key=lambda x: (x[0] * x[1], x[1])):
+            if rows * length > budget:
+                break
+            layout = pack_rows(lengths, groups, n_groups, length, max_rows=rows) if length >= longest else None
+            if layout is not None:
+                best = (rows, length, layout)
+                break
     rows, length, (row, offset, _) = best
+    if seen is not None:
+        seen.add((rows, length))
     ids = np.full((rows, length), pad_id, np.int32)
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
     segments = np.zeros((rows, length), np.int32)
@@ -324,7 +343,8 @@ def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_
     return {"input_ids": ids, "positions": positions, "segment_ids": segments, "row": row, "offset": offset}
 
 
-def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | None = None) -> PackedBatch:
+def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | None = None,
+         seen: dict[str, set[tuple[int, int]]] | None = None) -> PackedBatch:
     """Pad `samples` (<= batch_size) into bucketed arrays; missing rows are padding (sample_mask 0).
 
     With `spec.packing` the student and teacher sequences are packed several per row (module doc).
@@ -385,12 +405,14 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
     if spec.packing:
         n = num_micro_batches(b, spec.micro_batch_size)
         packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ladder.student_rows,
-                              ladder.student_lengths, spec.pad_id)
+                              ladder.student_lengths, spec.pad_id, None if seen is None else seen["student"],
+                              spec.shape_reuse_slack)
         student.update(packed)
     if spec.packing and not spec.shared_prefix:
         nt = num_micro_batches(b * c, spec.micro_batch_size)
         packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, ladder.teacher_rows,
-                              ladder.teacher_lengths, spec.pad_id)
+                              ladder.teacher_lengths, spec.pad_id,
+                              None if seen is None or not any(teacher_seqs) else seen["teacher"], spec.shape_reuse_slack)
         packed["row"] = packed["row"].reshape(b, c)
         packed["offset"] = packed["offset"].reshape(b, c)
         teacher.update(packed)
@@ -449,6 +471,8 @@ class SampleBatcher:
         self.spec = spec
         self.dropped: dict[str, int] = {"stale": 0, "too_long": 0, "temperature": 0, "hint_only": 0}
         self._warned_temperature = False
+        # packed (rows, length) pairs batched so far (compiled by the trainer): reused when nearly as small
+        self.seen_shapes: dict[str, set[tuple[int, int]]] = {"student": set(), "teacher": set()}
 
     def _keep(self, sample: Sample, current_version: int | None) -> bool:
         if not self.spec.use_hints and sample.kind == "opd":  # no reward: nothing for GRPO to learn
@@ -483,7 +507,8 @@ class SampleBatcher:
         (padded rows). Windows are read forward: offsets before `start` are released."""
         kept = [s for s in self.tail.read(start, stop) if self._keep(s, current_version)]
         for i in range(0, len(kept), self.spec.batch_size):
-            yield pack(kept[i:i + self.spec.batch_size], self.spec, current_version=current_version)
+            yield pack(kept[i:i + self.spec.batch_size], self.spec, current_version=current_version,
+                       seen=self.seen_shapes)
 
     @property
     def tail(self) -> SampleTail:

@@ -122,6 +122,20 @@ def batch_row_multiple(cfg: ExperimentConfig, mesh: jax.sharding.Mesh) -> int:
     return n_batch_shards if cfg.trainer.rollout_batch_size % n_batch_shards == 0 else 1
 
 
+def batch_spec(cfg: ExperimentConfig, *, row_multiple: int = 1, pad_id: int = 0) -> BatchSpec:
+    """How the trainer batches samples for an experiment config (`row_multiple`: the batch shards)."""
+    tcfg = cfg.trainer
+    return BatchSpec(
+        batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
+        min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
+        min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
+        use_hints=tcfg.uses_hints,
+        max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
+        temperature=tcfg.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
+        micro_batch_size=tcfg.micro_batch_size, row_multiple=row_multiple,
+        shared_prefix=tcfg.shared_prefix_teacher, shape_reuse_slack=tcfg.shape_reuse_slack)
+
+
 class Trainer:
     """Student (full or LoRA) + frozen teacher on one mesh, optax state, and the step phases."""
 
@@ -152,15 +166,7 @@ class Trainer:
         # on the mesh like every checkpointed leaf (orbax saves only global arrays from several processes)
         self.rng = multihost.place(np.asarray(jax.random.key_data(jax.random.key(cfg.seed))),
                                    NamedSharding(mesh, PartitionSpec()))
-        self.spec = BatchSpec(
-            batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
-            min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
-            min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
-            use_hints=tcfg.uses_hints,
-            max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
-            temperature=tcfg.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
-            micro_batch_size=tcfg.micro_batch_size, row_multiple=batch_row_multiple(cfg, mesh),
-            shared_prefix=tcfg.shared_prefix_teacher)
+        self.spec = batch_spec(cfg, row_multiple=batch_row_multiple(cfg, mesh), pad_id=pad_id)
         self._batch_sharding = batch_sharding(cfg, mesh)
         self._shapes_seen: set[tuple] = set()   # phase shapes trained on (`PackedBatch.phase_keys`): each compiles once
         self.shape_ladder = shape_ladder(self.spec)
