@@ -250,3 +250,29 @@ def test_packed_rows_may_be_longer_than_the_longest_sequence_when_that_pads_less
     assert packed.padding_fraction("teacher") == pytest.approx(1 - 2240 / 2304)
     assert pack(samples, dataclasses.replace(spec, packing=False)).padding_fraction("teacher") == pytest.approx(
         1 - 2240 / (8 * 384))
+
+
+def test_a_batch_without_candidates_trains_the_same_without_a_teacher_pass():
+    """The trainer runs no teacher pass when no sample has a candidate (zeros in its place, as for
+    `rl`): the loss, metrics and update must be those of the step that ran it."""
+    samples = [dataclasses.replace(s, hints=[], hint_prompt_ids=[], kind="rl", reward=1.0 - 2 * (i % 2))
+               for i, s in enumerate(_samples(np.random.default_rng(2)))]
+    packed = pack(samples, dataclasses.replace(_spec(True), rl_only_teacher="none"))
+    assert not packed.has_teacher and packed.slots("teacher") == 0 and packed.phase_keys()[1] is None
+    with_teacher = _step(packed)
+    tx, old_pass, _, _, train_step = _phases(0)
+    inputs, tinputs = _inputs(packed)
+    (gd, trainable, frozen), _ = _models()
+    old = old_pass(gd, (trainable, frozen), inputs)
+    b, c = packed.teacher["candidate_mask"].shape
+    t, k = old.topk_ids.shape[1:]
+    zeros = jnp.zeros((b, c, t, k), jnp.float32)
+    teach = S.TeacherPassOutput(jnp.zeros((b, c, t, k), jnp.int32), zeros, zeros, jnp.zeros((b, c, t), jnp.float32))
+    batch = S.assemble_batch(inputs, tinputs, old, teach, teach.logprobs_at_student_ids)
+    new, _, metrics = train_step(gd, trainable, frozen, tx.init(trainable), inputs, batch)
+    assert with_teacher["metrics"]["loss"] != 0.0
+    for name, value in with_teacher["metrics"].items():
+        assert float(metrics[name]) == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    for p, x in jax.tree_util.tree_leaves_with_path(new):
+        np.testing.assert_allclose(np.asarray(x), with_teacher["params"][jax.tree_util.keystr(p)], rtol=1e-5,
+                                   atol=1e-7)
