@@ -149,10 +149,8 @@ def test_random_batches_stay_within_the_stated_shapes(name):
         keys.update(k for k in (student, teacher) if k is not None)
         st = packed.student
         if spec.packing:  # every sequence where row/offset say, in its micro-batch's rows
-            n = st["input_ids"].shape[0] // max(1, spec.batch_size // spec.micro_batch_size
-                                                if 0 < spec.micro_batch_size < spec.batch_size else 1)
             groups = spec.batch_size // spec.micro_batch_size if 0 < spec.micro_batch_size < spec.batch_size else 1
-            assert n * groups == st["input_ids"].shape[0] and st["input_ids"].shape[0] % spec.row_multiple == 0
+            assert st["input_ids"].shape[0] % groups == 0 and st["input_ids"].shape[0] % spec.row_multiple == 0
             for i, s in enumerate(samples):
                 seq = s.prompt_ids + s.response_ids
                 r, o = int(st["row"][i]) * groups + i % groups, int(st["offset"][i])

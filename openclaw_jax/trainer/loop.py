@@ -143,7 +143,6 @@ class Trainer:
                  mesh: jax.sharding.Mesh, *, pad_id: int = 0):
         self.cfg = cfg
         self.mesh = mesh
-        tcfg = cfg.trainer
         self.trainable_filter = LoRAParam if cfg.model.lora.enabled else nnx.Param
         self.graphdef, self.trainable, self.frozen = nnx.split(student, self.trainable_filter, ...)
         # The frozen teacher runs in the compute dtype only: hold it there (half the bytes in bf16).
