@@ -160,6 +160,7 @@ class TrainerConfig:
     packing: bool = True                 # several samples per row (segment ids; equal to the unpacked step)
     bucket_quantum: int = 128            # lengths past this are multiples of it, below powers of two (0: all pow2)
     shared_prefix_teacher: bool = False  # teacher: a sample's common prompt prefix once (KV cache), then each hint
+    shape_reuse_slack: float = 0.1       # packing: reuse a compiled batch shape unless a new one saves more slots
     log_every: int = 1
     wait_timeout_s: float = 0.0          # stop when no new sample arrives for this long (0 = wait forever)
     store_wait_s: float = 300.0          # multi-host: how long other processes wait for process 0's sample store
@@ -178,6 +179,9 @@ class TrainerConfig:
         _require(not (self.shared_prefix_teacher and self.micro_batch_size),
                  f"trainer.shared_prefix_teacher does not run in micro-batches (micro_batch_size="
                  f"{self.micro_batch_size}): set one of them off")
+        _require(0 <= self.shape_reuse_slack < 1,
+                 f"trainer.shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1) (0: always the fewest "
+                 "token slots, a new compiled shape whenever that saves any)")
         _require(self.importance_cap > 0, f"trainer.importance_cap={self.importance_cap} must be > 0")
         _require(self.sync_every > 0, f"trainer.sync_every={self.sync_every} must be > 0")
         _require(self.max_staleness >= 0, f"trainer.max_staleness={self.max_staleness} must be >= 0")

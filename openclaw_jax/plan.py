@@ -191,8 +191,9 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     from openclaw_jax.models.weights import apply_dtypes
     from openclaw_jax.parallel.mesh import make_mesh, state_shardings
     from openclaw_jax.trainer import step as S
-    from openclaw_jax.trainer.loop import (batch_sharding, jit_phases, make_optimizer, optimizer_shardings,
-                                          step_settings)
+    from openclaw_jax.trainer.batcher import shape_ladder
+    from openclaw_jax.trainer.loop import (batch_row_multiple, batch_sharding, batch_spec, jit_phases,
+                                          make_optimizer, optimizer_shardings, step_settings)
 
     mcfg = apply_dtypes(ModelConfig.from_hf_dict(hf_config), cfg.model.dtype, cfg.model.param_dtype)
     mcfg = mcfg.replace(remat=cfg.model.remat)
@@ -233,12 +234,25 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         def arr(shape, dtype):
             return jax.ShapeDtypeStruct(shape, dtype, sharding=bs)
 
-        inputs = S.StudentInputs(input_ids=arr((B, L), jnp.int32), response_start=arr((B,), jnp.int32),
+        # The largest batch the batcher makes (`shape_ladder`): every sequence max_seq_len long, packed
+        # one per row (the most rows of the ladder), or unpacked [B, L] / [B, C, L].
+        ladder = shape_ladder(batch_spec(cfg, row_multiple=batch_row_multiple(cfg, mesh)))
+        rows, rows_t = ladder.student_rows[-1], ladder.teacher_rows[-1]
+
+        def packed(r, lead):
+            if not tcfg.packing:
+                return {}
+            return {"positions": arr((r, L), jnp.int32), "segment_ids": arr((r, L), jnp.int32),
+                    "row": arr(lead, jnp.int32), "offset": arr(lead, jnp.int32)}
+
+        inputs = S.StudentInputs(input_ids=arr((rows, L) if tcfg.packing else (B, L), jnp.int32),
+                                 response_start=arr((B,), jnp.int32),
                                  response_ids=arr((B, T), jnp.int32), response_mask=arr((B, T), jnp.float32),
                                  advantages=arr((B, T), jnp.float32), rollout_logprobs=arr((B, T), jnp.float32),
-                                 sample_mask=arr((B,), jnp.float32))
-        tinputs = S.TeacherInputs(input_ids=arr((B, C, L), jnp.int32), response_start=arr((B, C), jnp.int32),
-                                  candidate_mask=arr((B, C), jnp.float32))
+                                 sample_mask=arr((B,), jnp.float32), **packed(rows, (B,)))
+        tinputs = S.TeacherInputs(input_ids=arr((rows_t, L) if tcfg.packing else (B, C, L), jnp.int32),
+                                  response_start=arr((B, C), jnp.int32), candidate_mask=arr((B, C), jnp.float32),
+                                  **packed(rows_t, (B, C)))
         resident = {"student_params": _tree_bytes(trainable) + _tree_bytes(frozen),
                     "optimizer_state": _tree_bytes(opt_state), "teacher_params": _tree_bytes(teacher_state),
                     "batch": _tree_bytes(inputs) + _tree_bytes(tinputs)}
@@ -246,9 +260,9 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         report: dict[str, Any] = {}
         state = (trainable, frozen)
 
-        def run(name, args, donated=0):
+        def run(name, args, donated=0, name_jit=None):
             nonlocal live
-            lowered = phases[name].lower(*args)
+            lowered = phases[name_jit or name].lower(*args)
             compiled = lowered.compile()
             mem = compiled.memory_analysis()
             out = _outputs(compiled, lowered)
@@ -266,8 +280,11 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         teach = run("teacher_pass", (teacher_graphdef, teacher_state, tinputs, inputs.response_ids, old.topk_ids))
         old_at = run("old_logprobs_at", (graphdef, state, old.hidden, teach.topk_ids))
         batch = S.assemble_batch(inputs, tinputs, old, teach, old_at)
-        run("train_step", (graphdef, trainable, frozen, opt_state, inputs, batch),
-            donated=_tree_bytes(trainable) + _tree_bytes(opt_state))
+        # the step of a weight sync (the largest): the train step that also writes the serving weights,
+        # one more copy of the model in the compute dtype (LoRA merged), live until the hand-off
+        out = run("train_step", (graphdef, trainable, frozen, opt_state, inputs, batch), donated=_tree_bytes(
+            trainable) + _tree_bytes(opt_state), name_jit="train_step_serving")
+        serving_bytes = _tree_bytes(out[3])
 
     n_dev = mesh.size
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
@@ -284,7 +301,10 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
                   "remat": mcfg.remat, "attention": _attention_label(mcfg)},
         "devices": n_dev, "mesh": dict(zip(mesh.axis_names, mesh.axis_sizes)),
         "batch": {"rollout_batch_size": B, "candidates": C, "seq_len": L, "response_len": T,
-                  "micro_batch_size": tcfg.micro_batch_size, "top_k": tcfg.top_k, "chunk_size": tcfg.chunk_size},
+                  "micro_batch_size": tcfg.micro_batch_size, "top_k": tcfg.top_k, "chunk_size": tcfg.chunk_size,
+                  "packing": bool(tcfg.packing), "student_shape": list(inputs.input_ids.shape),
+                  "teacher_shape": list(tinputs.input_ids.shape), "compiled_shape_bound": ladder.bound},
+        "serving_bytes": int(serving_bytes),
         "trainable_params": int(n_params),
         "param_bytes": int(_tree_bytes(trainable)),
         "optimizer_bytes": int(resident["optimizer_state"]),
@@ -344,10 +364,14 @@ def format_table(plan: dict[str, Any]) -> str:
         f"(params {plan['model']['param_dtype']}, compute {plan['model']['dtype']}, remat {plan['model']['remat']}, "
         f"attention {plan['model']['attention']}); {plan['devices']} devices {plan['mesh']}",
         f"batch {b['rollout_batch_size']} x {b['candidates']} candidates, seq {b['seq_len']}, response {b['response_len']}, "
-        f"micro-batch {b['micro_batch_size'] or 'whole'}, top-K {b['top_k']}",
+        f"micro-batch {b['micro_batch_size'] or 'whole'}, top-K {b['top_k']}; "
+        + (f"packed rows: student {b['student_shape']}, teacher {b['teacher_shape']}" if b["packing"] else
+           f"unpacked: student {b['student_shape']}, teacher {b['teacher_shape']}")
+        + f"; at most {b['compiled_shape_bound']} compiled step shapes",
         f"trainable params {plan['trainable_params'] / 1e9:.3f} B: {plan['param_bytes'] / GIB:.2f} GiB/device; "
         f"optimizer {plan['optimizer_bytes'] / GIB:.2f} GiB/device; teacher "
-        f"{plan['resident_bytes']['teacher_params'] / GIB:.2f} GiB/device",
+        f"{plan['resident_bytes']['teacher_params'] / GIB:.2f} GiB/device; serving copy written by a sync step "
+        f"{plan['serving_bytes'] / GIB:.2f} GiB/device",
         "",
         f"{'phase':<16}{'args GiB':>10}{'out GiB':>10}{'temp GiB':>10}{'live GiB':>10}{'peak GiB':>10}{'TFLOP/dev':>11}",
     ]

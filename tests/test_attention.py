@@ -229,3 +229,22 @@ def test_attention_flops_counts_the_visited_blocks():
                     for qb in range(-(-Lq // bq)) for kb in range(-(-S // bk)))
         got = A.attention_flops(1, Lq, S, 1, 1, block_q=bq, block_k=bk)["forward"]
         assert got == 4 * pairs * bq * bk, (Lq, S, bq, bk)
+
+
+@pytest.mark.parametrize("L", [5, A.CACHED_BLOCKWISE_MIN + 7])
+def test_cached_attention_equals_the_reference_short_and_long_calls(L):
+    """A call over a cache (rows filled to different lengths, stale slots beyond them) and its own
+    keys: the dense path (short calls) and the blockwise one (long calls) both equal the float64
+    loop over [the row's cached keys; the call's keys], causal."""
+    rng = np.random.default_rng(3)
+    B, N, K, D, S = 2, 4, 2, 8, 96
+    q, k_new, v_new = (rng.standard_normal((B, L, h, D)).astype(np.float32) for h in (N, K, K))
+    cache_k, cache_v = (rng.standard_normal((B, S, K, D)).astype(np.float32) for _ in range(2))
+    start = np.array([70, 13])        # row b's cache holds slots < start[b]; the rest is stale
+    positions = (start[:, None] + np.arange(L)[None, :]).astype(np.int32)
+    out = np.asarray(jax.jit(A.cached_attention)(q, k_new, v_new, cache_k, cache_v, positions))
+    for b in range(B):
+        keys = np.concatenate([cache_k[b, :start[b]], k_new[b]])[None]
+        values = np.concatenate([cache_v[b, :start[b]], v_new[b]])[None]
+        ref = _np_attention(q[b:b + 1], keys, values, True, None, None)
+        np.testing.assert_allclose(out[b], ref[0], atol=2e-5)

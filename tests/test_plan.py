@@ -107,3 +107,26 @@ def test_parse_bytes():
     assert parse_bytes("80GiB") == 80 * 1024 ** 3
     assert parse_bytes("141GB") == 141 * 10 ** 9
     assert parse_bytes("1e9") == 10 ** 9
+
+
+def test_plan_counts_packed_rows_and_the_serving_copy(report):
+    b = report["batch"]
+    # 4 samples in micro-batches of 2 over 4 batch shards: the largest packed batch holds one
+    # max_seq_len sequence per row, 2 rows per micro-batch -> [4, 64]; the 8 teacher candidates in 4
+    # micro-batches of 2 -> [8, 64]
+    assert b["packing"] is True and b["student_shape"] == [4, 64] and b["teacher_shape"] == [8, 64]
+    # resident batch, per device (rows and samples split 4 ways), int32/float32: student ids, positions,
+    # segment ids [4, 64]; response ids, mask, advantages, rollout log-probs [4, 64]; response_start,
+    # sample_mask, row, offset [4]; teacher ids, positions, segment ids [8, 64]; response_start,
+    # candidate_mask, row, offset [4, 2]
+    elements = 3 * 4 * 64 + 4 * 4 * 64 + 4 * 4 + 3 * 8 * 64 + 4 * 8
+    assert report["resident_bytes"]["batch"] == elements * 4 // 4
+    # a sync step's train step also writes the serving weights: every param once more in the compute
+    # dtype (bfloat16), sharded over the 4 devices at least as finely as the params
+    params, per_device = _hand_count(HF_CONFIG, fsdp=4)
+    assert params * 2 // 4 <= report["serving_bytes"] <= per_device // 2
+    # XLA's own output size of the compiled step: new params + optimizer state + serving copy + metrics
+    train = report["phases"]["train_step"]
+    extra = train["output_bytes"] - report["param_bytes"] - report["optimizer_bytes"] - report["serving_bytes"]
+    assert 0 <= extra <= 4096
+    assert train["peak_bytes"] >= train["live_before_bytes"] + report["serving_bytes"]

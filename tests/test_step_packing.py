@@ -20,6 +20,7 @@ from flax import nnx
 
 from openclaw_jax.samples import Sample
 from openclaw_jax.losses import LossConfig
+from openclaw_jax.models import attention as A
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batcher import BatchSpec, bucket_length, pack, pack_rows
 
@@ -203,30 +204,35 @@ def test_a_sample_does_not_see_its_row_neighbours():
         mask[victim]].max() > 1e-3
 
 
-def test_shared_prefix_teacher_pass_equals_the_full_one():
+@pytest.mark.parametrize("long_suffix", [False, True])
+def test_shared_prefix_teacher_pass_equals_the_full_one(long_suffix):
     """Hints are appended inside the last user message: the candidates share the prompt up to it.
     Running that prefix once into a KV cache and only each candidate's rest against it gives the
-    teacher outputs of the full per-candidate forward."""
+    teacher outputs of the full per-candidate forward (long suffixes: the cached attention's
+    blockwise path)."""
     rng = np.random.default_rng(4)
+    spec = dataclasses.replace(_spec(False), max_seq_len=128 if long_suffix else 64)
 
     def ids(k):
         return [int(x) for x in rng.integers(1, VOCAB, k)]
 
     samples = []
     for i, n_hints in enumerate([2, 1, 0, 2]):
-        prompt, tail, r = ids(int(rng.integers(6, 20))), ids(3), int(rng.integers(2, 10))  # tail: end of turn + header
+        prompt, tail = ids(int(rng.integers(6, 20))), ids(3)  # tail: end of turn + header
+        r = int(rng.integers(64, 72)) if long_suffix else int(rng.integers(2, 10))
         samples.append(Sample(
             session_id=f"p{i}", turn_index=0, kind="opd" if n_hints else "rl", reward=0.0 if n_hints else 1.0,
             prompt_ids=prompt + tail, response_ids=ids(r), rollout_logprobs=[-1.0] * r,
             hints=[f"hint {j} long enough" for j in range(n_hints)],
             hint_prompt_ids=[prompt + ids(2 + 3 * j) + tail for j in range(n_hints)], weight_version="0"))
-    full = pack(samples, _spec(False))
-    shared = pack(samples, dataclasses.replace(_spec(False), shared_prefix=True))
+    full = pack(samples, spec)
+    shared = pack(samples, dataclasses.replace(spec, shared_prefix=True))
+    assert (shared.teacher["input_ids"].shape[2] >= A.CACHED_BLOCKWISE_MIN) is long_suffix
     # two hints: the prompt before them; one candidate: all of its prompt but the last token
     assert shared.teacher["prefix_len"].tolist()[:4] == [
         len(s.prompt_ids) - 3 if len(s.hints) > 1 else len((s.hint_prompt_ids or [s.prompt_ids])[0]) - 1
         for s in samples]
-    assert shared.teacher["input_ids"].shape[2] < full.teacher["input_ids"].shape[2]
+    assert shared.teacher["input_ids"].shape[2] < full.teacher["input_ids"].shape[2] or long_suffix  # both 128
     assert shared.real_tokens["teacher"] < full.real_tokens["teacher"]
     a, b = _step(full, train=False), _step(shared, train=False)
     mask = full.student["response_mask"] > 0
@@ -250,3 +256,29 @@ def test_packed_rows_may_be_longer_than_the_longest_sequence_when_that_pads_less
     assert packed.padding_fraction("teacher") == pytest.approx(1 - 2240 / 2304)
     assert pack(samples, dataclasses.replace(spec, packing=False)).padding_fraction("teacher") == pytest.approx(
         1 - 2240 / (8 * 384))
+
+
+def test_a_batch_without_candidates_trains_the_same_without_a_teacher_pass():
+    """The trainer runs no teacher pass when no sample has a candidate (zeros in its place, as for
+    `rl`): the loss, metrics and update must be those of the step that ran it."""
+    samples = [dataclasses.replace(s, hints=[], hint_prompt_ids=[], kind="rl", reward=1.0 - 2 * (i % 2))
+               for i, s in enumerate(_samples(np.random.default_rng(2)))]
+    packed = pack(samples, dataclasses.replace(_spec(True), rl_only_teacher="none"))
+    assert not packed.has_teacher and packed.slots("teacher") == 0 and packed.phase_keys()[1] is None
+    with_teacher = _step(packed)
+    tx, old_pass, _, _, train_step = _phases(0)
+    inputs, tinputs = _inputs(packed)
+    (gd, trainable, frozen), _ = _models()
+    old = old_pass(gd, (trainable, frozen), inputs)
+    b, c = packed.teacher["candidate_mask"].shape
+    t, k = old.topk_ids.shape[1:]
+    zeros = jnp.zeros((b, c, t, k), jnp.float32)
+    teach = S.TeacherPassOutput(jnp.zeros((b, c, t, k), jnp.int32), zeros, zeros, jnp.zeros((b, c, t), jnp.float32))
+    batch = S.assemble_batch(inputs, tinputs, old, teach, teach.logprobs_at_student_ids)
+    new, _, metrics = train_step(gd, trainable, frozen, tx.init(trainable), inputs, batch)
+    assert with_teacher["metrics"]["loss"] != 0.0
+    for name, value in with_teacher["metrics"].items():
+        assert float(metrics[name]) == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    for p, x in jax.tree_util.tree_leaves_with_path(new):
+        np.testing.assert_allclose(np.asarray(x), with_teacher["params"][jax.tree_util.keystr(p)], rtol=1e-5,
+                                   atol=1e-7)

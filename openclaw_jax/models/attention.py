@@ -44,6 +44,9 @@ IMPLEMENTATIONS = ("dense", "blockwise", "fused", "auto")
 # here; `auto` runs the fused kernel there anyway unless a padding/segment mask is needed).
 CPU_BLOCK = 128
 ACCELERATOR_BLOCK = 512
+# `cached_attention` calls with at least this many queries run the blockwise kernel (decode steps,
+# a few tokens, stay dense over the cache)
+CACHED_BLOCKWISE_MIN = 64
 
 _NEG = -1e30  # finite "minus infinity" for masked scores (exp underflows to exactly 0)
 
@@ -368,11 +371,22 @@ def cached_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: 
     `[B, S, K, D]`, read in place (not concatenated). Cache slot j is visible when
     j < positions[b, 0] (written by earlier calls); new token i is visible to query l when
     positions[b, i] <= positions[b, l]. Dense over the cache (decode queries are short); the
-    masks are comparisons of positions that XLA fuses into the score select.
+    masks are comparisons of positions that XLA fuses into the score select. A long call (at least
+    `CACHED_BLOCKWISE_MIN` queries: a prompt continuing a cached prefix, the shared-prefix teacher's
+    candidates) runs the blockwise kernel over [cache; own keys] instead: the same visibility
+    (cache slots masked, own keys causal), without the `[L, S]` float32 scores.
     """
     B, L, N, D = q.shape
     S, K = cache_k.shape[1], cache_k.shape[2]
     dtype = q.dtype
+    if L >= CACHED_BLOCKWISE_MIN:
+        keys = jnp.concatenate([cache_k.astype(dtype), k_new.astype(dtype)], axis=1)
+        values = jnp.concatenate([cache_v.astype(dtype), v_new.astype(dtype)], axis=1)
+        # causal with the queries last: query l sees keys j <= l + S, i.e. every cache slot (then
+        # masked: only those before this call's first position) and its own keys up to itself
+        visible = jnp.concatenate([jnp.arange(S, dtype=jnp.int32)[None, :] < positions[:, :1],
+                                   jnp.ones((B, L), bool)], axis=1)
+        return blockwise_attention(q, keys, values, causal=True, kv_mask=visible)
     qg = q.reshape(B, L, K, N // K, D)
     scale = D ** -0.5
     neg = jnp.finfo(jnp.float32).min

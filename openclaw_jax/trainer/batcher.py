@@ -8,19 +8,25 @@ them per batch. `pack` turns a list of samples into the padded arrays of
 compiles once.
 
 Buckets: powers of two up to `bucket_quantum`, then multiples of it (quantum 0: powers of two
-throughout), so a length costs at most one quantum of padding and the number of shapes stays
-bounded (log2(quantum) + max_seq_len / quantum per dimension).
+throughout), so a length costs at most one quantum of padding. The response length T of the
+per-sample `[B, T]` arrays is a power of two.
 
 Packing (`BatchSpec.packing`): the sequences (the student's prompt+response per sample, the
 teacher's hint prompt+response per candidate) are laid first-fit-decreasing into rows, several
 per row. Each gets a segment id (1, 2, ... within its row; padding slots are segment 0) and
 positions restarting at 0, so attention never crosses a segment and RoPE sees each sequence as if
-it were alone; `row` / `offset` say where each sequence starts. Rows are the bucketed length of
-the longest sequence, or up to 4 times it (multiples of that length or of the quantum, at most
-`max_seq_len`) when that packs into fewer slots. The per-sample arrays (response ids, masks,
-advantages, ...) keep their `[B, T]` layout, so the loss and its metrics are those of the
-unpacked batch. With micro-batches the sequences of micro-batch g (samples g, g + n, ...) go into
-rows g, g + n, ... only, and `row` is the index among that micro-batch's rows.
+it were alone; `row` / `offset` say where each sequence starts. The per-sample arrays (response
+ids, masks, advantages, ...) keep their `[B, T]` layout, so the loss and its metrics are those of
+the unpacked batch. With micro-batches the sequences of micro-batch g (samples g, g + n, ...) go
+into rows g, g + n, ... only, and `row` is the index among that micro-batch's rows.
+
+Bounded shapes (`shape_ladder`): a packed batch is `rows x length` with rows from a fixed ladder
+(k0, 2 k0, 4 k0, ... rows per micro-batch, up to one sequence per row; k0 makes the count split over
+the batch shards) and length from the bucket ladder up to `max_seq_len`; the packer takes the pair
+with the fewest token slots that first-fit-decreasing fills (ties: shorter rows; rows at most 4
+times the longest sequence's bucket, which bounds the extra attention). So the shapes a run can
+compile are known from the spec alone: `ShapeLadder.bound` (the trainer logs it at start). A batch
+in which no sample has a teacher candidate runs no teacher pass (its teacher slots count 0).
 
 Shared prefix (`BatchSpec.shared_prefix`, teacher only, not packed): the prompt tokens common to
 all candidates of a sample (everything before the hint) become `prefix_ids`, run once per sample;
@@ -35,6 +41,7 @@ ratio min(pi_old / pi_rollout, cap).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Iterator, Literal, Sequence
@@ -94,12 +101,17 @@ class BatchSpec:
     micro_batch_size: int = 0       # packing keeps each micro-batch's sequences in its own rows
     row_multiple: int = 1           # packed row counts are multiples of this (the batch shards)
     shared_prefix: bool = False     # teacher: the prompt prefix common to a sample's candidates runs once
+    # packing: a shape used before (compiled) is taken over a new one that saves fewer than this
+    # fraction of its token slots (0: always the fewest slots)
+    shape_reuse_slack: float = 0.1
 
     def __post_init__(self):
         if self.bucket_quantum < 0:
             raise ValueError(f"bucket_quantum={self.bucket_quantum} must be >= 0 (0: power-of-two buckets)")
         if self.row_multiple < 1:
             raise ValueError(f"row_multiple={self.row_multiple} must be >= 1")
+        if not 0 <= self.shape_reuse_slack < 1:
+            raise ValueError(f"shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1)")
 
 
 @dataclass
@@ -117,8 +129,16 @@ class PackedBatch:
     def num_tokens(self) -> int:
         return int(self.student["response_mask"].sum())
 
+    @property
+    def has_teacher(self) -> bool:
+        """Whether any sample has a teacher candidate (without one the step runs no teacher pass)."""
+        return bool(np.any(self.teacher["candidate_mask"] > 0))
+
     def slots(self, part: str) -> int:
-        """Token slots (real + padding) of the `part` ("student" / "teacher") model inputs."""
+        """Token slots (real + padding) of the `part` ("student" / "teacher") model inputs (the teacher's:
+        0 when no teacher pass runs)."""
+        if part == "teacher" and not self.has_teacher:
+            return 0
         arrays = getattr(self, part)
         return int(arrays["input_ids"].size + (arrays["prefix_ids"].size if "prefix_ids" in arrays else 0))
 
@@ -131,8 +151,17 @@ class PackedBatch:
 
     def shape_key(self) -> tuple:
         """The shapes that decide which compiled phases this batch runs."""
-        return (self.student["input_ids"].shape, self.student["response_ids"].shape,
-                self.teacher["input_ids"].shape, self.teacher["candidate_mask"].shape)
+        return self.phase_keys()
+
+    def phase_keys(self) -> tuple[tuple, tuple | None]:
+        """(student key, teacher key): the student phases (old pass, train step) compile once per
+        student key, the teacher pass once per teacher key (None: no teacher pass runs)."""
+        t = self.student["response_ids"].shape[1]
+        student = ("student", self.student["input_ids"].shape, t)
+        if not self.has_teacher:
+            return student, None
+        prefix = self.teacher["prefix_ids"].shape if "prefix_ids" in self.teacher else None
+        return student, ("teacher", self.teacher["input_ids"].shape, prefix, t)
 
 
 def teacher_prompts(sample: Sample, spec: BatchSpec) -> list[list[int]]:
@@ -153,14 +182,92 @@ def sample_length(sample: Sample, spec: BatchSpec) -> int:
     return longest_prompt + response
 
 
+def length_ladder(minimum: int, maximum: int, quantum: int = 0) -> tuple[int, ...]:
+    """Every length `bucket_length(n, minimum, maximum, quantum)` can return for 1 <= n <= maximum."""
+    rungs, n = [], 1
+    while n <= maximum:
+        rungs.append(bucket_length(n, minimum, maximum, quantum))
+        n = rungs[-1] + 1
+    return tuple(rungs)
+
+
+def row_ladder(sequences: int, n_groups: int, row_multiple: int = 1) -> tuple[int, ...]:
+    """The packed row counts for `sequences` sequences split over `n_groups` micro-batch groups: k rows
+    per group, k = k0 times 1, 2, 3, 4, 6, 8, 12, ... (each at most 1.5 times the one before) up to the
+    first that holds one sequence per row (k0: the least that makes k * n_groups a multiple of
+    `row_multiple`)."""
+    per_group = -(-sequences // n_groups)
+    k0 = row_multiple // math.gcd(row_multiple, n_groups)
+    steps, p = [1], 1
+    while k0 * steps[-1] < per_group:
+        steps += [3 * p // 2, 2 * p] if p >= 2 else [2 * p]
+        p *= 2
+    rows = [k0 * k for k in steps]
+    first_full = next(r for r in rows if r >= per_group)
+    return tuple(n_groups * r for r in rows if r <= first_full)
+
+
+@dataclass(frozen=True)
+class ShapeLadder:
+    """The finite set of shapes a `BatchSpec` can produce (each a compiled program of the step).
+
+    student: (rows, length) of the student's `input_ids` (unpacked: rows = batch_size);
+    teacher: (rows, length) of the teacher's packed `input_ids` (unpacked: rows = batch_size * C);
+    prefix: shared-prefix teacher lengths of `prefix_ids` and of each candidate's suffix;
+    response: T of the per-sample `[B, T]` arrays. The student phases (old pass, train step) compile
+    once per (student shape, T), the teacher pass once per (teacher shape, T); a batch without any
+    teacher candidate runs no teacher pass."""
+
+    student_rows: tuple[int, ...]
+    student_lengths: tuple[int, ...]
+    teacher_rows: tuple[int, ...]
+    teacher_lengths: tuple[int, ...]
+    prefix_lengths: tuple[int, ...]
+    response: tuple[int, ...]
+    shared_prefix: bool
+    use_teacher: bool
+
+    @property
+    def student_shapes(self) -> int:
+        return len(self.student_rows) * len(self.student_lengths) * len(self.response)
+
+    @property
+    def teacher_shapes(self) -> int:
+        if not self.use_teacher:
+            return 0
+        if self.shared_prefix:
+            return len(self.prefix_lengths) ** 2 * len(self.response)
+        return len(self.teacher_rows) * len(self.teacher_lengths) * len(self.response)
+
+    @property
+    def bound(self) -> int:
+        """The most distinct compiled step shapes (student + teacher) a run can see."""
+        return self.student_shapes + self.teacher_shapes
+
+
+def shape_ladder(spec: BatchSpec) -> ShapeLadder:
+    """The shapes `pack(..., spec)` can produce (module doc), stated before any batch is seen."""
+    b, c, q, top = spec.batch_size, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
+    lengths = length_ladder(spec.min_seq_bucket, top, q)
+    if spec.packing:
+        student_rows = row_ladder(b, num_micro_batches(b, spec.micro_batch_size), spec.row_multiple)
+        teacher_rows = row_ladder(b * c, num_micro_batches(b * c, spec.micro_batch_size), spec.row_multiple)
+    else:
+        student_rows, teacher_rows = (b,), (b * c,)
+    return ShapeLadder(student_rows, lengths, teacher_rows, lengths,
+                       length_ladder(spec.min_response_bucket, top, q), length_ladder(spec.min_response_bucket, top),
+                       spec.shared_prefix, spec.use_hints and c > 0)
+
+
 def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capacity: int,
-              row_multiple: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+              row_multiple: int = 1, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray, int] | None:
     """First-fit-decreasing placement of sequences of `lengths` into rows of `capacity` tokens.
 
     Sequence i goes into a row of its group `groups[i]` (group g owns rows g, g + n_groups, ...).
     Returns (local row within its group, offset within the row) per sequence and the row count
-    (the same for every group, a multiple of `n_groups` and of `row_multiple`). Zero-length
-    sequences (padding) take no slot: row 0, offset 0.
+    (the same for every group, a multiple of `n_groups` and of `row_multiple`), or None when a
+    group needs more than `max_rows // n_groups` rows. Zero-length sequences (padding) take no
+    slot: row 0, offset 0.
     """
     row = np.zeros(len(lengths), np.int32)
     offset = np.zeros(len(lengths), np.int32)
@@ -173,6 +280,8 @@ def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capa
                 raise ValueError(f"a sequence of {lengths[i]} tokens does not fit rows of {capacity}")
             j = next((j for j, f in enumerate(free) if f >= lengths[i]), len(free))
             if j == len(free):
+                if max_rows is not None and len(free) >= max_rows // n_groups:
+                    return None
                 free.append(capacity)
             row[i], offset[i] = j, capacity - free[j]
             free[j] -= lengths[i]
@@ -183,22 +292,39 @@ def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capa
     return row, offset, rows
 
 
-def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_groups: int, length: int,
-                 max_length: int, row_multiple: int, pad_id: int, quantum: int = 0) -> dict[str, np.ndarray]:
-    """Packed rows of the sequences (None: padding): input_ids, positions, segment_ids, row, offset."""
+def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_groups: int,
+                 rows_ladder: Sequence[int], lengths_ladder: Sequence[int], pad_id: int,
+                 seen: set[tuple[int, int]] | None = None, slack: float = 0.0) -> dict[str, np.ndarray]:
+    """Packed rows of the sequences (None: padding): input_ids, positions, segment_ids, row, offset.
+
+    The (rows, length) pair comes from the ladders: the fewest token slots rows * length into which
+    first-fit-decreasing packs every sequence (ties: the shorter rows, cheaper attention), among row
+    lengths from the longest sequence's bucket up to 4 times it (longer rows add attention cost).
+    A pair in `seen` (compiled already) with at most 1 / (1 - slack) times those slots that also
+    fits is taken instead (the fewest slots among them); the pair used is added to `seen`."""
     lengths = [0 if q is None else len(q) for q in seqs]
-    # Rows of the bucketed length, or up to 4 times it (multiples of it or of the quantum, at most
-    # `max_length`) when that leaves fewer padded slots, e.g. two 272- and two 288-token
-    # candidates: one row of 1152, not four of 384.
+    longest = next(x for x in lengths_ladder if x >= max(lengths + [1]))
     best = None
-    capacities = {length * k for k in range(1, 5)}
-    if quantum > 0:
-        capacities |= set(range(-(-length // quantum) * quantum, 4 * length + 1, quantum))
-    for capacity in sorted(x for x in capacities if x == length or x <= max_length):
-        layout = pack_rows(lengths, groups, n_groups, capacity, row_multiple)
-        if best is None or layout[2] * capacity < best[0][2] * best[1]:
-            best = (layout, capacity)
-    (row, offset, rows), length = best
+    for length in (x for x in lengths_ladder if longest <= x <= 4 * longest):
+        for rows in rows_ladder:
+            if best is not None and rows * length >= best[0] * best[1]:
+                break
+            layout = pack_rows(lengths, groups, n_groups, length, max_rows=rows)
+            if layout is not None:
+                best = (rows, length, layout)
+                break
+    if seen and (best[0], best[1]) not in seen:
+        budget = best[0] * best[1] / (1 - slack)
+        for rows, length in sorted(seen, key=lambda x: (x[0] * x[1], x[1])):
+            if rows * length > budget:
+                break
+            layout = pack_rows(lengths, groups, n_groups, length, max_rows=rows) if length >= longest else None
+            if layout is not None:
+                best = (rows, length, layout)
+                break
+    rows, length, (row, offset, _) = best
+    if seen is not None:
+        seen.add((rows, length))
     ids = np.full((rows, length), pad_id, np.int32)
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
     segments = np.zeros((rows, length), np.int32)
@@ -217,7 +343,8 @@ def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_
     return {"input_ids": ids, "positions": positions, "segment_ids": segments, "row": row, "offset": offset}
 
 
-def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | None = None) -> PackedBatch:
+def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | None = None,
+         seen: dict[str, set[tuple[int, int]]] | None = None) -> PackedBatch:
     """Pad `samples` (<= batch_size) into bucketed arrays; missing rows are padding (sample_mask 0).
 
     With `spec.packing` the student and teacher sequences are packed several per row (module doc).
@@ -227,7 +354,8 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
     if len(samples) > spec.batch_size:
         raise ValueError(f"{len(samples)} samples do not fit batch_size={spec.batch_size}")
     b, c, q = spec.batch_size, spec.max_candidates, spec.bucket_quantum
-    t = bucket_length(max(len(s.response_ids) for s in samples), spec.min_response_bucket, spec.max_seq_len, q)
+    # T (the per-sample response arrays): powers of two, so it adds few shapes (`shape_ladder`)
+    t = bucket_length(max(len(s.response_ids) for s in samples), spec.min_response_bucket, spec.max_seq_len)
     ls = bucket_length(max(len(s.prompt_ids) + len(s.response_ids) for s in samples), spec.min_seq_bucket,
                        spec.max_seq_len, q)
     lt = bucket_length(max(sample_length(s, spec) for s in samples), spec.min_seq_bucket, spec.max_seq_len, q)
@@ -273,15 +401,18 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         staleness.append(0 if current_version is None or v is None else max(current_version - v, 0))
     real = {"student": sum(len(x) for x in student_seqs if x is not None),
             "teacher": sum(len(x) for x in teacher_seqs if x is not None)}
+    ladder = shape_ladder(spec)
     if spec.packing:
         n = num_micro_batches(b, spec.micro_batch_size)
-        packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ls, spec.max_seq_len, spec.row_multiple,
-                              spec.pad_id, spec.bucket_quantum)
+        packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ladder.student_rows,
+                              ladder.student_lengths, spec.pad_id, None if seen is None else seen["student"],
+                              spec.shape_reuse_slack)
         student.update(packed)
     if spec.packing and not spec.shared_prefix:
         nt = num_micro_batches(b * c, spec.micro_batch_size)
-        packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, lt, spec.max_seq_len, spec.row_multiple,
-                              spec.pad_id, spec.bucket_quantum)
+        packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, ladder.teacher_rows,
+                              ladder.teacher_lengths, spec.pad_id,
+                              None if seen is None or not any(teacher_seqs) else seen["teacher"], spec.shape_reuse_slack)
         packed["row"] = packed["row"].reshape(b, c)
         packed["offset"] = packed["offset"].reshape(b, c)
         teacher.update(packed)
@@ -340,6 +471,8 @@ class SampleBatcher:
         self.spec = spec
         self.dropped: dict[str, int] = {"stale": 0, "too_long": 0, "temperature": 0, "hint_only": 0}
         self._warned_temperature = False
+        # packed (rows, length) pairs batched so far (compiled by the trainer): reused when nearly as small
+        self.seen_shapes: dict[str, set[tuple[int, int]]] = {"student": set(), "teacher": set()}
 
     def _keep(self, sample: Sample, current_version: int | None) -> bool:
         if not self.spec.use_hints and sample.kind == "opd":  # no reward: nothing for GRPO to learn
@@ -374,7 +507,8 @@ class SampleBatcher:
         (padded rows). Windows are read forward: offsets before `start` are released."""
         kept = [s for s in self.tail.read(start, stop) if self._keep(s, current_version)]
         for i in range(0, len(kept), self.spec.batch_size):
-            yield pack(kept[i:i + self.spec.batch_size], self.spec, current_version=current_version)
+            yield pack(kept[i:i + self.spec.batch_size], self.spec, current_version=current_version,
+                       seen=self.seen_shapes)
 
     @property
     def tail(self) -> SampleTail:

@@ -29,7 +29,7 @@ from openclaw_jax.parallel import multihost
 from openclaw_jax.rollout.weight_sync import BackgroundWeightSync
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.advantages import apply_reward_baseline
-from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher
+from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher, shape_ladder
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.metrics import MetricsWriter
 
@@ -123,6 +123,20 @@ def batch_row_multiple(cfg: ExperimentConfig, mesh: jax.sharding.Mesh) -> int:
     return n_batch_shards if cfg.trainer.rollout_batch_size % n_batch_shards == 0 else 1
 
 
+def batch_spec(cfg: ExperimentConfig, *, row_multiple: int = 1, pad_id: int = 0) -> BatchSpec:
+    """How the trainer batches samples for an experiment config (`row_multiple`: the batch shards)."""
+    tcfg = cfg.trainer
+    return BatchSpec(
+        batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
+        min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
+        min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
+        use_hints=tcfg.uses_hints,
+        max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
+        temperature=tcfg.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
+        micro_batch_size=tcfg.micro_batch_size, row_multiple=row_multiple,
+        shared_prefix=tcfg.shared_prefix_teacher, shape_reuse_slack=tcfg.shape_reuse_slack)
+
+
 class Trainer:
     """Student (full or LoRA) + frozen teacher on one mesh, optax state, and the step phases."""
 
@@ -130,7 +144,6 @@ class Trainer:
                  mesh: jax.sharding.Mesh, *, pad_id: int = 0):
         self.cfg = cfg
         self.mesh = mesh
-        tcfg = cfg.trainer
         self.trainable_filter = LoRAParam if cfg.model.lora.enabled else nnx.Param
         self.graphdef, self.trainable, self.frozen = nnx.split(student, self.trainable_filter, ...)
         # The frozen teacher runs in the compute dtype only: hold it there (half the bytes in bf16).
@@ -153,17 +166,14 @@ class Trainer:
         # on the mesh like every checkpointed leaf (orbax saves only global arrays from several processes)
         self.rng = multihost.place(np.asarray(jax.random.key_data(jax.random.key(cfg.seed))),
                                    NamedSharding(mesh, PartitionSpec()))
-        self.spec = BatchSpec(
-            batch_size=tcfg.rollout_batch_size, max_candidates=cfg.gateway.max_candidates,
-            min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
-            min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
-            use_hints=tcfg.uses_hints,
-            max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
-            temperature=tcfg.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
-            micro_batch_size=tcfg.micro_batch_size, row_multiple=batch_row_multiple(cfg, mesh),
-            shared_prefix=tcfg.shared_prefix_teacher)
+        self.spec = batch_spec(cfg, row_multiple=batch_row_multiple(cfg, mesh), pad_id=pad_id)
         self._batch_sharding = batch_sharding(cfg, mesh)
-        self._shapes_seen: set[tuple] = set()   # batch shapes trained on: each compiles the phases once
+        self._shapes_seen: set[tuple] = set()   # phase shapes trained on (`PackedBatch.phase_keys`): each compiles once
+        self.shape_ladder = shape_ladder(self.spec)
+        log.info("compiled step shapes: at most %d (student %d: rows %s x lengths %s x responses %s; teacher %d)",
+                 self.shape_ladder.bound, self.shape_ladder.student_shapes, list(self.shape_ladder.student_rows),
+                 list(self.shape_ladder.student_lengths), list(self.shape_ladder.response),
+                 self.shape_ladder.teacher_shapes)
         phases = jit_phases(cfg, self.settings, self.tx, self.schedule, trainable_shardings, opt_shardings)
         self._old_pass = phases["old_pass"]
         self._teacher_pass = phases["teacher_pass"]
@@ -251,14 +261,15 @@ class Trainer:
             old = jax.block_until_ready(self._old_pass(self.graphdef, state, inputs))
             times["old_pass"] = time.perf_counter() - t0
             t1 = time.perf_counter()
-            if self.spec.use_hints:
+            run_teacher = self.spec.use_hints and packed.has_teacher
+            if run_teacher:
                 teach = jax.block_until_ready(self._teacher_pass(
                     self.teacher_graphdef, self.teacher_state, teacher_inputs, inputs.response_ids, old.topk_ids))
-            else:  # `rl`: no candidate anywhere (candidate_mask 0), so no teacher forward at all
+            else:  # `rl`, or no sample with a candidate (candidate_mask 0): the loss reads no teacher output
                 teach = self._no_teacher(teacher_inputs.candidate_mask.shape, old.topk_ids.shape)
             times["teacher_pass"] = time.perf_counter() - t1
             t2 = time.perf_counter()
-            if self.spec.use_hints:
+            if run_teacher:
                 old_at = self._old_at(self.graphdef, state, old.hidden, teach.topk_ids)
             else:
                 old_at = teach.logprobs_at_student_ids
@@ -301,11 +312,11 @@ class Trainer:
 
     def _batch_stats(self, packed: PackedBatch) -> dict[str, float]:
         """Padding (padded / total token slots of the model inputs) and the compiled-shape count."""
-        key = packed.shape_key()
-        if key not in self._shapes_seen:
-            self._shapes_seen.add(key)
-            log.info("new batch shape (student %s, response %s, teacher %s): %d batch shapes compiled so far",
-                     key[0], key[1], key[2], len(self._shapes_seen))
+        for key in packed.phase_keys():
+            if key is not None and key not in self._shapes_seen:
+                self._shapes_seen.add(key)
+                log.info("new %s shape %s, responses %d: %d step shapes compiled so far (at most %d)", key[0],
+                         key[1], key[-1], len(self._shapes_seen), self.shape_ladder.bound)
         return {"batch/padding_fraction": packed.padding_fraction(),
                 "batch/student_padding_fraction": packed.padding_fraction("student"),
                 "batch/teacher_padding_fraction": packed.padding_fraction("teacher"),
