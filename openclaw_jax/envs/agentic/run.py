@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -163,6 +164,10 @@ class AgenticDriver:
             writer.flush()
         record = {"step": step, "heldout_success": result.success, "n": result.n, "per_family": result.per_family,
                   "turns": result.turns, "tool_calls": result.tool_calls, "tool_errors": result.tool_errors,
+                  "end_reasons": dict(Counter(e.end_reason for e in result.episodes)),
+                  # what the failed episodes ended with (to tell a wrong answer from a cut-off turn)
+                  "failures": [{"task": e.task.task_id, "end": e.end_reason, "text": e.final_text[-120:]}
+                               for e in result.episodes if not e.success],
                   "eval_s": time.monotonic() - t0}
         return record
 
