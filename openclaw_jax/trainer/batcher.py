@@ -149,10 +149,6 @@ class PackedBatch:
         real = sum(self.real_tokens.get(p, 0) for p in parts)
         return (total - real) / total if total else 0.0
 
-    def shape_key(self) -> tuple:
-        """The shapes that decide which compiled phases this batch runs."""
-        return self.phase_keys()
-
     def phase_keys(self) -> tuple[tuple, tuple | None]:
         """(student key, teacher key): the student phases (old pass, train step) compile once per
         student key, the teacher pass once per teacher key (None: no teacher pass runs)."""
