@@ -495,18 +495,17 @@ async def preference_score(
     persona: Persona,
     heldout_questions: Sequence[Question],
     *,
-    model: str | None = None,
-    max_tokens: int = 256,
-    system_prompt: str | None = None,
-    concurrency: int = 4,
     api_key: str | None = None,
-    session_prefix: str | None = None,
     writer: Any = None,
     step: int | None = None,
+    **answer_options: Any,
 ) -> PreferenceScore:
     """Fraction of greedy first answers on `heldout_questions` that satisfy `persona`.
 
-    Uses side turns, so measuring never feeds the trainer. When `writer` and `step` are given,
+    `answer_options` are `collect_first_answers`'s keywords (model, max_tokens, system_prompt,
+    concurrency, session_prefix), with its defaults; the session prefix defaults to a fresh
+    `pref-<persona>-<id>`. Uses side turns, so measuring never feeds the trainer. When `writer`
+    and `step` are given,
     writes `eval/satisfied_fraction` (= `.score`, the fraction satisfied),
     `eval/preference_score` (= `.mean_score`, the mean rubric grade, as the benchmark CLI does) and
     `eval/accuracy` (= `.accuracy`, NaN -- not written -- when no question has a numeric answer).
@@ -514,10 +513,8 @@ async def preference_score(
     own = isinstance(client_or_base_url, str)
     client = make_client(client_or_base_url, api_key=api_key) if own else client_or_base_url
     try:
-        answers = await collect_first_answers(
-            client, heldout_questions, model=model, max_tokens=max_tokens, system_prompt=system_prompt,
-            concurrency=concurrency, session_prefix=session_prefix or f"pref-{persona.name}-{uuid.uuid4().hex[:8]}",
-        )
+        answer_options.setdefault("session_prefix", f"pref-{persona.name}-{uuid.uuid4().hex[:8]}")
+        answers = await collect_first_answers(client, heldout_questions, **answer_options)
     finally:
         if own:
             await client.close()
