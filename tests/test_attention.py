@@ -248,3 +248,30 @@ def test_cached_attention_equals_the_reference_short_and_long_calls(L):
         values = np.concatenate([cache_v[b, :start[b]], v_new[b]])[None]
         ref = _np_attention(q[b:b + 1], keys, values, True, None, None)
         np.testing.assert_allclose(out[b], ref[0], atol=2e-5)
+
+
+@pytest.mark.parametrize("L", [12, A.CACHED_BLOCKWISE_MIN + 9])
+def test_cached_attention_with_segments_is_each_continuation_alone(L):
+    """Several continuations of a row's cached prefix packed into one call (segments 1, 2, ... and a
+    padding tail of segment 0, positions restarting at the prefix length): each equals the float64
+    loop over [the row's cached keys; that continuation's own keys], causal, short and long calls."""
+    rng = np.random.default_rng(5)
+    B, N, K, D, S = 2, 4, 2, 8, 40
+    q, k_new, v_new = (rng.standard_normal((B, L, h, D)).astype(np.float32) for h in (N, K, K))
+    cache_k, cache_v = (rng.standard_normal((B, S, K, D)).astype(np.float32) for _ in range(2))
+    start = np.array([31, 6])
+    cuts = [(0, L // 3, L - 2), (0, L // 2, L // 2 + 3)]   # row b: segments [cut_i, cut_i+1), tail padding
+    segments = np.zeros((B, L), np.int32)
+    positions = np.zeros((B, L), np.int32)
+    for b, (c0, c1, c2) in enumerate(cuts):
+        for sid, (lo, hi) in enumerate([(c0, c1), (c1, c2)], start=1):
+            segments[b, lo:hi] = sid
+            positions[b, lo:hi] = start[b] + np.arange(hi - lo)
+        positions[b, c2:] = start[b] + np.arange(L - c2)
+    out = np.asarray(jax.jit(A.cached_attention)(q, k_new, v_new, cache_k, cache_v, positions, segments))
+    for b, (c0, c1, c2) in enumerate(cuts):
+        for lo, hi in [(c0, c1), (c1, c2)]:
+            keys = np.concatenate([cache_k[b, :start[b]], k_new[b, lo:hi]])[None]
+            values = np.concatenate([cache_v[b, :start[b]], v_new[b, lo:hi]])[None]
+            ref = _np_attention(q[b:b + 1, lo:hi], keys, values, True, None, None)
+            np.testing.assert_allclose(out[b, lo:hi], ref[0], atol=2e-5)

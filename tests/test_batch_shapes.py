@@ -59,9 +59,10 @@ def _expected(spec: BatchSpec) -> tuple[set, set]:
     else:
         s_rows, t_rows = {b}, {b * c}
     student = {(r, n, x) for r in s_rows for n in lengths for x in t}
-    if spec.shared_prefix:
-        short = _lengths(spec.min_response_bucket, top, q)
-        teacher = {(b * c, p, s, x) for p in short for s in short for x in t}
+    if spec.shared_prefix:   # one row per sample: its candidates' suffixes packed back to back
+        prefixes = _lengths(spec.min_response_bucket, top, q)
+        suffixes = _lengths(spec.min_response_bucket, c * top, q)
+        teacher = {(b, p, s, x) for p in prefixes for s in suffixes for x in t}
     else:
         teacher = {(r, n, None, x) for r in t_rows for n in lengths for x in t}
     return student, teacher
@@ -71,8 +72,8 @@ def _flat_key(key) -> tuple:
     if key[0] == "student":
         return (key[1][0], key[1][1], key[2])
     shape, prefix = key[1], key[2]
-    if prefix is not None:   # [B, C, Ls] suffixes after a [B, P] prefix
-        return (shape[0] * shape[1], prefix[1], shape[2], key[3])
+    if prefix is not None:   # [B, Ls] rows of suffixes after a [B, P] prefix
+        return (shape[0], prefix[1], shape[1], key[3])
     if len(shape) == 3:      # unpacked [B, C, Lt]
         return (shape[0] * shape[1], shape[2], None, key[3])
     return (shape[0], shape[1], None, key[3])

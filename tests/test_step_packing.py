@@ -227,12 +227,15 @@ def test_shared_prefix_teacher_pass_equals_the_full_one(long_suffix):
             hint_prompt_ids=[prompt + ids(2 + 3 * j) + tail for j in range(n_hints)], weight_version="0"))
     full = pack(samples, spec)
     shared = pack(samples, dataclasses.replace(spec, shared_prefix=True))
-    assert (shared.teacher["input_ids"].shape[2] >= A.CACHED_BLOCKWISE_MIN) is long_suffix
+    assert (shared.teacher["input_ids"].shape[1] >= A.CACHED_BLOCKWISE_MIN) is long_suffix
     # two hints: the prompt before them; one candidate: all of its prompt but the last token
     assert shared.teacher["prefix_len"].tolist()[:4] == [
         len(s.prompt_ids) - 3 if len(s.hints) > 1 else len((s.hint_prompt_ids or [s.prompt_ids])[0]) - 1
         for s in samples]
-    assert shared.teacher["input_ids"].shape[2] < full.teacher["input_ids"].shape[2] or long_suffix  # both 128
+    # a sample's candidates share one row (segments 1, 2, ...) after its prefix
+    assert shared.teacher["input_ids"].shape[0] == spec.batch_size
+    assert [sorted(set(r) - {0}) for r in shared.teacher["segment_ids"][:4].tolist()] == [
+        list(range(1, int(n) + 1)) for n in full.teacher["candidate_mask"][:4].sum(1)]
     assert shared.real_tokens["teacher"] < full.real_tokens["teacher"]
     a, b = _step(full, train=False), _step(shared, train=False)
     mask = full.student["response_mask"] > 0

@@ -9,7 +9,9 @@ query i of row b sees key j when
   * `causal`: j <= i + (S - L) (the queries are the last L of the S keys; L == S for self-attention);
   * `kv_mask[b, j]` is True (padding, `[B, S]`, optional);
   * `segment_ids[b, i] == kv_segment_ids[b, j]` (packing, `[B, L]` / `[B, S]`, optional; the
-    keys' ids default to the queries' when L == S): attention never crosses a segment.
+    keys' ids default to the queries' when L == S): attention never crosses a segment. A key of
+    segment `SHARED_SEGMENT` (negative) is seen by every segment: a cached prefix that several
+    packed continuations share.
 A query that sees no key outputs zeros.
 
 Implementations
@@ -47,6 +49,9 @@ ACCELERATOR_BLOCK = 512
 # `cached_attention` calls with at least this many queries run the blockwise kernel (decode steps,
 # a few tokens, stay dense over the cache)
 CACHED_BLOCKWISE_MIN = 64
+
+# kv segment id of keys every query segment sees (the shared prefix of packed continuations)
+SHARED_SEGMENT = -1
 
 _NEG = -1e30  # finite "minus infinity" for masked scores (exp underflows to exactly 0)
 
@@ -147,7 +152,7 @@ def _visible(q_idx, k_idx, offset, causal, kv_valid, seg_q, seg_k):
     if kv_valid is not None:
         vis = vis & kv_valid[:, None, :]
     if seg_q is not None:
-        vis = vis & (seg_q[:, :, None] == seg_k[:, None, :])
+        vis = vis & ((seg_q[:, :, None] == seg_k[:, None, :]) | (seg_k[:, None, :] < 0))
     return vis
 
 
@@ -364,13 +369,15 @@ def attention_flops(batch: int, q_len: int, kv_len: int, heads: int, head_dim: i
 
 
 def cached_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
-                     positions: jax.Array) -> jax.Array:
+                     positions: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
     """Attention of this call's queries over the cache and this call's own keys, in one softmax.
 
-    q, k_new, v_new `[B, L, *, D]` at `positions [B, L]` (contiguous per row); cache_k/v
-    `[B, S, K, D]`, read in place (not concatenated). Cache slot j is visible when
+    q, k_new, v_new `[B, L, *, D]` at `positions [B, L]` (contiguous per row, or per segment);
+    cache_k/v `[B, S, K, D]`, read in place (not concatenated). Cache slot j is visible when
     j < positions[b, 0] (written by earlier calls); new token i is visible to query l when
-    positions[b, i] <= positions[b, l]. Dense over the cache (decode queries are short); the
+    positions[b, i] <= positions[b, l] and, with `segment_ids [B, L]` (several continuations of
+    the same cached prefix packed in a row, each a contiguous segment whose positions start at the
+    cache's length), when both are of the same segment. Dense over the cache (decode queries are short); the
     masks are comparisons of positions that XLA fuses into the score select. A long call (at least
     `CACHED_BLOCKWISE_MIN` queries: a prompt continuing a cached prefix, the shared-prefix teacher's
     candidates) runs the blockwise kernel over [cache; own keys] instead: the same visibility
@@ -386,7 +393,11 @@ def cached_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: 
         # masked: only those before this call's first position) and its own keys up to itself
         visible = jnp.concatenate([jnp.arange(S, dtype=jnp.int32)[None, :] < positions[:, :1],
                                    jnp.ones((B, L), bool)], axis=1)
-        return blockwise_attention(q, keys, values, causal=True, kv_mask=visible)
+        if segment_ids is None:
+            return blockwise_attention(q, keys, values, causal=True, kv_mask=visible)
+        kv_segments = jnp.concatenate([jnp.full((B, S), SHARED_SEGMENT, jnp.int32), segment_ids.astype(jnp.int32)], 1)
+        return blockwise_attention(q, keys, values, causal=True, kv_mask=visible, segment_ids=segment_ids,
+                                   kv_segment_ids=kv_segments)
     qg = q.reshape(B, L, K, N // K, D)
     scale = D ** -0.5
     neg = jnp.finfo(jnp.float32).min
@@ -395,6 +406,8 @@ def cached_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: 
     old = jnp.where(old_mask[:, None, None, :, :], old, neg)
     new = jnp.einsum("blkgd,bikd->bkgli", qg, k_new.astype(dtype), preferred_element_type=jnp.float32) * scale
     new_mask = positions[:, None, :] <= positions[:, :, None]                                  # [B, L, L]
+    if segment_ids is not None:
+        new_mask = new_mask & (segment_ids[:, None, :] == segment_ids[:, :, None])
     new = jnp.where(new_mask[:, None, None, :, :], new, neg)
     probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(dtype)
     out = (jnp.einsum("bkgls,bskd->blkgd", probs[..., :S], cache_v.astype(dtype))

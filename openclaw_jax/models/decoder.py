@@ -169,7 +169,7 @@ class Attention(nnx.Module):
             if mask.return_kv:
                 return self.o_proj(out), k, v
             return self.o_proj(out), None, None
-        out = cached_attention(q, k, v, cache_k, cache_v, write_positions)
+        out = cached_attention(q, k, v, cache_k, cache_v, write_positions, None if mask is None else mask.segment_ids)
         return self.o_proj(out), k.astype(cache_k.dtype), v.astype(cache_v.dtype)
 
 
@@ -276,10 +276,16 @@ class Decoder(nnx.Module):
         hidden, cache = self.decode_hidden(input_ids, positions, cache)
         return self.logits(hidden), cache
 
-    def decode_hidden(self, input_ids: jax.Array, positions: jax.Array,
-                      cache: KVCache) -> tuple[jax.Array, KVCache]:
-        """Like `decode` but returns final-norm hidden states `[B, L, H]`."""
-        return self._run(input_ids, positions.astype(jnp.int32), None, cache)
+    def decode_hidden(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache,
+                      segment_ids: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+        """Like `decode` but returns final-norm hidden states `[B, L, H]`.
+
+        `segment_ids [B, L]`: the row holds several continuations of the cached prefix (each a
+        contiguous segment, positions from the prefix's length), which never see each other; the
+        returned cache is then meaningless (their k/v share slots), only the hidden states count.
+        """
+        mask = None if segment_ids is None else AttentionMask(segment_ids=segment_ids)
+        return self._run(input_ids, positions.astype(jnp.int32), mask, cache)
 
     def prefill_hidden(self, input_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """`decode_hidden` of tokens at positions 0..L-1 into an *empty* cache (a prompt prefill).
@@ -319,9 +325,9 @@ class Decoder(nnx.Module):
             ck = constrain(cache.k, cache_axes, cfg.family)
             cv = constrain(cache.v, cache_axes, cfg.family)
             # The layers only read the cache; this call's k/v ([layers, B, L, K, D]) are written
-            # once afterwards, in place when the caller donates the cache. A prefill (mask given)
-            # does not read the empty cache at all.
-            cache_xs = (None, None) if mask is not None else (ck, cv)
+            # once afterwards, in place when the caller donates the cache. A prefill (mask with
+            # return_kv) does not read the empty cache at all.
+            cache_xs = (None, None) if mask is not None and mask.return_kv else (ck, cv)
             h, (new_k, new_v) = jax.lax.scan(layer, h, (stacked,) + cache_xs)
             new_k, new_v = new_k.astype(ck.dtype), new_v.astype(cv.dtype)
             rows = jnp.broadcast_to(jnp.arange(input_ids.shape[0])[:, None], positions.shape)

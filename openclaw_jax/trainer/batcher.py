@@ -28,9 +28,10 @@ times the longest sequence's bucket, which bounds the extra attention). So the s
 compile are known from the spec alone: `ShapeLadder.bound` (the trainer logs it at start). A batch
 in which no sample has a teacher candidate runs no teacher pass (its teacher slots count 0).
 
-Shared prefix (`BatchSpec.shared_prefix`, teacher only, not packed): the prompt tokens common to
-all candidates of a sample (everything before the hint) become `prefix_ids`, run once per sample;
-each candidate keeps only the rest of its prompt and the response (step.py).
+Shared prefix (`BatchSpec.shared_prefix`, teacher only): the prompt tokens common to all
+candidates of a sample (everything before the hint) become `prefix_ids`, run once per sample; each
+candidate keeps only the rest of its prompt and the response, and a sample's candidates are packed
+into one row (segments) that attends to the prefix's KV cache (step.py).
 
 Staleness: a sample generated with weight version v is `current - v` versions old. With
 `staleness_mode="drop"` samples older than `max_staleness` are dropped; with `"importance"`
@@ -209,7 +210,8 @@ class ShapeLadder:
 
     student: (rows, length) of the student's `input_ids` (unpacked: rows = batch_size);
     teacher: (rows, length) of the teacher's packed `input_ids` (unpacked: rows = batch_size * C);
-    prefix: shared-prefix teacher lengths of `prefix_ids` and of each candidate's suffix;
+    prefix / suffix: shared-prefix teacher lengths of `prefix_ids` and of the row of a sample's
+    candidate suffixes;
     response: T of the per-sample `[B, T]` arrays. The student phases (old pass, train step) compile
     once per (student shape, T), the teacher pass once per (teacher shape, T); a batch without any
     teacher candidate runs no teacher pass."""
@@ -219,6 +221,7 @@ class ShapeLadder:
     teacher_rows: tuple[int, ...]
     teacher_lengths: tuple[int, ...]
     prefix_lengths: tuple[int, ...]
+    suffix_lengths: tuple[int, ...]
     response: tuple[int, ...]
     shared_prefix: bool
     use_teacher: bool
@@ -232,7 +235,7 @@ class ShapeLadder:
         if not self.use_teacher:
             return 0
         if self.shared_prefix:
-            return len(self.prefix_lengths) ** 2 * len(self.response)
+            return len(self.prefix_lengths) * len(self.suffix_lengths) * len(self.response)
         return len(self.teacher_rows) * len(self.teacher_lengths) * len(self.response)
 
     @property
@@ -251,7 +254,9 @@ def shape_ladder(spec: BatchSpec) -> ShapeLadder:
     else:
         student_rows, teacher_rows = (b,), (b * c,)
     return ShapeLadder(student_rows, lengths, teacher_rows, lengths,
-                       length_ladder(spec.min_response_bucket, top, q), length_ladder(spec.min_response_bucket, top),
+                       length_ladder(spec.min_response_bucket, top, q),
+                       length_ladder(spec.min_response_bucket, max(c, 1) * top, q),
+                       length_ladder(spec.min_response_bucket, top),
                        spec.shared_prefix, spec.use_hints and c > 0)
 
 
@@ -427,31 +432,42 @@ def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
 
 def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[dict[str, np.ndarray], int]:
     """Teacher arrays with each sample's common candidate-prompt prefix split off (`TeacherInputs`):
-    prefix_ids [B, P], prefix_len [B], and per candidate the rest of its prompt + the response. The
-    prefix stops one token short of the shortest prompt, so every suffix holds the position that
-    predicts the first response token. Returns (arrays, real teacher tokens)."""
+    prefix_ids [B, P], prefix_len [B]; row i of input_ids [B, Ls] holds sample i's candidates' rests
+    (the prompt past the prefix + the response) back to back, one segment each (segment_ids,
+    offset), at positions continuing after the prefix. The prefix stops one token short of the
+    shortest prompt, so every suffix holds the position that predicts the first response token.
+    Returns (arrays, real teacher tokens)."""
     b, c, q = spec.batch_size, spec.max_candidates, spec.bucket_quantum
     prompts = [teacher_prompts(s, spec) for s in samples]
     plen = [min(_common_prefix(ps), min(len(p) for p in ps) - 1) if ps else 0 for ps in prompts]
-    suffix = max([len(p) - n + len(s.response_ids) for s, ps, n in zip(samples, prompts, plen) for p in ps] + [1])
+    rests = [[p[n:] + list(s.response_ids) for p in ps] for s, ps, n in zip(samples, prompts, plen)]
     lp = bucket_length(max(plen + [1]), spec.min_response_bucket, spec.max_seq_len, q)
-    ls = bucket_length(suffix, spec.min_response_bucket, spec.max_seq_len, q)
-    teacher = {"input_ids": np.full((b, c, ls), spec.pad_id, np.int32), "response_start": np.ones((b, c), np.int32),
+    ls = bucket_length(max([sum(map(len, r)) for r in rests] + [1]), spec.min_response_bucket,
+                       max(c, 1) * spec.max_seq_len, q)
+    teacher = {"input_ids": np.full((b, ls), spec.pad_id, np.int32), "response_start": np.ones((b, c), np.int32),
                "candidate_mask": np.zeros((b, c), np.float32), "prefix_ids": np.full((b, lp), spec.pad_id, np.int32),
-               "prefix_len": np.zeros((b,), np.int32)}
+               "prefix_len": np.zeros((b,), np.int32), "segment_ids": np.zeros((b, ls), np.int32),
+               "positions": np.broadcast_to(np.arange(ls, dtype=np.int32), (b, ls)).copy(),
+               "row": np.broadcast_to(np.arange(b, dtype=np.int32)[:, None], (b, c)).copy(),
+               "offset": np.zeros((b, c), np.int32)}
     real = 0
-    for i, (s, ps, n) in enumerate(zip(samples, prompts, plen)):
+    for i, (ps, n, rest) in enumerate(zip(prompts, plen, rests)):
         if not ps:
             continue
         teacher["prefix_ids"][i, :n] = ps[0][:n]
         teacher["prefix_len"][i] = n
+        teacher["positions"][i] += n          # the padding tail too: any position past the prefix
         real += n
-        for j, p in enumerate(ps):
-            rest = p[n:] + list(s.response_ids)
-            teacher["input_ids"][i, j, :len(rest)] = rest
+        o = 0
+        for j, (p, r) in enumerate(zip(ps, rest)):
+            teacher["input_ids"][i, o:o + len(r)] = r
+            teacher["segment_ids"][i, o:o + len(r)] = j + 1
+            teacher["positions"][i, o:o + len(r)] = n + np.arange(len(r))
+            teacher["offset"][i, j] = o
             teacher["response_start"][i, j] = len(p) - n
             teacher["candidate_mask"][i, j] = 1.0
-            real += len(rest)
+            o += len(r)
+        real += o
     return teacher, real
 
 

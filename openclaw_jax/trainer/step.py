@@ -85,8 +85,9 @@ class TeacherInputs:
     input_ids [B, C, Lt]; response_start [B, C]; candidate_mask [B, C] (0 = padding candidate).
     Packed (module doc): input_ids, positions, segment_ids [R, Lt]; row, offset [B, C].
     Shared prefix: prefix_ids [B, P] (the prompt tokens every candidate of a sample shares),
-    prefix_len [B]; input_ids [B, C, Ls] are then each candidate's tokens after the prefix (its
-    hint + the response) and response_start counts from the end of the prefix.
+    prefix_len [B]; row b of input_ids, positions, segment_ids [B, Ls] then holds sample b's
+    candidates' tokens after the prefix (hint + response), one segment each at positions from
+    prefix_len; row [B, C] = b, offset [B, C] where each starts; response_start counts from it.
     """
 
     input_ids: jax.Array
@@ -204,23 +205,28 @@ def _response_hidden(model, input_ids, response_start, length, positions=None, s
     if segment_ids is None:
         return gather_response(model.hidden_states(input_ids), response_start, length)
     hidden = model.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)    # [R, L, H]
-    idx = (offset + response_start)[:, None].astype(jnp.int32) - 1 + jnp.arange(length, dtype=jnp.int32)[None, :]
+    return _gather_packed(hidden, row, offset + response_start, length)
+
+
+def _gather_packed(hidden: jax.Array, row: jax.Array, start: jax.Array, length: int) -> jax.Array:
+    """`[N, length, H]`: sequence n's hidden states at row[n], slots start[n] - 1 ... (the positions
+    that predict its response tokens, which begin at slot start[n])."""
+    idx = start[:, None].astype(jnp.int32) - 1 + jnp.arange(length, dtype=jnp.int32)[None, :]
     idx = jnp.clip(idx, 0, hidden.shape[1] - 1)
     return hidden[row.astype(jnp.int32)[:, None], idx]
 
 
 def _shared_prefix_hidden(model, inputs: TeacherInputs, length: int) -> jax.Array:
     """Response hidden states `[B*C, length, H]` of every candidate: the shared prefix runs once per
-    sample into a KV cache; each candidate's suffix (hint + response) then attends to that cache
-    (slots < prefix_len) and causally to itself, at positions continuing after the prefix."""
-    b, c, ls = inputs.input_ids.shape
+    sample into a KV cache; the row of the sample's candidate suffixes (hint + response, one
+    segment each) then attends to that cache (slots < prefix_len) and causally within each
+    segment, at positions continuing after the prefix."""
+    b, c = inputs.candidate_mask.shape
     cache = model.init_cache(b, inputs.prefix_ids.shape[1])
     _, cache = model.prefill_hidden(inputs.prefix_ids, cache)
-    cache = KVCache(*(jnp.repeat(x, c, axis=1) for x in cache))          # row b*C + c: sample b's prefix
-    prefix_len = jnp.repeat(inputs.prefix_len.astype(jnp.int32), c)
-    positions = prefix_len[:, None] + jnp.arange(ls, dtype=jnp.int32)[None, :]
-    hidden, _ = model.decode_hidden(inputs.input_ids.reshape(b * c, ls), positions, cache)
-    return gather_response(hidden, inputs.response_start.reshape(b * c), length)
+    hidden, _ = model.decode_hidden(inputs.input_ids, inputs.positions, cache, inputs.segment_ids)   # [B, Ls, H]
+    return _gather_packed(hidden, inputs.row.reshape(b * c), (inputs.offset + inputs.response_start).reshape(b * c),
+                          length)
 
 
 def _student_hidden(model, inputs: StudentInputs, length: int) -> jax.Array:
@@ -250,28 +256,27 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
     model = _merge(graphdef, state, dtype=settings.compute_dtype)
     b, c = inputs.candidate_mask.shape
     t, k = student_topk_ids.shape[1], student_topk_ids.shape[2]
-    packed = inputs.segment_ids is not None
-    flat_ids = inputs.input_ids if packed else inputs.input_ids.reshape(b * c, -1)
-    flat_start = inputs.response_start.reshape(b * c)
-    packing = ((inputs.positions, inputs.segment_ids), (inputs.row.reshape(b * c), inputs.offset.reshape(b * c))
-               ) if packed else ((None, None), (None, None))
     # One LM-head pass gives the teacher's own top-K, its log-prob of y_t and its log-probs at S^q.
     tokens = jnp.broadcast_to(response_ids[:, None, :, None], (b, c, t, 1))
     at_ids = jnp.concatenate([tokens, jnp.broadcast_to(student_topk_ids[:, None], (b, c, t, k))], axis=-1)
 
-    def rows(x):
-        ids, start, at, ((positions, segment_ids), (row, offset)) = x
-        hidden = _response_hidden(model, ids, start, t, positions, segment_ids, row, offset)   # [rows, T, H]
+    def stats_of(hidden, at):
         return ops.vocab_stats(hidden, model.lm_head_kernel(), ids=at, top_k=settings.top_k,
                                temperature=settings.temperature, chunk_size=settings.chunk_size)
 
+    def rows(x):
+        ids, start, at, ((positions, segment_ids), (row, offset)) = x
+        return stats_of(_response_hidden(model, ids, start, t, positions, segment_ids, row, offset), at)
+
     if inputs.prefix_ids is not None:  # shared prefix (not micro-batched: the config refuses both)
-        stats = ops.vocab_stats(_shared_prefix_hidden(model, inputs, t), model.lm_head_kernel(),
-                                ids=at_ids.reshape(b * c, t, 1 + k), top_k=settings.top_k,
-                                temperature=settings.temperature, chunk_size=settings.chunk_size)
+        stats = stats_of(_shared_prefix_hidden(model, inputs, t), at_ids.reshape(b * c, t, 1 + k))
     else:
-        stats = _map_rows(rows, (flat_ids, flat_start, at_ids.reshape(b * c, t, 1 + k), packing),
-                          settings.micro_batch_size, b * c)
+        packed = inputs.segment_ids is not None
+        flat_ids = inputs.input_ids if packed else inputs.input_ids.reshape(b * c, -1)
+        packing = ((inputs.positions, inputs.segment_ids), (inputs.row.reshape(b * c), inputs.offset.reshape(b * c))
+                   ) if packed else ((None, None), (None, None))
+        stats = _map_rows(rows, (flat_ids, inputs.response_start.reshape(b * c), at_ids.reshape(b * c, t, 1 + k),
+                                 packing), settings.micro_batch_size, b * c)
     kt = stats.topk_ids.shape[-1]
     at = stats.logprobs_at_ids.reshape(b, c, t, 1 + k)
     return TeacherPassOutput(
