@@ -23,6 +23,20 @@ import os
 import statistics
 
 
+def windows_of(run_dir: str, batcher) -> list[tuple[int, int, int]]:
+    """(step, start, stop) of each window the run trained on (`steps.jsonl`; without one, consecutive
+    `batch_size` windows), as far as the store holds samples."""
+    available = batcher.tail.refresh()
+    steps_file = os.path.join(run_dir, "steps.jsonl")
+    if os.path.exists(steps_file):
+        with open(steps_file) as f:
+            windows = [(r["step"], r["start_offset"], r["end_offset"]) for r in map(json.loads, f) if r]
+    else:
+        b = batcher.spec.batch_size
+        windows = [(i // b + 1, i, i + b) for i in range(0, available - b + 1, b)]
+    return [w for w in windows if w[2] <= available]
+
+
 def replay(run_dir: str, config: str | None = None, overrides: tuple[str, ...] = ()) -> dict:
     from openclaw_jax.config import load_experiment_config
     from openclaw_jax.trainer.batcher import SampleBatcher, shape_ladder
@@ -32,18 +46,8 @@ def replay(run_dir: str, config: str | None = None, overrides: tuple[str, ...] =
     spec = batch_spec(cfg)
     batcher = SampleBatcher(os.path.join(run_dir, "samples"), spec)
     try:
-        available = batcher.tail.refresh()
-        steps_file = os.path.join(run_dir, "steps.jsonl")
-        if os.path.exists(steps_file):
-            with open(steps_file) as f:
-                windows = [(r["step"], r["start_offset"], r["end_offset"]) for r in map(json.loads, f) if r]
-        else:
-            b = spec.batch_size
-            windows = [(i // b + 1, i, i + b) for i in range(0, available - b + 1, b)]
         rows, keys = [], set()
-        for step, start, stop in windows:
-            if stop > available:
-                break
+        for step, start, stop in windows_of(run_dir, batcher):
             packed = next(iter(batcher.batches(start, stop, current_version=step - 1)), None)
             if packed is None:
                 continue
