@@ -51,7 +51,6 @@ from flax import nnx
 from openclaw_jax import ops
 from openclaw_jax.losses import HybridBatch, LossConfig, get_loss
 from openclaw_jax.losses.policy import MetricStat, finalize_metrics
-from openclaw_jax.models.decoder import KVCache
 
 
 @jax.tree_util.register_dataclass
