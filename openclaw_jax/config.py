@@ -116,6 +116,10 @@ class PolicyConfig:
 class OptimizerConfig:
     lr: float = 1e-5
     warmup_steps: int = 0
+    # "constant" after the warm-up, or "cosine": decay to final_lr_ratio * lr at trainer.max_steps
+    # (late steps of a short online run then settle the policy instead of moving it as far as the first)
+    schedule: Literal["constant", "cosine"] = "constant"
+    final_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.98
@@ -125,6 +129,10 @@ class OptimizerConfig:
     def __post_init__(self):
         _require(self.lr > 0, f"trainer.optimizer.lr={self.lr} must be > 0")
         _require(self.warmup_steps >= 0, f"trainer.optimizer.warmup_steps={self.warmup_steps} must be >= 0")
+        _require(self.schedule in ("constant", "cosine"),
+                 f"trainer.optimizer.schedule={self.schedule!r} must be 'constant' or 'cosine'")
+        _require(0 <= self.final_lr_ratio <= 1,
+                 f"trainer.optimizer.final_lr_ratio={self.final_lr_ratio} must be in [0, 1]")
         _require(0 <= self.b1 < 1 and 0 <= self.b2 < 1, f"trainer.optimizer betas ({self.b1}, {self.b2}) must be in [0, 1)")
         _require(self.grad_clip > 0, f"trainer.optimizer.grad_clip={self.grad_clip} must be > 0")
 

@@ -154,6 +154,23 @@ def test_make_optimizer_clips_then_warms_up():
     np.testing.assert_allclose(np.asarray(updates["w"]), [-2.5e-4, 2.5e-4, 0.0], rtol=1e-3, atol=1e-9)
 
 
+def test_make_optimizer_cosine_decay_reaches_the_final_ratio_at_decay_steps():
+    import math
+
+    lr, warmup, total, ratio = 3e-5, 2, 15, 0.1
+    _, schedule = S.make_optimizer(lr, warmup_steps=warmup, decay_steps=total, final_lr_ratio=ratio)
+    for step in range(total + 3):
+        if step < warmup:  # the linear warm-up is unchanged
+            want = lr / warmup + (lr - lr / warmup) * step / warmup
+        else:  # half a cosine from lr down to ratio * lr over the remaining steps, then flat
+            frac = min(step - warmup, total - warmup) / (total - warmup)
+            want = lr * (ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+        assert float(schedule(step)) == pytest.approx(want, rel=1e-5), step
+    # without decay steps the learning rate stays at its peak
+    _, flat = S.make_optimizer(lr, warmup_steps=warmup)
+    assert float(flat(100)) == pytest.approx(lr)
+
+
 def test_gather_response_positions():
     x = jnp.arange(2 * 6, dtype=jnp.float32).reshape(2, 6)[..., None]
     got = S.gather_response(x, jnp.asarray([2, 4]), 3)[..., 0]

@@ -67,8 +67,10 @@ def step_settings(cfg: ExperimentConfig) -> S.StepSettings:
 
 def make_optimizer(cfg: ExperimentConfig):
     opt = cfg.trainer.optimizer
+    decay_steps = cfg.trainer.max_steps if opt.schedule == "cosine" else 0
     return S.make_optimizer(opt.lr, warmup_steps=opt.warmup_steps, weight_decay=opt.weight_decay, b1=opt.b1,
-                            b2=opt.b2, eps=opt.eps, grad_clip=opt.grad_clip)
+                            b2=opt.b2, eps=opt.eps, grad_clip=opt.grad_clip, decay_steps=decay_steps,
+                            final_lr_ratio=opt.final_lr_ratio)
 
 
 def optimizer_shardings(tx, trainable: Any, mesh: jax.sharding.Mesh) -> Any:

@@ -394,15 +394,16 @@ def _optimizer_count(opt_state: Any) -> jax.Array:
 
 
 def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.0, b1: float = 0.9,
-                   b2: float = 0.98, eps: float = 1e-8, grad_clip: float = 1.0
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Global-norm clip then AdamW with linear warm-up to a constant learning rate."""
-    if warmup_steps > 0:
-        schedule = optax.join_schedules(
-            [optax.linear_schedule(lr / max(warmup_steps, 1), lr, warmup_steps), optax.constant_schedule(lr)],
-            [warmup_steps])
+                   b2: float = 0.98, eps: float = 1e-8, grad_clip: float = 1.0, decay_steps: int = 0,
+                   final_lr_ratio: float = 0.1) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Global-norm clip then AdamW with a linear warm-up to `lr`, then constant (`decay_steps` 0) or a
+    cosine decay reaching `final_lr_ratio * lr` at step `decay_steps` (counted from the first step)."""
+    warmup = [optax.linear_schedule(lr / warmup_steps, lr, warmup_steps)] if warmup_steps > 0 else []
+    if decay_steps > warmup_steps:
+        after = optax.cosine_decay_schedule(lr, decay_steps - warmup_steps, alpha=final_lr_ratio)
     else:
-        schedule = optax.constant_schedule(lr)
+        after = optax.constant_schedule(lr)
+    schedule = optax.join_schedules(warmup + [after], [warmup_steps]) if warmup else after
     tx = optax.chain(
         optax.clip_by_global_norm(grad_clip),
         optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
