@@ -177,6 +177,16 @@ def test_gather_response_positions():
     np.testing.assert_array_equal(np.asarray(got), [[1, 2, 3], [9, 10, 11]])
 
 
+def test_gather_response_reads_packed_rows():
+    # three sequences packed into two rows: (row, first response slot) = (0, 2), (1, 1), (0, 5)
+    x = jnp.arange(2 * 8, dtype=jnp.float32).reshape(2, 8)[..., None]
+    got = S.gather_response(x, jnp.asarray([2, 1, 5]), 3, row=jnp.asarray([0, 1, 0]))[..., 0]
+    # slot s predicts the token at s + 1; indices past the row are clamped to its last slot
+    np.testing.assert_array_equal(np.asarray(got), [[1, 2, 3], [8, 9, 10], [4, 5, 6]])
+    got = S.gather_response(x, jnp.asarray([7]), 3, row=jnp.asarray([1]))[..., 0]
+    np.testing.assert_array_equal(np.asarray(got), [[14, 15, 15]])
+
+
 def test_importance_weights_truncate():
     old = jnp.log(jnp.asarray([[0.5, 0.9, 0.1]]))
     rollout = jnp.log(jnp.asarray([[0.25, 0.3, 0.2]]))

@@ -176,13 +176,17 @@ def _map_rows(fn, rows: Any, micro_batch_size: int, count: int) -> Any:
     return join_micro(jax.lax.map(fn, split_micro(rows, n)))
 
 
-def gather_response(x: jax.Array, response_start: jax.Array, length: int) -> jax.Array:
-    """Rows of `x [B, L, ...]` at indices `response_start[b] - 1 + t`, t < length -> `[B, length, ...]`.
+def gather_response(x: jax.Array, response_start: jax.Array, length: int, row: jax.Array | None = None) -> jax.Array:
+    """Rows of `x [B, L, ...]` at indices `response_start[b] - 1 + t`, t < length -> `[B, length, ...]`
+    (the slots that predict the response tokens). With `row [N]` (packed rows), sequence n is read
+    from row `row[n]` of `x` and the result is `[N, length, ...]`.
 
     Indices past the sequence are clamped; those positions are masked by the caller.
     """
     idx = response_start[:, None].astype(jnp.int32) - 1 + jnp.arange(length, dtype=jnp.int32)[None, :]
     idx = jnp.clip(idx, 0, x.shape[1] - 1)
+    if row is not None:
+        return x[row.astype(jnp.int32)[:, None], idx]
     idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
     return jnp.take_along_axis(x, idx, axis=1)
 
@@ -204,15 +208,7 @@ def _response_hidden(model, input_ids, response_start, length, positions=None, s
     if segment_ids is None:
         return gather_response(model.hidden_states(input_ids), response_start, length)
     hidden = model.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)    # [R, L, H]
-    return _gather_packed(hidden, row, offset + response_start, length)
-
-
-def _gather_packed(hidden: jax.Array, row: jax.Array, start: jax.Array, length: int) -> jax.Array:
-    """`[N, length, H]`: sequence n's hidden states at row[n], slots start[n] - 1 ... (the positions
-    that predict its response tokens, which begin at slot start[n])."""
-    idx = start[:, None].astype(jnp.int32) - 1 + jnp.arange(length, dtype=jnp.int32)[None, :]
-    idx = jnp.clip(idx, 0, hidden.shape[1] - 1)
-    return hidden[row.astype(jnp.int32)[:, None], idx]
+    return gather_response(hidden, offset + response_start, length, row)
 
 
 def _shared_prefix_hidden(model, inputs: TeacherInputs, length: int) -> jax.Array:
@@ -224,8 +220,8 @@ def _shared_prefix_hidden(model, inputs: TeacherInputs, length: int) -> jax.Arra
     cache = model.init_cache(b, inputs.prefix_ids.shape[1])
     _, cache = model.prefill_hidden(inputs.prefix_ids, cache)
     hidden, _ = model.decode_hidden(inputs.input_ids, inputs.positions, cache, inputs.segment_ids)   # [B, Ls, H]
-    return _gather_packed(hidden, inputs.row.reshape(b * c), (inputs.offset + inputs.response_start).reshape(b * c),
-                          length)
+    return gather_response(hidden, (inputs.offset + inputs.response_start).reshape(b * c), length,
+                           inputs.row.reshape(b * c))
 
 
 def _student_hidden(model, inputs: StudentInputs, length: int) -> jax.Array:
