@@ -359,7 +359,6 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
     t = bucket_length(max(len(s.response_ids) for s in samples), spec.min_response_bucket, spec.max_seq_len)
     ls = bucket_length(max(len(s.prompt_ids) + len(s.response_ids) for s in samples), spec.min_seq_bucket,
                        spec.max_seq_len, q)
-    lt = bucket_length(max(sample_length(s, spec) for s in samples), spec.min_seq_bucket, spec.max_seq_len, q)
 
     student = {
         "input_ids": np.full((b, ls), spec.pad_id, np.int32),
@@ -370,6 +369,9 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         "rollout_logprobs": np.zeros((b, t), np.float32),
         "sample_mask": np.zeros((b,), np.float32),
     }
+    # with a shared prefix the teacher's layout is built from the samples at the end
+    lt = 0 if spec.shared_prefix else bucket_length(max(sample_length(s, spec) for s in samples),
+                                                    spec.min_seq_bucket, spec.max_seq_len, q)
     teacher = {
         "input_ids": np.full((b, c, lt), spec.pad_id, np.int32),
         "response_start": np.ones((b, c), np.int32),
@@ -392,7 +394,7 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
                                         else np.asarray(s.token_advantages, np.float32))
         student["rollout_logprobs"][i, :r] = np.maximum(np.asarray(s.rollout_logprobs, np.float32), -1e4)
         student["sample_mask"][i] = 1.0
-        for j, prompt in enumerate(teacher_prompts(s, spec)):
+        for j, prompt in enumerate([] if spec.shared_prefix else teacher_prompts(s, spec)):
             teacher_seqs[i * c + j] = prompt + list(s.response_ids)
             teacher["input_ids"][i, j, :len(teacher_seqs[i * c + j])] = teacher_seqs[i * c + j]
             teacher["response_start"][i, j] = len(prompt)
