@@ -250,6 +250,9 @@ class ExperimentConfig:
                  f"{self.trainer.temperature}: the trainer's tau must equal the temperature the rollouts were sampled "
                  "with, or every sample is refused; set them equal (or trainer.allow_temperature_mismatch=true to "
                  "train on samples from another source)")
+        _require(self.loss.kl_coef == 0 or self.trainer.teacher == "initial",
+                 f"loss.kl_coef={self.loss.kl_coef} anchors the policy to the frozen initial model, but "
+                 f"trainer.teacher={self.trainer.teacher!r} replaces it; use trainer.teacher=initial or loss.kl_coef=0")
 
 
 def load_experiment_config(config_files=(), overrides=(), gin_files=(), gin_bindings=()) -> ExperimentConfig:

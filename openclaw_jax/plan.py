@@ -279,7 +279,9 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         old = run("old_pass", (graphdef, state, inputs))
         teach = run("teacher_pass", (teacher_graphdef, teacher_state, tinputs, inputs.response_ids, old.topk_ids))
         old_at = run("old_logprobs_at", (graphdef, state, old.hidden, teach.topk_ids))
-        batch = S.assemble_batch(inputs, tinputs, old, teach, old_at)
+        # the KL anchor's reference pass (the frozen model on the student's rows) runs only with kl_coef
+        ref = run("reference_pass", (teacher_graphdef, teacher_state, inputs)) if cfg.loss.kl_coef else None
+        batch = S.assemble_batch(inputs, tinputs, old, teach, old_at, ref_logprobs=ref)
         # the step of a weight sync (the largest): the train step that also writes the serving weights,
         # one more copy of the model in the compute dtype (LoRA merged), live until the hand-off
         out = run("train_step", (graphdef, trainable, frozen, opt_state, inputs, batch), donated=_tree_bytes(

@@ -130,3 +130,11 @@ def test_plan_counts_packed_rows_and_the_serving_copy(report):
     extra = train["output_bytes"] - report["param_bytes"] - report["optimizer_bytes"] - report["serving_bytes"]
     assert 0 <= extra <= 4096
     assert train["peak_bytes"] >= train["live_before_bytes"] + report["serving_bytes"]
+
+
+def test_plan_includes_the_reference_pass_with_a_kl_anchor(tmp_path):
+    report = json.loads(_plan(tmp_path, "--json", "loss.kl_coef=0.05"))
+    ref = report["phases"]["reference_pass"]
+    # the frozen model over the student's rows: a forward, no gradient (far fewer FLOPs than the step)
+    assert 0 < ref["flops"] < report["phases"]["train_step"]["flops"] / 2
+    assert report["peak_bytes"] >= ref["peak_bytes"]

@@ -65,7 +65,8 @@ def _response_logits(model, prompt, response, *, grad=False):
     return logits[len(prompt) - 1:len(prompt) - 1 + len(response)] / TAU
 
 
-def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, teacher_candidates=True):
+def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, teacher_candidates=True,
+               with_ref=False):
     import torch
 
     student, teacher = _torch_model(student_dir), _torch_model(teacher_dir)
@@ -79,7 +80,8 @@ def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, t
         student_topk_ids=np.zeros((B, T, K), np.int64), student_topk_logprobs=np.zeros((B, T, K)),
         teacher_topk_ids=np.zeros((B, C, T, K), np.int64), teacher_topk_logprobs=np.zeros((B, C, T, K)),
         teacher_logprobs_at_student_ids=np.zeros((B, C, T, K)), old_logprobs_at_teacher_ids=np.zeros((B, C, T, K)),
-        candidate_mask=np.zeros((B, C)), sample_mask=np.ones(B), segment_ids=None, ref_logprobs=None)
+        candidate_mask=np.zeros((B, C)), sample_mask=np.ones(B), segment_ids=None,
+        ref_logprobs=np.zeros((B, T)) if with_ref else None)
     for b, s in enumerate(samples):
         r = len(s.response_ids)
         z[b, :r] = _response_logits(student, s.prompt_ids, s.response_ids).numpy()
@@ -90,6 +92,9 @@ def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, t
         case["old_logprobs"][b, :r] = lsm[np.arange(r), y]      # old policy = the student at the step's start
         case["advantages"][b, :r] = s.reward
         case["rollout_logprobs"][b, :r] = s.rollout_logprobs
+        if with_ref:  # the KL anchor: the frozen teacher model on the un-hinted prompt
+            case["ref_logprobs"][b, :r] = log_softmax(_response_logits(teacher, s.prompt_ids, s.response_ids).numpy()
+                                                      )[np.arange(r), y]
         sq = np.argsort(-lsm, axis=-1, kind="stable")[:, :K]
         case["student_topk_ids"][b, :r] = sq
         case["student_topk_logprobs"][b, :r] = np.take_along_axis(lsm, sq, -1)
@@ -117,15 +122,17 @@ def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, t
     return loss, metrics, grad_norm
 
 
-@pytest.mark.parametrize("method,selection,subset,self_teacher", [
-    ("combine", "sequence_optimal", "student", False),
-    ("combine", "token_optimal", "teacher", False),
+@pytest.mark.parametrize("method,selection,subset,self_teacher,kl_coef", [
+    ("combine", "sequence_optimal", "student", False, 0.0),
+    ("combine", "token_optimal", "teacher", False, 0.0),
     # the method's own setting: the teacher is the frozen initial model, re-prompted with the hints
     # (so the top-K sets overlap and the `overlap` subset is not empty)
-    ("opd", "sequence_optimal", "overlap", True),
+    ("opd", "sequence_optimal", "overlap", True, 0.0),
+    # the KL anchor to the frozen model (the trainer's reference pass over the student's rows)
+    ("combine", "sequence_optimal", "student", False, 0.5),
 ])
 def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b, method, selection, subset,
-                                                self_teacher):
+                                                self_teacher, kl_coef):
     import jax
 
     from openclaw_jax.config import load_experiment_config
@@ -140,7 +147,7 @@ def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b
         f"trainer.temperature={TAU}", f"gateway.temperature={TAU}", f"trainer.top_k={TOP_K}", "trainer.chunk_size=8",
         "trainer.rollout_batch_size=4", f"gateway.max_candidates={max_candidates}",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.staleness_mode=drop",
-        "trainer.optimizer.lr=1e-3"])
+        "trainer.optimizer.lr=1e-3", f"loss.kl_coef={kl_coef}"])
     teacher_dir = tiny_qwen3_dir if self_teacher else tiny_qwen3_dir_b
     student = load_pretrained(tiny_qwen3_dir, dtype="float32").model
     teacher = load_pretrained(teacher_dir, dtype="float32").model
@@ -149,11 +156,14 @@ def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b
     samples = _samples(np.random.default_rng(0), student.cfg.vocab_size)
     metrics = trainer.train_on(pack(samples, trainer.spec))
 
-    loss_cfg = dict(hint_selection=selection, subset_mode=subset)
+    loss_cfg = dict(hint_selection=selection, subset_mode=subset, kl_coef=kl_coef)
     if method == "opd":
         loss_cfg["w_rl"] = 0.0
     ref_loss, ref_metrics, ref_grad_norm = _reference(tiny_qwen3_dir, teacher_dir, samples, max_candidates,
-                                                      loss_cfg)
+                                                      loss_cfg, with_ref=bool(kl_coef))
+    if kl_coef:  # the anchor's value, and its part of the loss and gradient checked below
+        assert metrics["kl_loss"] == pytest.approx(ref_metrics["kl_loss"], abs=2e-4, rel=1e-4)
+        assert ref_metrics["kl_loss"] > 1e-3
 
     assert metrics["loss"] == pytest.approx(ref_loss, abs=1e-4, rel=1e-4)
     for name in ("grpo_pg_loss", "opd_loss", "opd_subset_size", "sel_overlap_at_k_star", "sel_k_star_mean",

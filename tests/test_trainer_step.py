@@ -7,6 +7,7 @@ gathers written out per sample, per candidate, per token.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import chex
@@ -113,12 +114,33 @@ def test_teacher_pass_and_old_at_teacher_ids_match_reference(setup):
         assert setup["packed"].teacher["candidate_mask"][b].sum() == len(prompts)
 
 
-@pytest.mark.parametrize("loss_name", ["combine", "rl", "opd"])
-def test_train_step_matches_dense_loss(setup, loss_name):
-    """Chunked train step == dense `hybrid_loss` on full logits: value, metrics and the update."""
-    settings = S.StepSettings(loss_name=loss_name, loss=LossConfig(), temperature=TAU, top_k=4, chunk_size=4)
+@pytest.mark.parametrize("packing", [False, True])
+def test_reference_pass_matches_reference(setup, packing):
+    """The KL anchor's log-probs: the frozen model on each sample's own (un-hinted) prompt and response."""
+    spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8, packing=packing)
+    packed = pack(setup["samples"], spec)
+    inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
+    tgd, tstate = nnx.split(setup["teacher"])
+    ref = jax.jit(functools.partial(S.reference_pass, settings=setup["settings"]))(tgd, tstate, inputs)
+    assert ref.shape == inputs.response_ids.shape
+    for b, s in enumerate(setup["samples"]):
+        want = _reference_logp(setup["teacher"], s.prompt_ids, s.response_ids)
+        got = np.asarray(ref[b, :len(s.response_ids)])
+        np.testing.assert_allclose(got, want[np.arange(len(s.response_ids)), s.response_ids], atol=1e-5)
+
+
+@pytest.mark.parametrize("loss_name,kl_coef", [("combine", 0.0), ("rl", 0.0), ("opd", 0.0), ("combine", 0.3)])
+def test_train_step_matches_dense_loss(setup, loss_name, kl_coef):
+    """Chunked train step == dense `hybrid_loss` on full logits: value, metrics and the update (with
+    the KL anchor: reference log-probs from the teacher's reference pass)."""
+    settings = S.StepSettings(loss_name=loss_name, loss=LossConfig(kl_coef=kl_coef), temperature=TAU, top_k=4,
+                              chunk_size=4)
     inputs, tinputs = setup["inputs"], setup["tinputs"]
-    batch = S.assemble_batch(inputs, tinputs, setup["old"], setup["teach"], setup["old_at"])
+    ref = None
+    if kl_coef:
+        tgd, tstate = nnx.split(setup["teacher"])
+        ref = S.reference_pass(tgd, tstate, inputs, settings)
+    batch = S.assemble_batch(inputs, tinputs, setup["old"], setup["teach"], setup["old_at"], ref_logprobs=ref)
     gd, trainable, frozen = nnx.split(setup["student"], nnx.Param, ...)
     tx = optax.sgd(1.0)  # the update is then exactly -grad
     schedule = optax.constant_schedule(1.0)
@@ -127,6 +149,7 @@ def test_train_step_matches_dense_loss(setup, loss_name):
         gd, trainable, frozen, opt_state, inputs, batch)
 
     cfg = LossConfig(w_opd=0.0) if loss_name == "rl" else LossConfig(w_rl=0.0) if loss_name == "opd" else LossConfig()
+    cfg = dataclasses.replace(cfg, kl_coef=kl_coef)
 
     def dense(params):
         model = nnx.merge(gd, params, frozen)
@@ -138,6 +161,7 @@ def test_train_step_matches_dense_loss(setup, loss_name):
     assert abs(float(metrics["loss"]) - float(loss)) < 1e-5 * max(1.0, abs(float(loss)))
     for name, value in dense_metrics.items():
         assert abs(float(metrics[name]) - float(value)) < 1e-4, name
+    assert ("kl_loss" in metrics) == bool(kl_coef) and (not kl_coef or float(metrics["kl_loss"]) > 0)
     # the applied update is minus the dense gradient (same tree, leaf by leaf)
     chex.assert_trees_all_close(jax.tree.map(jnp.subtract, trainable, new), grads, atol=1e-5, rtol=0)
     assert float(metrics["grad_norm"]) == pytest.approx(float(optax.global_norm(grads)), rel=1e-4)

@@ -98,6 +98,7 @@ def jit_phases(cfg: ExperimentConfig, settings: S.StepSettings, tx, schedule, tr
     return {
         "old_pass": jax.jit(functools.partial(S.old_pass, settings=settings)),
         "teacher_pass": jax.jit(functools.partial(S.teacher_pass, settings=settings)),
+        "reference_pass": jax.jit(functools.partial(S.reference_pass, settings=settings)),
         "old_logprobs_at": jax.jit(functools.partial(S.old_logprobs_at, settings=settings)),
         "importance": jax.jit(functools.partial(S.importance_weights, cap=cfg.trainer.importance_cap)),
         "train_step": jax.jit(
@@ -179,6 +180,7 @@ class Trainer:
         phases = jit_phases(cfg, self.settings, self.tx, self.schedule, trainable_shardings, opt_shardings)
         self._old_pass = phases["old_pass"]
         self._teacher_pass = phases["teacher_pass"]
+        self._reference_pass = phases["reference_pass"]
         self._old_at = phases["old_logprobs_at"]
         self._importance = phases["importance"]
         self._train_step = phases["train_step"]
@@ -278,7 +280,12 @@ class Trainer:
             weights = None
             if self.cfg.trainer.staleness_mode == "importance":
                 weights = self._importance(old.old_logprobs, inputs.rollout_logprobs, inputs.response_mask)
-            batch = S.assemble_batch(inputs, teacher_inputs, old, teach, old_at, weights)
+            ref = None
+            if self.cfg.loss.kl_coef != 0:  # the frozen base model (the teacher's weights) on the student's rows
+                t3 = time.perf_counter()
+                ref = jax.block_until_ready(self._reference_pass(self.teacher_graphdef, self.teacher_state, inputs))
+                times["reference_pass"] = time.perf_counter() - t3
+            batch = S.assemble_batch(inputs, teacher_inputs, old, teach, old_at, weights, ref)
             k_star = self._k_star(old.topk_ids, teach.topk_ids, teacher_inputs.candidate_mask,
                                   inputs.response_mask)
             if serve:

@@ -244,6 +244,21 @@ def old_pass(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], i
     return _map_rows(rows, inputs, settings.micro_batch_size, inputs.response_ids.shape[0])
 
 
+def reference_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: StudentInputs,
+                   settings: StepSettings) -> jax.Array:
+    """The reference policy's log-probs of y_t on the student's own rows `[B, T]`, no gradient: the
+    frozen base model without any hint, for the `kl_coef` anchor (micro-batched like the old pass)."""
+    model = _merge(graphdef, state, dtype=settings.compute_dtype)
+    length = inputs.response_ids.shape[1]
+
+    def rows(x: StudentInputs):
+        return ops.logprobs_at_ids(_student_hidden(model, x, length), model.lm_head_kernel(),
+                                   x.response_ids[..., None], temperature=settings.temperature,
+                                   chunk_size=settings.chunk_size)[..., 0]
+
+    return jax.lax.stop_gradient(_map_rows(rows, inputs, settings.micro_batch_size, inputs.response_ids.shape[0]))
+
+
 def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs, response_ids: jax.Array,
                  student_topk_ids: jax.Array, settings: StepSettings) -> TeacherPassOutput:
     """Phase 2: the frozen teacher over all candidates as one batched [B*C, Lt] forward, no gradient
@@ -302,8 +317,10 @@ def importance_weights(old_logprobs: jax.Array, rollout_logprobs: jax.Array, mas
 
 def assemble_batch(inputs: StudentInputs, teacher: TeacherInputs, old: OldPassOutput,
                    teach: TeacherPassOutput, old_at_teacher: jax.Array,
-                   advantage_weights: jax.Array | None = None) -> HybridBatch:
-    """The loss batch from the three no-grad phases (advantages optionally importance-weighted)."""
+                   advantage_weights: jax.Array | None = None, ref_logprobs: jax.Array | None = None
+                   ) -> HybridBatch:
+    """The loss batch from the no-grad phases (advantages optionally importance-weighted; the
+    reference pass's log-probs when the loss has a KL anchor)."""
     advantages = inputs.advantages if advantage_weights is None else inputs.advantages * advantage_weights
     return HybridBatch(
         tokens=inputs.response_ids,
@@ -320,6 +337,7 @@ def assemble_batch(inputs: StudentInputs, teacher: TeacherInputs, old: OldPassOu
         sample_mask=inputs.sample_mask,
         rollout_logprobs=inputs.rollout_logprobs,
         teacher_logprobs_at_tokens=teach.logprobs_at_tokens,
+        ref_logprobs=ref_logprobs,
     )
 
 
