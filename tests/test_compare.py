@@ -42,7 +42,20 @@ def test_dry_run_same_budget_per_method_and_seed(capsys, tmp_path):
         assert line.endswith("trainer.max_steps=4") and f"run_dir={tmp_path}/{method}/seed{seed}" in line
 
 
-@pytest.mark.parametrize("argv", [["--methods", "combine,bogus"], ["--seeds", "0"], ["trainer.method=rl"]])
+def test_concurrent_runs_bind_their_own_gateway_ports(capsys, tmp_path):
+    argv = ["--config", "configs/cpu_demo.yaml", "--methods", "combine,rl", "--seeds", "1", "--out", str(tmp_path),
+            "--dry-run"]
+    assert C.main([*argv, "--jobs", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.endswith("gateway.port=0") for line in lines)
+    assert C.main([*argv, "--jobs", "2", "gateway.port=9123"]) == 0  # the user's own port choice stays
+    assert all(line.endswith("gateway.port=9123") for line in capsys.readouterr().out.splitlines())
+    assert C.main(argv) == 0  # one at a time: the config's port
+    assert not any("gateway.port" in line for line in capsys.readouterr().out.splitlines())
+
+
+@pytest.mark.parametrize("argv", [["--methods", "combine,bogus"], ["--seeds", "0"], ["trainer.method=rl"],
+                                  ["--jobs", "0"]])
 def test_bad_arguments_exit_2(argv, tmp_path):
     assert C.main(["--config", "configs/cpu_demo.yaml", "--out", str(tmp_path), *argv]) == 2
 

@@ -2,7 +2,7 @@
 then tabulate and plot held-out preference and accuracy against the step.
 
 Each (method, seed) is one `python -m openclaw_jax.train` run, one after the other (the runs share
-the machine), with the same config, the same `trainer.max_steps` x `trainer.rollout_batch_size`
+the machine; `--jobs N` runs N at once, each with its own ephemeral gateway port), with the same config, the same `trainer.max_steps` x `trainer.rollout_batch_size`
 samples, and `seed=S env.seed=S` (model sampling, trainer RNG, question order and held-out
 questions). Only `trainer.method` differs. Runs land in `<out>/<method>/seed<S>/`; a run whose
 `summary.json` already shows it finished is reused (re-running the command resumes a comparison).
@@ -18,10 +18,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import json
 import logging
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -206,6 +208,24 @@ def write_outputs(runs: dict[str, dict[int, list[dict[str, Any]]]], out: Path, s
 # ----------------------------------------------------------------------------- CLI
 
 
+def _train(args: argparse.Namespace, out: Path, method: str, seed: int, overrides: Sequence[str]) -> str | None:
+    """One training run (its output in `<out>/<method>/seed<S>.log`); an error message if it failed."""
+    run_dir = run_dir_for(out, method, seed)
+    if run_dir.exists() and args.rerun:
+        shutil.rmtree(run_dir)
+    cmd = train_command(args.config, method, seed, run_dir, overrides)
+    log.info("training %s seed %d: %s", method, seed, " ".join(cmd))
+    t0 = time.monotonic()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir.parent / f"seed{seed}.log"
+    with open(log_path, "w") as logf:
+        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, timeout=args.timeout)
+    if proc.returncode != 0 or not finished(run_dir):
+        return f"training {method} seed {seed} failed (exit {proc.returncode}); see {log_path}"
+    log.info("%s seed %d done in %.0f s", method, seed, time.monotonic() - t0)
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m openclaw_jax.eval.compare",
@@ -222,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun", action="store_true", help="train again even where a finished run exists")
     p.add_argument("--dry-run", action="store_true", help="print the training commands and exit")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one training run may take")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="training runs at once (default 1); each then binds an ephemeral gateway port "
+                        "(gateway.port=0). Two CPU demo runs take about 17 GB of memory together")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="overrides for every run, e.g. trainer.max_steps=10 (same budget for all methods)")
     return p
@@ -243,35 +266,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         if o.split("=", 1)[0] in ("trainer.method", "seed", "env.seed", "run_dir"):
             print(f"override {o!r} is set per run by the comparison; leave it out", file=sys.stderr)
             return 2
+    if args.jobs < 1:
+        print(f"--jobs {args.jobs} must be >= 1", file=sys.stderr)
+        return 2
+    overrides = list(args.overrides)
+    if args.jobs > 1 and not any(o.startswith("gateway.port=") for o in overrides):
+        overrides.append("gateway.port=0")  # concurrent runs cannot share the config's fixed port
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     out = Path(args.out or f"runs/compare_{Path(args.config[-1]).stem}")
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {m: {} for m in methods}
     plan = [(m, s) for s in seeds for m in methods]  # seed-major: a partial comparison covers every method
     if args.dry_run:
         for m, s in plan:
-            print(" ".join(train_command(args.config, m, s, run_dir_for(out, m, s), args.overrides)))
+            print(" ".join(train_command(args.config, m, s, run_dir_for(out, m, s), overrides)))
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    todo = [(m, s) for m, s in plan if args.rerun or not finished(run_dir_for(out, m, s))]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        errors = [e for e in pool.map(lambda ms: _train(args, out, *ms, overrides), todo) if e]
+    if errors:
+        for e in errors:
+            print(e, file=sys.stderr)
+        return 1
     for m, s in plan:
-        run_dir = run_dir_for(out, m, s)
-        if args.rerun or not finished(run_dir):
-            if run_dir.exists() and args.rerun:
-                import shutil
-
-                shutil.rmtree(run_dir)
-            cmd = train_command(args.config, m, s, run_dir, args.overrides)
-            log.info("training %s seed %d: %s", m, s, " ".join(cmd))
-            t0 = time.monotonic()
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with open(run_dir.parent / f"seed{s}.log", "w") as logf:
-                proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, timeout=args.timeout)
-            if proc.returncode != 0 or not finished(run_dir):
-                print(f"training {m} seed {s} failed (exit {proc.returncode}); see {run_dir.parent / f'seed{s}.log'}",
-                      file=sys.stderr)
-                return 1
-            log.info("%s seed %d done in %.0f s", m, s, time.monotonic() - t0)
-        runs[m][s] = read_evals(run_dir)
-    invocation = {"config": args.config, "methods": methods, "seeds": seeds, "overrides": args.overrides}
+        runs[m][s] = read_evals(run_dir_for(out, m, s))
+    invocation = {"config": args.config, "methods": methods, "seeds": seeds, "overrides": overrides}
     paths = write_outputs(runs, out, seeds, invocation)
     sys.stdout.write(paths["markdown"].read_text())
     for name, path in paths.items():
