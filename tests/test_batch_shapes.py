@@ -1,13 +1,14 @@
 """Bounded step shapes and padding of packed batches.
 
 - The shapes a config can compile (`shape_ladder`) are the sets this test derives from the config
-  by its own arithmetic; for configs/cpu_demo.yaml that is 336 (168 student + 168 teacher).
+  by its own arithmetic; for configs/cpu_demo.yaml that is 448 (224 student + 224 teacher).
 - Hundreds of random batches (varied sample counts, prompt/response/hint lengths; packing with
   and without micro-batches and batch shards, unpacked, shared prefix) only ever produce shapes in
   those sets, never more distinct ones than the bound, and every sequence is where `row`/`offset`
   say.
-- The batches of a real CPU-demo run (their sample lengths, tests/fixtures/cpu_demo_batch_lengths.json)
-  pack with a padding fraction of at most 0.15 on average and per step.
+- The batches of a real CPU-demo run (their sample lengths, tests/fixtures/cpu_demo_batch_lengths.json,
+  recorded when the demo took 8 samples per step) pack with a padding fraction of at most 0.15 on
+  average and per step.
 """
 
 from __future__ import annotations
@@ -84,16 +85,16 @@ def test_the_cpu_demo_states_a_small_bound():
     t = cfg.trainer
     spec = batch_spec(cfg)
     ladder = shape_ladder(spec)
-    # by hand from the config: 8 samples, 1 candidate each, no micro-batches -> rows 1, 2, 3, 4, 6, 8;
-    # lengths 128..512 in steps of the 64-token quantum (min_seq_bucket 128 >= quantum) -> 7;
+    # by hand from the config: 16 samples, 1 candidate each, no micro-batches -> rows 1, 2, 3, 4, 6, 8,
+    # 12, 16; lengths 128..512 in steps of the 64-token quantum (min_seq_bucket 128 >= quantum) -> 7;
     # T = 64, 128, 256, 512 (powers of two from min_response_bucket to max_seq_len) -> 4
-    assert (t.rollout_batch_size, cfg.gateway.max_candidates, t.micro_batch_size) == (8, 1, 0)
+    assert (t.rollout_batch_size, cfg.gateway.max_candidates, t.micro_batch_size) == (16, 1, 0)
     assert t.min_seq_bucket >= t.bucket_quantum
-    rows = [1, 2, 3, 4, 6, 8]
+    rows = [1, 2, 3, 4, 6, 8, 12, 16]
     lengths = list(range(t.min_seq_bucket, t.max_seq_len + 1, t.bucket_quantum))
     responses = [t.min_response_bucket * 2 ** i for i in range(8) if t.min_response_bucket * 2 ** i <= t.max_seq_len]
     by_hand = 2 * len(rows) * len(lengths) * len(responses)
-    assert by_hand == 336
+    assert by_hand == 448
     assert ladder.bound == by_hand
     student, teacher = _expected(spec)
     assert len(student) + len(teacher) == by_hand
@@ -193,7 +194,7 @@ def test_the_cpu_demo_batches_pad_at_most_15_percent():
         assert packed.padding_fraction() == pytest.approx((slots - real) / slots)
     assert len(fractions) == 15
     assert np.mean(fractions) <= 0.15 and max(fractions) <= 0.15, fractions
-    assert len(keys) <= 12   # 12 distinct step shapes over the 15 steps (the bound: 336)
+    assert len(keys) <= 12   # 12 distinct step shapes over the 15 steps (the bound: 448)
     # without reusing compiled shapes, the fewest slots each time: more shapes, no less padding than 0.15
     fresh = [pack(s, dataclasses.replace(spec, shape_reuse_slack=0.0)) for s in _demo_batches()]
     assert np.mean([p.padding_fraction() for p in fresh]) <= 0.15
