@@ -129,8 +129,6 @@ class OptimizerConfig:
     def __post_init__(self):
         _require(self.lr > 0, f"trainer.optimizer.lr={self.lr} must be > 0")
         _require(self.warmup_steps >= 0, f"trainer.optimizer.warmup_steps={self.warmup_steps} must be >= 0")
-        _require(self.schedule in ("constant", "cosine"),
-                 f"trainer.optimizer.schedule={self.schedule!r} must be 'constant' or 'cosine'")
         _require(0 <= self.final_lr_ratio <= 1,
                  f"trainer.optimizer.final_lr_ratio={self.final_lr_ratio} must be in [0, 1]")
         _require(0 <= self.b1 < 1 and 0 <= self.b2 < 1, f"trainer.optimizer betas ({self.b1}, {self.b2}) must be in [0, 1)")
