@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from openclaw_jax.envs.grading import final_number  # noqa: E402
+from openclaw_jax.envs.grading import is_correct, numbers_in, parse_reference, same_number  # noqa: E402
 from openclaw_jax.envs.personas import Concise  # noqa: E402
 from openclaw_jax.envs.questions import arithmetic_pool  # noqa: E402
 from openclaw_jax.gateway.judge import hint_augmented_messages  # noqa: E402
@@ -91,9 +91,10 @@ def accuracy_by_form(tok, model) -> dict[str, float]:
         base = _prompt(tok, [{"role": "user", "content": q.text}])
         for name, (prefix, _) in FORMS.items():
             text = _greedy(tok, model, base + tok(prefix(a, op, b), add_special_tokens=False).input_ids, 4)
-            match = re.match(r"\s*(-?\d+)", text)
-            right[name] += bool(match) and match.group(1) == q.answer
-        right["own greedy answer"] += final_number(_greedy(tok, model, base, 48)) == int(q.answer)
+            stated = numbers_in(text)  # the first number after the prefix is the form's result
+            right[name] += bool(stated) and same_number(stated[0], parse_reference(q.answer))
+        # graded as the held-out evaluation grades it: the final number stated
+        right["own greedy answer"] += bool(is_correct(_greedy(tok, model, base, 48), q.answer))
     return {name: n / len(questions) for name, n in right.items()}
 
 
