@@ -165,7 +165,9 @@ class TrainerConfig:
     micro_batch_size: int = 0            # rows per micro-batch of every phase (0 = the whole batch)
     packing: bool = True                 # several samples per row (segment ids; equal to the unpacked step)
     bucket_quantum: int = 128            # lengths past this are multiples of it, below powers of two (0: all pow2)
-    shared_prefix_teacher: bool = False  # teacher: a sample's common prompt prefix once (KV cache), then each hint
+    # teacher: a sample's common prompt prefix once (KV cache), then each hint; used when a sample can
+    # have 2+ candidates (gateway.max_candidates >= 2): OpenClaw's long prompts, short hints
+    shared_prefix_teacher: bool = True
     shape_reuse_slack: float = 0.1       # packing: reuse a compiled batch shape unless a new one saves more slots
     log_every: int = 1
     wait_timeout_s: float = 0.0          # stop when no new sample arrives for this long (0 = wait forever)
@@ -182,9 +184,6 @@ class TrainerConfig:
                  f"trainer.max_seq_len={self.max_seq_len} must be >= trainer.min_seq_bucket={self.min_seq_bucket} > 0")
         _require(self.bucket_quantum >= 0,
                  f"trainer.bucket_quantum={self.bucket_quantum} must be >= 0 (0: power-of-two buckets only)")
-        _require(not (self.shared_prefix_teacher and self.micro_batch_size),
-                 f"trainer.shared_prefix_teacher does not run in micro-batches (micro_batch_size="
-                 f"{self.micro_batch_size}): set one of them off")
         _require(0 <= self.shape_reuse_slack < 1,
                  f"trainer.shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1) (0: always the fewest "
                  "token slots, a new compiled shape whenever that saves any)")

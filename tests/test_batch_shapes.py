@@ -60,7 +60,9 @@ def _expected(spec: BatchSpec) -> tuple[set, set]:
     else:
         s_rows, t_rows = {b}, {b * c}
     student = {(r, n, x) for r in s_rows for n in lengths for x in t}
-    if spec.shared_prefix:   # one row per sample: its candidates' suffixes packed back to back
+    # one row per sample, its candidates' suffixes back to back, when a sample can have 2+ candidates
+    # (one candidate shares nothing: the packed layout)
+    if spec.shared_prefix and spec.use_hints and c >= 2:
         prefixes = _lengths(spec.min_response_bucket, top, q)
         suffixes = _lengths(spec.min_response_bucket, c * top, q)
         teacher = {(b, p, s, x) for p in prefixes for s in suffixes for x in t}
@@ -129,6 +131,12 @@ SPECS = {
                           max_seq_len=512, packing=False, bucket_quantum=64),
     "shared_prefix": BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=32, min_response_bucket=16,
                                max_seq_len=512, packing=True, bucket_quantum=64, shared_prefix=True),
+    "shared_prefix_micro": BatchSpec(batch_size=8, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
+                                     max_seq_len=512, packing=True, bucket_quantum=64, shared_prefix=True,
+                                     micro_batch_size=2, row_multiple=2),
+    "shared_prefix_one_candidate": BatchSpec(batch_size=4, max_candidates=1, min_seq_bucket=32,
+                                             min_response_bucket=16, max_seq_len=512, packing=True,
+                                             bucket_quantum=64, shared_prefix=True),
 }
 
 
@@ -158,6 +166,16 @@ def test_random_batches_stay_within_the_stated_shapes(name):
                 r, o = int(st["row"][i]) * groups + i % groups, int(st["offset"][i])
                 assert st["input_ids"][r, o:o + len(seq)].tolist() == seq
             assert int(np.count_nonzero(st["segment_ids"])) == packed.real_tokens["student"]
+        te = packed.teacher
+        if "prefix_ids" in te:  # sample i's prefix and candidate suffixes in row i, row = i within its micro-batch
+            groups = spec.batch_size // spec.micro_batch_size if 0 < spec.micro_batch_size < spec.batch_size else 1
+            for i, s in enumerate(samples):
+                n = int(te["prefix_len"][i])
+                for c, prompt in enumerate(s.hint_prompt_ids or [s.prompt_ids]):
+                    rest, o = prompt[n:] + s.response_ids, int(te["offset"][i, c])
+                    assert te["prefix_ids"][i, :n].tolist() + te["input_ids"][i, o:o + len(rest)].tolist() == (
+                        prompt + s.response_ids)
+                    assert int(te["row"][i, c]) == i // groups
     assert len(keys) <= bound
 
 

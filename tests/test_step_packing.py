@@ -247,6 +247,58 @@ def test_shared_prefix_teacher_pass_equals_the_full_one(long_suffix):
     np.testing.assert_array_equal(np.asarray(b["teach"].topk_ids)[cand], np.asarray(a["teach"].topk_ids)[cand])
 
 
+def _prefix_samples(rng: np.random.Generator, n: int = 8) -> list[Sample]:
+    """Samples whose 0-2 hint prompts are the prompt with a hint inserted before its last 3 tokens
+    (hints go at the end of the last user message), responses of varied lengths; RL-only samples
+    get the un-hinted prompt as their one candidate."""
+    def ids(k):
+        return [int(x) for x in rng.integers(1, VOCAB, k)]
+
+    out = []
+    for i in range(n):
+        prompt, tail, n_hints = ids(int(rng.integers(6, 20))), ids(3), i % 3
+        r = int(rng.integers(2, 12))
+        out.append(Sample(session_id=f"q{i}", turn_index=0, kind=("rl", "opd", "opd+rl")[n_hints],
+                          reward=(1.0, 0.0, -1.0)[n_hints], prompt_ids=prompt + tail, response_ids=ids(r),
+                          rollout_logprobs=list(-rng.random(r) - 0.5),
+                          hints=[f"hint {j} long enough" for j in range(n_hints)],
+                          hint_prompt_ids=[prompt + ids(2 + 3 * j) + tail for j in range(n_hints)], weight_version="0"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def unshared_step():
+    """The reference: unpacked, no shared prefix, the whole batch at once."""
+    return _step(pack(_prefix_samples(np.random.default_rng(6)), _spec(False)))
+
+
+@pytest.mark.parametrize("micro", [0, 2, 4])
+def test_shared_prefix_step_equals_the_unshared_unpacked_one(micro, unshared_step):
+    """The shared-prefix teacher, packed student, with and without micro-batches (2 or 4 samples'
+    prefix + suffix rows per micro-batch): every phase, the loss, metrics and updated params equal
+    the unpacked step without a shared prefix."""
+    samples = _prefix_samples(np.random.default_rng(6))
+    packed = pack(samples, dataclasses.replace(_spec(True, micro), shared_prefix=True))
+    assert "prefix_ids" in packed.teacher and packed.teacher["prefix_len"].min() >= 5
+    got, ref = _step(packed, micro), unshared_step
+    _assert_phases_equal(got, ref, packed)
+    assert set(got["metrics"]) == set(ref["metrics"]) and ref["metrics"]["loss"] != 0.0
+    for name, value in ref["metrics"].items():
+        assert got["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    for k, v in ref["params"].items():
+        np.testing.assert_allclose(got["params"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_one_candidate_keeps_the_packed_teacher_layout():
+    """With one candidate per sample nothing is shared: the batcher keeps the packed layout."""
+    samples = [dataclasses.replace(s, hints=s.hints[:1], hint_prompt_ids=s.hint_prompt_ids[:1])
+               for s in _prefix_samples(np.random.default_rng(7))]
+    spec = dataclasses.replace(_spec(True), max_candidates=1, shared_prefix=True)
+    assert not spec.shares_prefix and dataclasses.replace(spec, max_candidates=2).shares_prefix
+    packed = pack(samples, spec)
+    assert "prefix_ids" not in packed.teacher and packed.teacher["input_ids"].ndim == 2
+
+
 def test_packed_rows_may_be_longer_than_the_longest_sequence_when_that_pads_less():
     samples = [Sample(session_id="b", turn_index=i, kind="opd", reward=0.0, prompt_ids=[1] * 128,
                       response_ids=[2] * 128, rollout_logprobs=[-1.0] * 128, hints=["h0 long enough", "h1 long enough"],

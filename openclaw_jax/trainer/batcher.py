@@ -31,7 +31,10 @@ in which no sample has a teacher candidate runs no teacher pass (its teacher slo
 Shared prefix (`BatchSpec.shared_prefix`, teacher only): the prompt tokens common to all
 candidates of a sample (everything before the hint) become `prefix_ids`, run once per sample; each
 candidate keeps only the rest of its prompt and the response, and a sample's candidates are packed
-into one row (segments) that attends to the prefix's KV cache (step.py).
+into one row (segments) that attends to the prefix's KV cache (step.py). It applies when a sample
+can have several candidates (`max_candidates` >= 2, hints used: `BatchSpec.shares_prefix`); with
+one candidate there is nothing to share and the packed layout wastes fewer slots. Micro-batches
+split the B prefix/suffix rows like the student's (sample i in micro-batch i mod n).
 
 Staleness: a sample generated with weight version v is `current - v` versions old. With
 `staleness_mode="drop"` samples older than `max_staleness` are dropped; with `"importance"`
@@ -113,6 +116,12 @@ class BatchSpec:
             raise ValueError(f"row_multiple={self.row_multiple} must be >= 1")
         if not 0 <= self.shape_reuse_slack < 1:
             raise ValueError(f"shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1)")
+
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether the teacher layout is the shared-prefix one: asked for, and a sample can have two
+        or more candidates (one candidate shares nothing; the packed layout pads less)."""
+        return self.shared_prefix and self.use_hints and self.max_candidates >= 2
 
 
 @dataclass
@@ -257,7 +266,7 @@ def shape_ladder(spec: BatchSpec) -> ShapeLadder:
                        length_ladder(spec.min_response_bucket, top, q),
                        length_ladder(spec.min_response_bucket, max(c, 1) * top, q),
                        length_ladder(spec.min_response_bucket, top),
-                       spec.shared_prefix, spec.use_hints and c > 0)
+                       spec.shares_prefix, spec.use_hints and c > 0)
 
 
 def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capacity: int,
@@ -370,7 +379,7 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         "sample_mask": np.zeros((b,), np.float32),
     }
     # with a shared prefix the teacher's layout is built from the samples at the end
-    lt = 0 if spec.shared_prefix else bucket_length(max(sample_length(s, spec) for s in samples),
+    lt = 0 if spec.shares_prefix else bucket_length(max(sample_length(s, spec) for s in samples),
                                                     spec.min_seq_bucket, spec.max_seq_len, q)
     teacher = {
         "input_ids": np.full((b, c, lt), spec.pad_id, np.int32),
@@ -394,7 +403,7 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
                                         else np.asarray(s.token_advantages, np.float32))
         student["rollout_logprobs"][i, :r] = np.maximum(np.asarray(s.rollout_logprobs, np.float32), -1e4)
         student["sample_mask"][i] = 1.0
-        for j, prompt in enumerate([] if spec.shared_prefix else teacher_prompts(s, spec)):
+        for j, prompt in enumerate([] if spec.shares_prefix else teacher_prompts(s, spec)):
             teacher_seqs[i * c + j] = prompt + list(s.response_ids)
             teacher["input_ids"][i, j, :len(teacher_seqs[i * c + j])] = teacher_seqs[i * c + j]
             teacher["response_start"][i, j] = len(prompt)
@@ -411,7 +420,7 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
                               ladder.student_lengths, spec.pad_id, None if seen is None else seen["student"],
                               spec.shape_reuse_slack)
         student.update(packed)
-    if spec.packing and not spec.shared_prefix:
+    if spec.packing and not spec.shares_prefix:
         nt = num_micro_batches(b * c, spec.micro_batch_size)
         packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, ladder.teacher_rows,
                               ladder.teacher_lengths, spec.pad_id,
@@ -419,7 +428,7 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         packed["row"] = packed["row"].reshape(b, c)
         packed["offset"] = packed["offset"].reshape(b, c)
         teacher.update(packed)
-    if spec.shared_prefix:
+    if spec.shares_prefix:
         teacher, real["teacher"] = _shared_prefix_teacher(samples, spec)
     return PackedBatch(student, teacher, list(samples), np.asarray(staleness, np.int64), kinds, real)
 
@@ -450,7 +459,9 @@ def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[
                "candidate_mask": np.zeros((b, c), np.float32), "prefix_ids": np.full((b, lp), spec.pad_id, np.int32),
                "prefix_len": np.zeros((b,), np.int32), "segment_ids": np.zeros((b, ls), np.int32),
                "positions": np.broadcast_to(np.arange(ls, dtype=np.int32), (b, ls)).copy(),
-               "row": np.broadcast_to(np.arange(b, dtype=np.int32)[:, None], (b, c)).copy(),
+               # the sample's own row, indexed within its micro-batch (rows i, i + n, ...)
+               "row": np.broadcast_to((np.arange(b, dtype=np.int32) // num_micro_batches(b, spec.micro_batch_size))[
+                   :, None], (b, c)).copy(),
                "offset": np.zeros((b, c), np.int32)}
     real = 0
     for i, (ps, n, rest) in enumerate(zip(prompts, plen, rests)):

@@ -20,8 +20,9 @@ master weights), so gradients and optimizer updates are float32. Norms, softmax,
 losses are float32 in the decoder and the loss whatever the compute dtype.
 
 Micro-batches: with `settings.micro_batch_size` m > 0 every phase runs over micro-batches of m
-rows in a `lax.scan` (the old pass over B rows, the teacher pass over the B*C candidate rows, the
-train step accumulating float32 gradients), so activations are bounded by m rows whatever B is.
+rows in a `lax.scan` (the old pass over B rows, the teacher pass over the B*C candidate rows, or
+over the B samples' prefix + suffix rows with a shared prefix, the train step accumulating float32
+gradients), so activations are bounded by m rows whatever B is.
 Micro-batch i holds rows i, i + n, i + 2n, ... (n = B / m): with the batch sharded in contiguous
 blocks over the devices, every micro-batch stays spread over all of them. The loss of each
 micro-batch is divided by the real samples of the whole batch and metrics add up as (sum, count),
@@ -86,7 +87,8 @@ class TeacherInputs:
     Shared prefix: prefix_ids [B, P] (the prompt tokens every candidate of a sample shares),
     prefix_len [B]; row b of input_ids, positions, segment_ids [B, Ls] then holds sample b's
     candidates' tokens after the prefix (hint + response), one segment each at positions from
-    prefix_len; row [B, C] = b, offset [B, C] where each starts; response_start counts from it.
+    prefix_len; offset [B, C] where each starts; response_start counts from it (row [B, C]: the
+    sample's own row, so the pass does not read it; micro-batches split the B rows like the student's).
     """
 
     input_ids: jax.Array
@@ -211,17 +213,20 @@ def _response_hidden(model, input_ids, response_start, length, positions=None, s
     return gather_response(hidden, offset + response_start, length, row)
 
 
-def _shared_prefix_hidden(model, inputs: TeacherInputs, length: int) -> jax.Array:
-    """Response hidden states `[B*C, length, H]` of every candidate: the shared prefix runs once per
-    sample into a KV cache; the row of the sample's candidate suffixes (hint + response, one
-    segment each) then attends to that cache (slots < prefix_len) and causally within each
-    segment, at positions continuing after the prefix."""
-    b, c = inputs.candidate_mask.shape
-    cache = model.init_cache(b, inputs.prefix_ids.shape[1])
-    _, cache = model.prefill_hidden(inputs.prefix_ids, cache)
-    hidden, _ = model.decode_hidden(inputs.input_ids, inputs.positions, cache, inputs.segment_ids)   # [B, Ls, H]
-    return gather_response(hidden, (inputs.offset + inputs.response_start).reshape(b * c), length,
-                           inputs.row.reshape(b * c))
+def _shared_prefix_hidden(model, prefix_ids, input_ids, positions, segment_ids, offset, response_start,
+                          length: int) -> jax.Array:
+    """Response hidden states `[N, C, length, H]` of every candidate of N samples: each sample's shared
+    prefix `[N, P]` runs once into a KV cache; row n of `input_ids [N, Ls]` (sample n's candidate
+    suffixes, hint + response, one segment each) then attends to that cache (slots < its first
+    position, the prefix length) and causally within each segment, at positions continuing after
+    the prefix. Candidate c of sample n starts at `offset[n, c]` of row n."""
+    n, c = offset.shape
+    cache = model.init_cache(n, prefix_ids.shape[1])
+    _, cache = model.prefill_hidden(prefix_ids, cache)
+    hidden, _ = model.decode_hidden(input_ids, positions, cache, segment_ids)   # [N, Ls, H]
+    rows = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[:, None], (n, c)).reshape(n * c)
+    out = gather_response(hidden, (offset + response_start).reshape(n * c), length, rows)
+    return out.reshape((n, c) + out.shape[1:])
 
 
 def _student_hidden(model, inputs: StudentInputs, length: int) -> jax.Array:
@@ -278,8 +283,17 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
         ids, start, at, ((positions, segment_ids), (row, offset)) = x
         return stats_of(_response_hidden(model, ids, start, t, positions, segment_ids, row, offset), at)
 
-    if inputs.prefix_ids is not None:  # shared prefix (not micro-batched: the config refuses both)
-        stats = stats_of(_shared_prefix_hidden(model, inputs, t), at_ids.reshape(b * c, t, 1 + k))
+    if inputs.prefix_ids is not None:  # shared prefix: one row per sample, micro-batched over the B samples
+        def sample_rows(x):
+            prefix_ids, ids, positions, segment_ids, offset, start, at = x
+            hidden = _shared_prefix_hidden(model, prefix_ids, ids, positions, segment_ids, offset, start, t)
+            m = hidden.shape[0]
+            stats = stats_of(hidden.reshape((m * c,) + hidden.shape[2:]), at.reshape(m * c, t, 1 + k))
+            return jax.tree.map(lambda x: x.reshape((m, c) + x.shape[1:]), stats)
+
+        stats = _map_rows(sample_rows, (inputs.prefix_ids, inputs.input_ids, inputs.positions, inputs.segment_ids,
+                                        inputs.offset, inputs.response_start, at_ids), settings.micro_batch_size, b)
+        stats = jax.tree.map(lambda x: x.reshape((b * c,) + x.shape[2:]), stats)
     else:
         packed = inputs.segment_ids is not None
         flat_ids = inputs.input_ids if packed else inputs.input_ids.reshape(b * c, -1)
