@@ -5,6 +5,9 @@ Shape discipline (each bucket compiles once):
     slots per row (a power of two >= prompt + max_new of every sequence it holds);
   * new sequences are prefilled together into a small cache `[b, Lp]` (b, Lp powers of two,
     prompts right-padded), which is then copied into free rows of the running cache;
+  * a prompt that continues a cached prefix (the prefix cache, `prefix_cache.py`: the system
+    prompt and earlier turns of a session) prefills only its new tokens over the gathered K/V
+    (`prefill.py`); `SequenceOutput.cached_tokens` says how many prompt tokens were reused;
   * every decode step runs all B rows at once (empty rows write nowhere: their position is
     Lc, past the cache end, and the decoder drops such writes).
 Sequences join free rows while others are still decoding (continuous batching); when a
@@ -17,7 +20,8 @@ Log-probs are log_softmax(logits / T) over the full vocabulary (T = 1 for greedy
 `openclaw_jax.inference.sampling`.  Weights are an `nnx.State` swapped under the engine lock
 between steps (`swap_weights`), each result carries the `weight_version` it ran with.
 
-Parts: `kernels.py` (the jitted prefill / insert / decode steps), `scheduler.py` (config, buckets,
+Parts: `kernels.py` (the jitted prefill / insert / decode steps), `prefill.py` and `prefix_cache.py`
+(admission prefills and the prefix cache), `scheduler.py` (config, buckets,
 request handles, batch sizing and prefill grouping), `stops.py` (finish reasons and reported text);
 this module is the engine thread that drives them.
 """
@@ -40,9 +44,12 @@ import numpy as np
 from flax import nnx
 
 from openclaw_jax.inference import stops
-from openclaw_jax.inference.kernels import decode_jit, insert_jit, prefill_jit, zeros_cache_jit
+from openclaw_jax.inference.kernels import (decode_jit, extend_jit, gather_prefix_jit, insert_jit, prefill_jit,
+                                            store_blocks_jit, zeros_cache_jit)
+from openclaw_jax.inference.prefill import Prefiller
+from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, plan_batch,
-                                              prefill_groups, sampling_arrays)
+                                              sampling_arrays)
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
 
 logger = logging.getLogger(__name__)
@@ -75,10 +82,15 @@ class Engine:
         cache_dtype = jnp.dtype(cfg.dtype)
         self._kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cache_dtype.itemsize
         self._rng = np.random.default_rng(seed)
+        # bumped by every weight install: prefix-cache entries belong to one generation
+        self._weights_gen = 0
+        self._prefix = PrefixCache(block=self.config.prefix_cache_block, budget_bytes=self.config.prefix_cache_bytes,
+                                   kv_bytes_per_token=self._kv_bytes_per_token,
+                                   slot_shape=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), dtype=cache_dtype)
+        self._prefiller = Prefiller(self._graphdef, self.config, self.vocab_size, self._prefix)
 
         # Module-level jitted steps with the graphdef as a static argument: engines serving the
         # same architecture (weight reloads, several engines in one process) share compilations.
-        self._prefill = functools.partial(prefill_jit, self._graphdef)
         self._insert = insert_jit
         self._decode = functools.partial(decode_jit, self._graphdef)
 
@@ -106,7 +118,25 @@ class Engine:
     def compile_counts(self) -> dict[str, int]:
         """Number of compiled variants per jitted function (tests check buckets compile once)."""
         return {name: fn._cache_size() for name, fn in
-                (("prefill", prefill_jit), ("insert", insert_jit), ("decode", decode_jit))}
+                (("prefill", prefill_jit), ("extend", extend_jit), ("insert", insert_jit), ("decode", decode_jit),
+                 ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit))}
+
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """Hits, cached tokens served, stored / evicted blocks, invalidations, blocks in use and allocated."""
+        def do() -> dict[str, int]:
+            stats = dataclasses.asdict(self._prefix.stats)
+            stats.update(block=self._prefix.block, used_blocks=self._prefix.used_blocks,
+                         capacity_blocks=self._prefix.capacity, max_blocks=self._prefix.max_slots)
+            return stats
+        return self._call_in_engine(do)
+
+    def flush_prefix_cache(self) -> int:
+        """Drop every cached prefix (the pool stays allocated); returns how many blocks were cached."""
+        def do() -> int:
+            n = self._prefix.used_blocks
+            self._prefix.clear()
+            return n
+        return self._call_in_engine(do)
 
     def num_running(self) -> int:
         with self._cv:
@@ -249,6 +279,7 @@ class Engine:
     def _install_weights(self, state: nnx.State, weight_version: str | None) -> None:
         with self._lock:
             self._state = state
+            self._weights_gen += 1  # the engine thread drops the prefix cache before its next prefill
             if weight_version is not None:
                 self._weight_version = str(weight_version)
         logger.info("weights swapped; weight_version=%s", self._weight_version)
@@ -399,39 +430,19 @@ class Engine:
             batch.rows[row] = seq
         self._prefill_groups(admitted, batch)
 
-    def _run_prefill(self, group: list[Seq]):
-        b = bucket(len(group), self.config.min_batch_bucket)
-        lp_len = bucket(max(s.prompt_len for s in group), self.config.min_prompt_bucket)
-        ids = np.zeros((b, lp_len), np.int32)
-        lengths = np.ones((b,), np.int32)
-        for i, seq in enumerate(group):
-            ids[i, :seq.prompt_len] = seq.spec.prompt_ids
-            lengths[i] = seq.prompt_len
-        padded: list[Seq | None] = list(group) + [None] * (b - len(group))
-        temps, top_p, top_k, min_p, keys, _, tids, n_top, k_ids = sampling_arrays(padded, b, self.config, self.vocab_size)
-        want_input = any(s.spec.logprob_start_len >= 0 for s in group)
+    def _prefill_round(self, seqs: list[Seq]):
+        """Prefill groups of `seqs` (see prefill.py), all with the weights current at the start."""
         with self._lock:
-            out = self._prefill(self._state, ids, lengths, temps, top_p, top_k, min_p, keys, tids,
-                                n_top=n_top, k_ids=k_ids, want_input=want_input)
-            version = self._weight_version
-        cache = out.pop("cache")
-        host = jax.device_get(out)
-        for seq in group:
-            seq.out.weight_version = version  # the oldest version of this response (its prompt's KV)
-            seq.step_version = version
-        if want_input:
-            self._record_input_logprobs(group, host)
-        return cache, host, lp_len
+            state, version, generation = self._state, self._weight_version, self._weights_gen
+        return self._prefiller.run(seqs, state, version, generation)
 
     def _prefill_only(self, seqs: list[Seq]) -> None:
-        for group in prefill_groups(seqs, self.config):
-            self._run_prefill(group)
+        for group, _, _ in self._prefill_round(seqs):
             for seq in group:
                 self._finish(seq, {"type": "length", "length": 0})
 
     def _prefill_groups(self, seqs: list[Seq], batch: Batch) -> None:
-        for group in prefill_groups(seqs, self.config):
-            small_cache, host, _ = self._run_prefill(group)
+        for group, small_cache, host in self._prefill_round(seqs):
             rows = np.full((small_cache.k.shape[1],), batch.size, np.int32)  # padding rows: dropped
             for i, seq in enumerate(group):
                 rows[i] = seq.row
@@ -439,33 +450,6 @@ class Engine:
             for i, seq in enumerate(group):
                 seq.position = seq.prompt_len
                 self._accept_token(seq, host, i)
-
-    def _record_input_logprobs(self, group: list[Seq], host: dict) -> None:
-        for i, seq in enumerate(group):
-            start = seq.spec.logprob_start_len
-            if start < 0:
-                continue
-            n = seq.prompt_len
-            out = seq.out
-            for t in range(start, n):
-                # token t is predicted at position t - 1; the first prompt token has no prediction
-                if t == 0:
-                    out.input_logprobs.append(None)
-                    if out.input_top_logprobs is not None:
-                        out.input_top_logprobs.append(None)
-                    if out.input_token_ids_logprobs is not None:
-                        out.input_token_ids_logprobs.append(None)
-                    continue
-                out.input_logprobs.append(float(host["in_lp"][i, t - 1]))
-                if out.input_top_logprobs is not None:
-                    k = seq.spec.top_logprobs_num
-                    out.input_top_logprobs.append(
-                        [(float(v), int(tid)) for v, tid in zip(host["in_top_vals"][i, t - 1, :k],
-                                                                host["in_top_ids"][i, t - 1, :k])])
-                if out.input_token_ids_logprobs is not None:
-                    ids = seq.spec.token_ids_logprob
-                    out.input_token_ids_logprobs.append(
-                        [(float(host["in_ids_lp"][i, t - 1, j]), int(tid)) for j, tid in enumerate(ids)])
 
     def _decode_step(self) -> None:
         batch = self._batch

@@ -1,4 +1,5 @@
-"""The engine's pure jitted steps: prefill (with optional prompt log-probs), row insert, decode.
+"""The engine's pure jitted steps: prefill (with optional prompt log-probs), extend prefill over a
+cached prefix, row insert, decode, and the prefix-cache pool's gather / store / grow.
 
 The model's graphdef is bound with `functools.partial` by the engine; params arrive as an
 `nnx.State`, so a weight swap never recompiles. Each bucketed shape compiles once.
@@ -27,17 +28,14 @@ def _sample_outputs(log_src_logits, temps, top_p, top_k, min_p, keys, steps, tok
     return out
 
 
-def _prefill_impl(graphdef, state, input_ids, lengths, temps, top_p, top_k, min_p, keys, token_ids, *,
-                  n_top: int, k_ids: int, want_input: bool):
-    model = nnx.merge(graphdef, state)
+def _prompt_outputs(model, hidden, input_ids, lengths, temps, top_p, top_k, min_p, keys, token_ids, *,
+                    n_top: int, k_ids: int, want_input: bool):
+    """First sampled token (at each row's last prompt token) and, optionally, prompt log-probs."""
     b, lp_len = input_ids.shape
-    # the prompt attends causally to itself: the full-forward attention (blockwise/fused), no [L, L] scores
-    hidden, cache = model.prefill_hidden(input_ids, model.init_cache(b, lp_len))
     last = hidden[jnp.arange(b), lengths - 1]
     logits = model.logits(last)
     out = _sample_outputs(logits, temps, top_p, top_k, min_p, keys, jnp.zeros((b,), jnp.int32), token_ids,
                           n_top, k_ids)
-    out["cache"] = cache
     if want_input:
         # Prompt log-probs: position t predicts token t + 1.
         all_lp = sampling_ops.scaled_log_probs(model.logits(hidden), temps)
@@ -51,11 +49,41 @@ def _prefill_impl(graphdef, state, input_ids, lengths, temps, top_p, top_k, min_
     return out
 
 
+def _prefill_impl(graphdef, state, input_ids, lengths, temps, top_p, top_k, min_p, keys, token_ids, *,
+                  n_top: int, k_ids: int, want_input: bool):
+    model = nnx.merge(graphdef, state)
+    b, lp_len = input_ids.shape
+    # the prompt attends causally to itself: the full-forward attention (blockwise/fused), no [L, L] scores
+    hidden, cache = model.prefill_hidden(input_ids, model.init_cache(b, lp_len))
+    out = _prompt_outputs(model, hidden, input_ids, lengths, temps, top_p, top_k, min_p, keys, token_ids,
+                          n_top=n_top, k_ids=k_ids, want_input=want_input)
+    out["cache"] = cache
+    return out
+
+
+def _extend_impl(graphdef, state, cache, input_ids, starts, lengths, temps, top_p, top_k, min_p, keys, token_ids,
+                 *, n_top: int, k_ids: int, want_input: bool):
+    """Prefill of the tokens after a cached prefix ("extend"): row b's `input_ids` sit at positions
+    starts[b].. and attend to cache slots < starts[b] (the prefix, gathered from the prefix cache)
+    and causally to themselves; their k/v are written at those slots. Outputs as `_prefill_impl`,
+    with prompt log-probs indexed from starts[b]."""
+    model = nnx.merge(graphdef, state)
+    ln = input_ids.shape[1]
+    positions = starts[:, None] + jnp.arange(ln, dtype=jnp.int32)[None, :]
+    hidden, cache = model.decode_hidden(input_ids, positions, cache)
+    out = _prompt_outputs(model, hidden, input_ids, lengths, temps, top_p, top_k, min_p, keys, token_ids,
+                          n_top=n_top, k_ids=k_ids, want_input=want_input)
+    out["cache"] = cache
+    return out
+
+
 def _insert_impl(big, small, rows):
     """Copy prefill caches `[layers, b, Lp, ...]` into rows of the running cache (rows >= B are dropped)."""
-    lp_len = small.k.shape[2]
-    k = big.k.at[:, rows, :lp_len].set(small.k.astype(big.k.dtype), mode="drop")
-    v = big.v.at[:, rows, :lp_len].set(small.v.astype(big.v.dtype), mode="drop")
+    # an extend prefill's cache (bucketed prefix + bucketed new tokens) may be longer than the
+    # running cache; past the row's prompt it holds only padding, so it is cut to fit
+    lp_len = min(small.k.shape[2], big.k.shape[2])
+    k = big.k.at[:, rows, :lp_len].set(small.k[:, :, :lp_len].astype(big.k.dtype), mode="drop")
+    v = big.v.at[:, rows, :lp_len].set(small.v[:, :, :lp_len].astype(big.v.dtype), mode="drop")
     return type(big)(k, v)
 
 
@@ -76,8 +104,40 @@ def zeros_cache_jit(shape, dtype_name):
     return KVCache(zeros, zeros)
 
 
+# -- prefix-cache pool `[layers, slots, block, K, D]` (see prefix_cache.py) -------------------------
+
+def _gather_prefix_impl(pool, tables, new_len):
+    """Blocks `tables [b, nb]` of the pool laid out as a cache `[layers, b, nb * block + new_len, K, D]`
+    (the tail zeros: room for the extend prefill's own tokens)."""
+    def one(x):
+        g = x[:, tables]
+        layers, b, nb, block, heads, dim = g.shape
+        g = g.reshape(layers, b, nb * block, heads, dim)
+        return jnp.concatenate([g, jnp.zeros((layers, b, new_len, heads, dim), g.dtype)], axis=2)
+    return KVCache(one(pool.k), one(pool.v))
+
+
+def _store_blocks_impl(pool, cache, rows, src_blocks, slots):
+    """pool[:, slots[j]] = block src_blocks[j] of row rows[j] of a prefill cache (slots past the end: dropped)."""
+    block = pool.k.shape[2]
+    tok = src_blocks[:, None] * block + jnp.arange(block, dtype=jnp.int32)[None, :]
+
+    def one(p, c):
+        return p.at[:, slots].set(c[:, rows[:, None], tok].astype(p.dtype), mode="drop")
+    return KVCache(one(pool.k, cache.k), one(pool.v, cache.v))
+
+
+def _grow_pool_impl(pool, slots):
+    def one(x):
+        return jnp.concatenate([x, jnp.zeros((x.shape[0], slots - x.shape[1]) + x.shape[2:], x.dtype)], axis=1)
+    return KVCache(one(pool.k), one(pool.v))
 
 
 prefill_jit = jax.jit(_prefill_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids", "want_input"))
+extend_jit = jax.jit(_extend_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids", "want_input"),
+                     donate_argnums=(2,))
 insert_jit = jax.jit(_insert_impl, donate_argnums=(0,))
 decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids"), donate_argnums=(2,))
+gather_prefix_jit = jax.jit(_gather_prefix_impl, static_argnums=(2,))
+store_blocks_jit = jax.jit(_store_blocks_impl, donate_argnums=(0,))
+grow_pool_jit = jax.jit(_grow_pool_impl, static_argnums=(1,))

@@ -3,7 +3,8 @@
 `EngineConfig` (bucket sizes and budgets), `bucket` (power-of-two shapes), `RequestHandle` (a
 caller's thread-safe view of one sequence), `Seq` and `Batch` (a sequence and the running batch
 whose rows it occupies), and the pure choices the engine thread makes: how large a new batch is
-(`plan_batch`), how admitted prompts are grouped into prefill calls (`prefill_groups`), and the
+(`plan_batch`), how admitted prompts are grouped into prefill calls (`prefill_groups`,
+`extend_groups` for prompts that continue a cached prefix), and the
 per-row sampling arrays of a step (`sampling_arrays`).
 """
 
@@ -36,10 +37,20 @@ class EngineConfig:
     min_batch_bucket: int = 1
     # top-N log-probs are computed for a power-of-two N >= this (fewer compiled variants)
     min_top_logprobs_bucket: int = 8
+    # K/V of prompt prefixes kept for reuse across requests (see prefix_cache.py); 0 turns the
+    # prefix cache off. 1 GiB holds ~23 k tokens of SmolLM2-135M in float32.
+    prefix_cache_bytes: int = 1 << 30
+    # prefixes are cached and matched in whole blocks of this many tokens (a power of two)
+    prefix_cache_block: int = 64
 
     def __post_init__(self):
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size={self.max_batch_size} must be >= 1")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes={self.prefix_cache_bytes} must be >= 0 (0 turns the cache off)")
+        blk = self.prefix_cache_block
+        if blk < 1 or blk & (blk - 1):
+            raise ValueError(f"prefix_cache_block={blk} must be a power of two >= 1 (e.g. 64)")
         for name in ("min_prompt_bucket", "min_cache_bucket"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -104,6 +115,7 @@ class Seq:
     position: int = 0
     last_token: int = 0
     step_version: str = ""  # the weight version of the step that produced the token being accepted
+    cached: int = 0  # prompt tokens whose K/V came from the prefix cache (this prefill starts there)
 
     @property
     def base_key(self) -> np.ndarray:
@@ -166,6 +178,23 @@ def prefill_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
         trial = current + [seq]
         lp = bucket(max(s.prompt_len for s in trial), config.min_prompt_bucket)
         if current and bucket(len(trial)) * lp > config.max_prefill_tokens:
+            groups.append(current)
+            current = [seq]
+        else:
+            current = trial
+    if current:
+        groups.append(current)
+    return groups
+
+
+def extend_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
+    """Consecutive groups of prefix-cache hits whose padded new tokens (rows x new-token bucket)
+    stay within max_prefill_tokens; the cached prefixes cost a gather, not a prefill."""
+    groups, current = [], []
+    for seq in seqs:
+        trial = current + [seq]
+        ln = bucket(max(s.prompt_len - s.cached for s in trial), config.min_prompt_bucket)
+        if current and bucket(len(trial)) * ln > config.max_prefill_tokens:
             groups.append(current)
             current = [seq]
         else:

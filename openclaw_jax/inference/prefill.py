@@ -1,0 +1,164 @@
+"""One admission round's prefills, with the prefix cache: which prompts reuse cached K/V, the
+jitted calls, and the prompt log-probs they return.
+
+Each admitted prompt first looks up its longest cached block prefix (`PrefixCache.match`). Misses
+are prefilled from scratch in `prefill_groups` (prompts right-padded to a power-of-two bucket);
+hits run an *extend* prefill in `extend_groups`: the cached blocks are gathered into a cache
+`[b, nb * block + Ln]` (nb blocks and Ln new tokens both power-of-two buckets, so each pair compiles
+once) and only the new tokens are computed, at positions after the prefix. Afterwards every whole
+block of every prompt that is not cached yet is copied from the call's cache into the pool.
+
+Exactness: cached blocks were computed by a prefill with the same weights (entries are dropped on
+a weight change), and K/V of a prefix do not depend on what follows it (causal attention), so an
+extend prefill equals a cold prefill up to float rounding. Prompt log-probs need the hidden state
+at every position from `logprob_start_len - 1` on, so such a request reuses at most the blocks
+before that position: its input log-probs are computed, never copied.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+
+from openclaw_jax.inference.kernels import extend_jit, prefill_jit
+from openclaw_jax.inference.prefix_cache import PrefixCache
+from openclaw_jax.inference.scheduler import EngineConfig, Seq, bucket, extend_groups, prefill_groups, sampling_arrays
+
+
+class Prefiller:
+    """Runs the prefills of admitted sequences (engine thread only)."""
+
+    def __init__(self, graphdef: Any, config: EngineConfig, vocab_size: int, prefix: PrefixCache):
+        self.config = config
+        self.vocab_size = vocab_size
+        self.prefix = prefix
+        self._prefill = functools.partial(prefill_jit, graphdef)
+        self._extend = functools.partial(extend_jit, graphdef)
+
+    def reusable_len(self, seq: Seq) -> int:
+        """How many prompt tokens may come from the cache: one token is always computed (its
+        logits give the first output token), and none at or after a requested prompt log-prob's
+        predicting position."""
+        limit = seq.prompt_len - 1
+        start = seq.spec.logprob_start_len
+        if start >= 0:
+            limit = min(limit, max(start - 1, 0))
+        return limit
+
+    def run(self, seqs: list[Seq], state: Any, version: str, generation: int) -> Iterator[tuple[list[Seq], Any, dict]]:
+        """Prefill `seqs` with `state` (weights of `generation`); yields (group, its cache `[b, S]`
+        holding prompt token p at slot p, host outputs of row i = group[i])."""
+        pc = self.prefix
+        paths: dict[int, list] = {}
+        if pc.enabled:
+            pc.sync(generation)
+            for seq in seqs:
+                paths[id(seq)] = pc.match(seq.spec.prompt_ids, self.reusable_len(seq))
+        protect = {node for path in paths.values() for node in path}
+        for seq in seqs:
+            seq.cached = len(paths.get(id(seq), ())) * pc.block
+            seq.out.cached_tokens = seq.cached
+            if seq.cached:
+                pc.stats.hits += 1
+                pc.stats.cached_tokens += seq.cached
+        cold = [s for s in seqs if not s.cached]
+        warm = [s for s in seqs if s.cached]
+        calls = [(g, False) for g in prefill_groups(cold, self.config)]
+        calls += [(g, True) for g in extend_groups(warm, self.config)]
+        for group, is_extend in calls:
+            if is_extend:
+                cache, host = self._run_extend(group, state, paths)
+            else:
+                cache, host = self._run_prefill(group, state)
+            if pc.enabled:
+                self._store(group, cache, paths, protect)
+            for seq in group:
+                seq.out.weight_version = version  # the oldest version of this response (its prompt's KV)
+                seq.step_version = version
+            record_input_logprobs(group, host)
+            yield group, cache, host
+
+    def _arrays(self, group: list[Seq], b: int):
+        padded: list[Seq | None] = list(group) + [None] * (b - len(group))
+        temps, top_p, top_k, min_p, keys, _, tids, n_top, k_ids = sampling_arrays(padded, b, self.config,
+                                                                                  self.vocab_size)
+        want_input = any(s.spec.logprob_start_len >= 0 for s in group)
+        return (temps, top_p, top_k, min_p, keys, tids), dict(n_top=n_top, k_ids=k_ids, want_input=want_input)
+
+    def _run_prefill(self, group: list[Seq], state: Any):
+        b = bucket(len(group), self.config.min_batch_bucket)
+        lp_len = bucket(max(s.prompt_len for s in group), self.config.min_prompt_bucket)
+        ids = np.zeros((b, lp_len), np.int32)
+        lengths = np.ones((b,), np.int32)
+        for i, seq in enumerate(group):
+            ids[i, :seq.prompt_len] = seq.spec.prompt_ids
+            lengths[i] = seq.prompt_len
+        sampling, static = self._arrays(group, b)
+        out = self._prefill(state, ids, lengths, *sampling, **static)
+        cache = out.pop("cache")
+        return cache, jax.device_get(out)
+
+    def _run_extend(self, group: list[Seq], state: Any, paths: dict[int, list]):
+        b = bucket(len(group), self.config.min_batch_bucket)
+        nb = bucket(max(len(paths[id(s)]) for s in group))
+        ln = bucket(max(s.prompt_len - s.cached for s in group), self.config.min_prompt_bucket)
+        tables = np.zeros((b, nb), np.int32)  # padding entries: any slot, masked by the row's start
+        ids = np.zeros((b, ln), np.int32)
+        starts = np.zeros((b,), np.int32)
+        lengths = np.ones((b,), np.int32)
+        for i, seq in enumerate(group):
+            path = paths[id(seq)]
+            tables[i, :len(path)] = [node.slot for node in path]
+            new = seq.spec.prompt_ids[seq.cached:]
+            ids[i, :len(new)] = new
+            starts[i] = seq.cached
+            lengths[i] = len(new)
+        sampling, static = self._arrays(group, b)
+        cache = self.prefix.gather(tables, ln)
+        out = self._extend(state, cache, ids, starts, lengths, *sampling, **static)
+        cache = out.pop("cache")
+        return cache, jax.device_get(out)
+
+    def _store(self, group: list[Seq], cache: Any, paths: dict[int, list], protect: set) -> None:
+        """Copy the prompts' whole blocks that are not cached yet into the pool."""
+        pc = self.prefix
+        rows, src, slots = [], [], []
+        for i, seq in enumerate(group):
+            path, writes = pc.insert(seq.spec.prompt_ids, paths.get(id(seq), []), seq.prompt_len // pc.block, protect)
+            protect.update(path)
+            for block_index, slot in writes:
+                rows.append(i)
+                src.append(block_index)
+                slots.append(slot)
+        pc.write(cache, rows, src, slots)
+
+
+def record_input_logprobs(group: list[Seq], host: dict) -> None:
+    """Prompt log-probs from a prefill's outputs; row i's column j is position seq.cached + j."""
+    for i, seq in enumerate(group):
+        start = seq.spec.logprob_start_len
+        if start < 0:
+            continue
+        out = seq.out
+        for t in range(start, seq.prompt_len):
+            # token t is predicted at position t - 1; the first prompt token has no prediction
+            if t == 0:
+                out.input_logprobs.append(None)
+                if out.input_top_logprobs is not None:
+                    out.input_top_logprobs.append(None)
+                if out.input_token_ids_logprobs is not None:
+                    out.input_token_ids_logprobs.append(None)
+                continue
+            j = t - 1 - seq.cached
+            out.input_logprobs.append(float(host["in_lp"][i, j]))
+            if out.input_top_logprobs is not None:
+                k = seq.spec.top_logprobs_num
+                out.input_top_logprobs.append(
+                    [(float(v), int(tid)) for v, tid in zip(host["in_top_vals"][i, j, :k], host["in_top_ids"][i, j, :k])])
+            if out.input_token_ids_logprobs is not None:
+                ids = seq.spec.token_ids_logprob
+                out.input_token_ids_logprobs.append(
+                    [(float(host["in_ids_lp"][i, j, n]), int(tid)) for n, tid in enumerate(ids)])

@@ -1,0 +1,234 @@
+"""Prefix cache of the JAX engine: a warm request (prefix K/V reused) equals a cold one.
+
+References: an engine with the cache off (`prefix_cache_bytes=0`: every prompt is a full
+prefill, the path before the cache existed) and, for one case, the plain full forward of a
+freshly loaded Decoder (no KV cache) with float64 log-softmax. Blocks are 16 tokens so the tiny
+random model's prompts span several blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
+from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
+from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
+
+BLOCK = 16
+NEW = 6
+TOL = 1e-4
+
+
+def make_engine(model_dir, **config):
+    model, _ = load_hf_checkpoint(model_dir)
+    kw = dict(max_batch_size=4, min_prompt_bucket=16, min_cache_bucket=64, batch_wait_s=0.02,
+              prefix_cache_block=BLOCK)
+    kw.update(config)
+    return Engine(model, load_tokenizer(model_dir), context_length=512, seed=0, config=EngineConfig(**kw))
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_qwen3_dir):
+    warm = make_engine(tiny_qwen3_dir)
+    cold = make_engine(tiny_qwen3_dir, prefix_cache_bytes=0)
+    yield warm, cold
+    warm.shutdown()
+    cold.shutdown()
+
+
+def tokens(seed, n):
+    return [int(t) for t in np.random.default_rng(seed).integers(10, 300, n)]
+
+
+def spec(prompt, **kw):
+    args = dict(max_new_tokens=NEW, temperature=0, ignore_eos=True, return_logprob=True, top_logprobs_num=4)
+    args.update(kw)
+    return spec_for(prompt, **args)
+
+
+def assert_same(warm_out, cold_out):
+    """Greedy tokens identical; output and top-N log-probs within TOL."""
+    assert warm_out.output_ids == cold_out.output_ids
+    np.testing.assert_allclose(warm_out.output_logprobs, cold_out.output_logprobs, atol=TOL, rtol=0)
+    for w, c in zip(warm_out.output_top_logprobs, cold_out.output_top_logprobs):
+        assert [t for _, t in w] == [t for _, t in c]
+        np.testing.assert_allclose([v for v, _ in w], [v for v, _ in c], atol=TOL, rtol=0)
+
+
+def session_prompts(warm, seed, turns):
+    """Turn k = turn k-1's prompt + its (warm) answer + a new user message; yields (prompt, warm output)."""
+    prompt = tokens(seed, 70)  # the "system prompt"
+    for turn in range(turns):
+        prompt = prompt + tokens(seed * 100 + turn, 9 + 3 * turn)
+        out, = warm.generate_sync([spec(prompt)])
+        yield prompt, out
+        prompt = prompt + out.output_ids
+
+
+def test_multi_turn_session_matches_cold_and_compiles_once(engines):
+    warm, cold = engines
+    previous = None
+    for turn, (prompt, out) in enumerate(session_prompts(warm, seed=1, turns=4)):
+        ref, = cold.generate_sync([spec(prompt)])
+        assert_same(out, ref)
+        assert ref.cached_tokens == 0
+        # turn k reuses every whole block of turn k-1's prompt (its answer is not cached)
+        expected = 0 if previous is None else len(previous) // BLOCK * BLOCK
+        assert out.cached_tokens == expected, turn
+        previous = prompt
+    # the same session again (cache flushed): same shapes, nothing compiles
+    warm.flush_prefix_cache()
+    compiled = warm.compile_counts()
+    list(session_prompts(warm, seed=1, turns=4))
+    assert warm.compile_counts() == compiled
+
+
+def test_extend_prefill_equals_full_forward(engines, tiny_qwen3_dir):
+    """A cache hit against the decoder's plain full forward (no engine, no KV cache)."""
+    warm, _ = engines
+    from flax import nnx
+    ref_model, _ = load_hf_checkpoint(tiny_qwen3_dir)
+    base = tokens(7, 50)
+    warm.generate_sync([spec(base)])
+    prompt = base + tokens(8, 11)
+    out, = warm.generate_sync([spec(prompt)])
+    assert out.cached_tokens == 48
+    graphdef, state = nnx.split(ref_model)
+    ids = prompt + out.output_ids
+    logits = np.asarray(nnx.merge(graphdef, state)(jnp.asarray([ids], jnp.int32))[0], np.float64)
+    lp = logits - logits.max(-1, keepdims=True)
+    lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
+    for step, tok in enumerate(out.output_ids):
+        row = lp[len(prompt) - 1 + step]
+        assert tok == int(np.argmax(row))
+        assert abs(out.output_logprobs[step] - row[tok]) <= TOL
+
+
+def test_partial_prefix_hit(engines):
+    warm, cold = engines
+    first = tokens(20, 80)
+    warm.generate_sync([spec(first)])
+    # shares 40 tokens (2 whole blocks) with `first`, then diverges
+    second = first[:40] + tokens(21, 30)
+    unrelated = tokens(22, 45)
+    outs = warm.generate_sync([spec(second), spec(unrelated)])
+    refs = cold.generate_sync([spec(second), spec(unrelated)])
+    assert [o.cached_tokens for o in outs] == [32, 0]
+    for out, ref in zip(outs, refs):
+        assert_same(out, ref)
+
+
+def test_interleaved_sessions_share_one_batch(engines):
+    """Two sessions' turns (and one new prompt) admitted together: extend rows with different
+    prefix lengths and a cold prefill in the same round."""
+    warm, cold = engines
+    a, b = tokens(30, 100), tokens(31, 60)
+    firsts = warm.generate_sync([spec(a), spec(b)])
+    a2 = a + firsts[0].output_ids + tokens(32, 13)
+    b2 = b + firsts[1].output_ids + tokens(33, 25)
+    fresh = tokens(34, 20)
+    outs = warm.generate_sync([spec(a2), spec(b2), spec(fresh)])
+    refs = cold.generate_sync([spec(a2), spec(b2), spec(fresh)])
+    assert [o.cached_tokens for o in outs] == [96, 48, 0]
+    for out, ref in zip(outs, refs):
+        assert_same(out, ref)
+
+
+@pytest.mark.parametrize("start", [0, 37])
+def test_prompt_logprobs_are_computed_not_cached(engines, start):
+    warm, cold = engines
+    prompt = tokens(40, 90)
+    warm.generate_sync([spec(prompt)])
+    kw = dict(logprob_start_len=start, max_new_tokens=2)
+    out, = warm.generate_sync([spec(prompt, **kw)])
+    ref, = cold.generate_sync([spec(prompt, **kw)])
+    # position start - 1 predicts token `start`: only whole blocks before it come from the cache
+    assert out.cached_tokens == (max(start - 1, 0) // BLOCK) * BLOCK
+    assert len(out.input_logprobs) == len(ref.input_logprobs) == len(prompt) - start
+    assert (out.input_logprobs[0] is None) == (start == 0)
+    got = [x for x in out.input_logprobs if x is not None]
+    want = [x for x in ref.input_logprobs if x is not None]
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    for w, c in zip(out.input_top_logprobs, ref.input_top_logprobs):
+        assert (w is None) == (c is None)
+        if w is not None:
+            assert [t for _, t in w] == [t for _, t in c]
+    assert_same(out, ref)
+
+
+def test_lru_eviction_under_a_small_budget(tiny_qwen3_dir, engines):
+    _, cold = engines
+    probe = make_engine(tiny_qwen3_dir, prefix_cache_bytes=0)
+    per_block = probe._kv_bytes_per_token * BLOCK
+    probe.shutdown()
+    engine = make_engine(tiny_qwen3_dir, prefix_cache_bytes=6 * per_block)  # room for 6 blocks
+    try:
+        a, b, c = tokens(50, 49), tokens(51, 49), tokens(52, 33)
+
+        def run(prompt):
+            out, = engine.generate_sync([spec(prompt)])
+            ref, = cold.generate_sync([spec(prompt)])
+            assert_same(out, ref)
+            return out.cached_tokens
+
+        assert [run(a), run(b)] == [0, 0]      # 3 + 3 blocks: full
+        assert run(a) == 48                    # hit; a is now more recent than b
+        assert run(c) == 0                     # 2 blocks: b's last two are evicted (LRU leaves)
+        stats = engine.prefix_cache_stats()
+        assert stats["evicted_blocks"] == 2 and stats["used_blocks"] == 6 and stats["capacity_blocks"] == 6
+        assert run(b) == 16                    # only b's first block is left; its 2 others evict a's tail
+        assert run(a) == 16
+        assert engine.prefix_cache_stats()["used_blocks"] <= 6
+    finally:
+        engine.shutdown()
+
+
+def test_weight_swap_invalidates(tiny_qwen3_dir, tiny_qwen3_dir_b):
+    from flax import nnx
+    engine = make_engine(tiny_qwen3_dir)
+    cold_b = make_engine(tiny_qwen3_dir_b, prefix_cache_bytes=0)
+    other, _ = load_hf_checkpoint(tiny_qwen3_dir_b)
+    try:
+        prompt = tokens(60, 70)
+        engine.generate_sync([spec(prompt)])
+        assert engine.generate_sync([spec(prompt)])[0].cached_tokens == 64
+        # same version string: the weights still changed, so the entries must go
+        engine.swap_weights(nnx.split(other)[1], None)
+        ref, = cold_b.generate_sync([spec(prompt)])
+        after, = engine.generate_sync([spec(prompt)])
+        assert after.cached_tokens == 0
+        assert_same(after, ref)
+        again, = engine.generate_sync([spec(prompt)])  # re-cached under the new weights
+        assert again.cached_tokens == 64
+        assert_same(again, ref)
+        assert engine.prefix_cache_stats()["invalidations"] == 1
+    finally:
+        engine.shutdown()
+        cold_b.shutdown()
+
+
+def test_cached_tokens_in_generate_response(engines):
+    from openclaw_jax.wire.sglang_results import build_generate_response
+    warm, _ = engines
+    prompt = tokens(70, 40)
+    warm.generate_sync([spec(prompt)])
+    s = spec(prompt + tokens(71, 5))
+    out, = warm.generate_sync([s])
+    meta = build_generate_response(out, s)["meta_info"]
+    assert meta["cached_tokens"] == out.cached_tokens == 32
+
+
+def test_disabled_cache_and_config_validation(engines):
+    _, cold = engines
+    prompt = tokens(80, 60)
+    cold.generate_sync([spec(prompt)])
+    assert cold.generate_sync([spec(prompt)])[0].cached_tokens == 0
+    assert cold.prefix_cache_stats()["capacity_blocks"] == 0
+    with pytest.raises(ValueError, match="prefix_cache_block=48"):
+        EngineConfig(prefix_cache_block=48)
+    with pytest.raises(ValueError, match="prefix_cache_bytes=-1"):
+        EngineConfig(prefix_cache_bytes=-1)
