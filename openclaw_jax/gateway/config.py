@@ -56,6 +56,9 @@ class GatewayConfig:
     pool_max_retries: int = 3
     default_max_tokens: int = 1024          # when the request gives no max_tokens
     max_tokens_limit: int = 8192            # larger requested max_tokens are capped to this
+    # A main turn asking for fewer new tokens gets HTTP 400 (OpenClaw asks for 1 when its prompt
+    # fills its declared contextWindow); 1 turns the check off.
+    min_main_turn_tokens: int = 2
     # Sampling of main (trained) turns. The trainer's temperature must equal the rollout's,
     # so by default a client's temperature/top_p only apply to side turns.
     temperature: float = 1.0
@@ -118,6 +121,9 @@ class GatewayConfig:
         _require(self.max_tokens_limit >= self.default_max_tokens,
                  f"gateway.max_tokens_limit={self.max_tokens_limit} must be >= gateway.default_max_tokens="
                  f"{self.default_max_tokens}")
+        _require(1 <= self.min_main_turn_tokens <= self.default_max_tokens,
+                 f"gateway.min_main_turn_tokens={self.min_main_turn_tokens} must be in [1, gateway.default_max_tokens="
+                 f"{self.default_max_tokens}] (1 = no check)")
         _require(0 <= self.temperature <= 2, f"gateway.temperature={self.temperature} must be in [0, 2]")
         _require(0 < self.top_p <= 1, f"gateway.top_p={self.top_p} must be in (0, 1]")
         _require(self.top_k == -1 or self.top_k > 0, f"gateway.top_k={self.top_k} must be -1 (all) or > 0")

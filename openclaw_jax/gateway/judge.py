@@ -49,13 +49,16 @@ class NextState:
     """The message that followed a main turn: the last message of the next main request."""
 
     role: str  # "user" or "tool"
-    content: str
-    name: str | None = None  # the tool's name, when the client sent one
+    content: str  # what the judge reads: the person's own words, or the tool results
+    name: str | None = None  # the tool's name (names, comma-separated, for several results)
+    raw: str | None = None  # the message text as sent, when it differs from `content` (OpenClaw's wrapper)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.name:
             out["name"] = self.name
+        if self.raw is not None and self.raw != self.content:
+            out["raw"] = self.raw
         return out
 
 

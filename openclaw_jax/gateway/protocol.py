@@ -180,11 +180,60 @@ def _check_policy_own(body: Mapping[str, Any]) -> None:
         raise bad_request("parallel_tool_calls must be true or false", param="parallel_tool_calls")
 
 
+# Every top-level field the gateway takes. Each is honoured (read below), or accepted because it
+# cannot change the reply (`_check_no_effect_fields`); any other field is refused with a 400 that
+# names it, so that nothing which would change sampling is dropped in silence (OpenAI also
+# refuses unknown arguments). OpenClaw 2026.9.6 sends model, messages, stream, stream_options,
+# tools, tool_choice and max_completion_tokens; with some provider settings also store (false),
+# prompt_cache_key, temperature, top_p, stop, seed, response_format.
+HONOURED_FIELDS = frozenset({
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+    "stop", "seed", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "n",
+    "frequency_penalty", "presence_penalty", "response_format", "chat_template_kwargs",
+    "session_id", "turn_type", "session_done"})
+NO_EFFECT_FIELDS = frozenset({"store", "prompt_cache_key", "prompt_cache_retention", "user", "metadata",
+                              "tool_stream"})
+_REFUSAL_ADVICE = {
+    "reasoning_effort": "the served model has no reasoning mode; in openclaw.json set \"reasoning\": false on the "
+                        "model entry of the provider",
+    "reasoning": "the served model has no reasoning mode; in openclaw.json set \"reasoning\": false",
+    "thinking": "the served model has no reasoning mode; in openclaw.json set \"reasoning\": false",
+    "enable_thinking": "pass it as chat_template_kwargs.enable_thinking if the model's chat template reads it",
+}
+
+
+def _check_fields(body: Mapping[str, Any]) -> None:
+    unknown = sorted(k for k in body if k not in HONOURED_FIELDS and k not in NO_EFFECT_FIELDS)
+    if not unknown:
+        return
+    first = unknown[0]
+    advice = _REFUSAL_ADVICE.get(first, "the gateway serves the policy's own sampling only (temperature, top_p, "
+                                        "max tokens, stop, seed); remove the field")
+    raise bad_request(f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: {advice}",
+                      param=first)
+
+
+def _check_no_effect_fields(body: Mapping[str, Any]) -> None:
+    """Fields accepted because they cannot change the reply; each still has to be well-formed."""
+    if body.get("store") not in (None, False):
+        raise bad_request(f"store={_short(body['store'])}: OpenAI's stored completions are not served (the gateway "
+                          "records main turns for training by itself); send false or leave it out", param="store")
+    for name in ("prompt_cache_key", "prompt_cache_retention", "user"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise bad_request(f"{name}={_short(body[name])} must be a string", param=name)
+    meta = body.get("metadata")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise bad_request(f"metadata={_short(meta)} must be an object of strings", param="metadata")
+    optional_bool(body, "tool_stream", False)
+
+
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
     """Validate an OpenAI chat-completions body; raises GatewayHTTPError(400) naming the bad field."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    _check_fields(body)
     try:
+        _check_no_effect_fields(body)
         msgs = O.parse_messages(body, strict=True)
         model = body.get("model")
         if model is not None and not isinstance(model, str):
@@ -196,6 +245,9 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         _check_policy_own(body)
         logprobs = optional_bool(body, "logprobs", False)
         tools, tool_choice = O.parse_tools(body)
+        if tool_choice not in (None, "auto", "none"):
+            raise bad_request(f"tool_choice={_short(tool_choice)} cannot be enforced (the policy samples freely, "
+                              "without constrained decoding); send 'auto' or 'none'", param="tool_choice")
         O.check_response_format(body)
         return ChatCompletionRequest(
             messages=msgs, model=model, stream=optional_bool(body, "stream", False), include_usage=include_usage,

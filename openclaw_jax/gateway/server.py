@@ -40,6 +40,7 @@ from openclaw_jax.counters import counters
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
 from openclaw_jax.gateway.pipeline import JudgePipeline
+from openclaw_jax.gateway.session_routes import SessionRoutes
 from openclaw_jax.gateway.protocol import ChatCompletionRequest, GatewayHTTPError, bad_request, parse_chat_request, \
     parse_session_info
 from openclaw_jax.samples import Sample, SampleStore
@@ -57,6 +58,7 @@ from openclaw_jax.rollout.client import (
 )
 from openclaw_jax.wire import json_safe
 from openclaw_jax.wire import openai as O
+from openclaw_jax.wire.errors import with_context_advice
 from openclaw_jax.wire.sglang import SamplingParams
 from openclaw_jax.wire.sglang_results import GenerateResult, openai_finish
 from openclaw_jax.wire.tool_calls import safe_stream_prefix, split_tool_calls
@@ -92,7 +94,10 @@ def pool_error_to_http(err: BaseException, what: str = "policy pool") -> Gateway
     if isinstance(err, RequestRejectedError):
         if err.status in (400, 413, 422):
             # The worker refused this request itself (e.g. the prompt exceeds the context length).
-            return GatewayHTTPError(400, f"the {what} rejected the request: {err.message}")
+            message = f"the {what} rejected the request: {err.message}"
+            if "context length" in message:
+                message = with_context_advice(message)
+            return GatewayHTTPError(400, message)
         return GatewayHTTPError(502, f"the {what} answered HTTP {err.status}: {err.message}")
     if isinstance(err, WorkerUnavailableError):
         attempts = err.attempts
@@ -119,7 +124,7 @@ class _ClientGone(Exception):
     """The agent closed the connection mid-response."""
 
 
-class Gateway(JudgePipeline):
+class Gateway(JudgePipeline, SessionRoutes):
     """The gateway's state and handlers; ``make_app()`` gives the aiohttp application.
 
     Pass ready-made ``tokenizer``/``policy``/``judge``/``store`` to embed it (tests, the
@@ -239,6 +244,7 @@ class Gateway(JudgePipeline):
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
+        app.router.add_post("/v1/sessions/{session_id}/done", self.handle_session_done)
         return app
 
     def _render_error(self, request: web.BaseRequest, status: int, message: str) -> web.Response:
@@ -320,7 +326,8 @@ class Gateway(JudgePipeline):
         chars = message_chars(req.messages, req.tools)
         why = self.budget.conversation_too_long(req.messages, chars)
         if why is not None:
-            raise bad_request(f"the conversation is too long: {why} (gateway.max_prompt_tokens)", param="messages")
+            raise bad_request(with_context_advice(f"the conversation is too long: {why} (gateway.max_prompt_tokens)."),
+                              param="messages")
         try:
             ids = await self.budget.render(req.messages, chars=chars, tools=req.tools, **req.chat_template_kwargs)
         except GatewayHTTPError:
@@ -331,8 +338,9 @@ class Gateway(JudgePipeline):
         if not ids:
             raise bad_request("the chat template rendered an empty prompt", param="messages")
         if len(ids) > self.cfg.max_prompt_tokens:
-            raise bad_request(f"the prompt has {len(ids)} tokens; at most {self.cfg.max_prompt_tokens} are accepted "
-                              "(gateway.max_prompt_tokens)", param="messages")
+            raise bad_request(with_context_advice(f"the prompt has {len(ids)} tokens; at most "
+                                                  f"{self.cfg.max_prompt_tokens} are accepted (gateway.max_prompt_tokens)."),
+                              param="messages")
         return ids
 
     def _sampling_params(self, req: ChatCompletionRequest, main: bool) -> SamplingParams:
@@ -361,6 +369,8 @@ class Gateway(JudgePipeline):
         prompt_ids = await self._render_prompt(req)
         main = session.turn_type == "main"
         params = self._sampling_params(req, main)
+        if main:
+            self._check_room(params)
 
         ticket: TurnTicket | None = None
         if main:

@@ -1,20 +1,36 @@
-"""Session and turn bookkeeping: which main turn gets which next state (DESIGN section 9).
+"""Session and turn bookkeeping: which main turn gets which next state (DESIGN sections 9 and 14).
 
 Rules:
 * Only **main** turns train. Main turns of a session are numbered 0, 1, 2, ... in the
-  order their requests *arrive*.
-* The **next state** of main turn k is the last message of main request k+1 of the same
-  session, when that message has role ``user`` or ``tool``. If request k+1 ends with
-  another role, turn k has no next state and is dropped.
+  order their requests *arrive*. Side requests (``X-Turn-Type: side`` or none: OpenClaw's
+  heartbeat, memory, cron runs) never open a turn, never give a next state and never train,
+  even when they carry the session's id.
+* The **next state** of main turn k comes from main request k+1 of the same session:
+  - its last message has role ``user``: the person's own words in it (`person_words`: OpenClaw's
+    timestamp prefix, ``Runtime:`` line and injected context removed; the text as sent is kept
+    in ``NextState.raw``);
+  - it ends with role ``tool`` messages: the tool results of turn k's calls. All the trailing
+    tool messages (those after the last non-tool message: OpenClaw sends one per call, in call
+    order) form the next state together: one result as it is; several as
+    ``[result i of n: <tool name>]`` sections joined by a blank line, and the names joined by
+    ", ". A tool's name is the message's ``name`` or, as OpenClaw sends none, the name of the
+    call with that ``tool_call_id`` in the conversation.
+  - any other last role: turn k has no next state and is dropped.
 * A turn is ready to be judged when both are known: its own response (the turn
   completed) and its next state (request k+1 arrived). They can happen in either order
   when a client pipelines requests; both orders pair the same way.
 * A turn whose generation failed (pool error, client gone) is forgotten; its next state,
   if one arrives, is ignored.
-* **Session end** (``X-Session-Done``, idle timeout, or too many sessions): completed turns
-  still waiting for a next state are dropped; turns in flight that already have their
-  next state are still judged when they complete; other in-flight turns are dropped when
-  they complete. A later request with the same session id starts a fresh session.
+* **Session end** (``X-Session-Done`` on a request, ``POST /v1/sessions/{id}/done``, the idle
+  timeout, or too many sessions): completed turns still waiting for a next state are dropped
+  (unscored: nothing followed them, so there is nothing to judge them by); turns in flight
+  that already have their next state are still judged when they complete; other in-flight
+  turns are dropped when they complete. A later request with the same session id starts a
+  fresh session.
+* **Idle timeout** (``gateway.session_idle_timeout_s``): a session with no turn in flight and no
+  request for longer than the timeout is ended as above, so its **last turn is dropped** (it
+  has no next state), and the session's memory (its turn records, prompt ids included) is
+  freed. A session with a turn in flight is not idle.
 
 Everything here is synchronous and in-memory (the gateway calls it from its event loop,
 one thread); pending turns do not survive a gateway restart.
@@ -29,7 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from openclaw_jax.counters import counters
-from openclaw_jax.gateway.judge import NEXT_STATE_ROLES, NextState
+from openclaw_jax.gateway.judge import NextState
+from openclaw_jax.gateway.openclaw_text import person_words
 
 logger = logging.getLogger(__name__)
 
@@ -64,17 +81,48 @@ class ScoringJob:
     next_state: NextState
 
 
+def _tool_names_by_call_id(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for msg in messages:
+        for call in msg.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(call.get("id"), str) and isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                names[call["id"]] = fn["name"]
+    return names
+
+
+def _tool_results_state(messages: Sequence[dict[str, Any]]) -> NextState:
+    """The trailing run of tool messages as one next state (see the module docstring)."""
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    by_id = _tool_names_by_call_id(messages[:start])
+    results = []
+    for msg in messages[start:]:
+        name = msg.get("name") if isinstance(msg.get("name"), str) else by_id.get(msg.get("tool_call_id"))
+        content = msg.get("content")
+        results.append((name, content if isinstance(content, str) else ""))
+    if len(results) == 1:
+        return NextState(role="tool", content=results[0][1], name=results[0][0])
+    names = list(dict.fromkeys(n or "tool" for n, _ in results))
+    text = "\n\n".join(f"[result {i} of {len(results)}: {n or 'tool'}]\n{c}" for i, (n, c) in enumerate(results, 1))
+    return NextState(role="tool", content=text, name=", ".join(names))
+
+
 def next_state_from_messages(messages: Sequence[dict[str, Any]]) -> NextState | None:
-    """The next state a request carries for the previous main turn: its last message if user/tool."""
+    """The next state a request carries for the previous main turn (see the module docstring)."""
     if not messages:
         return None
     last = messages[-1]
     role = last.get("role")
-    if role not in NEXT_STATE_ROLES:
+    if role == "tool":
+        return _tool_results_state(messages)
+    if role != "user":
         return None
     content = last.get("content")
-    name = last.get("name") if isinstance(last.get("name"), str) else None
-    return NextState(role=role, content=content if isinstance(content, str) else "", name=name)
+    raw = content if isinstance(content, str) else ""
+    words = person_words(raw)
+    return NextState(role="user", content=words, name=None, raw=raw if words != raw else None)
 
 
 @dataclass(frozen=True)

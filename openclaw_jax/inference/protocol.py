@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from openclaw_jax.wire import openai as O
-from openclaw_jax.wire.errors import WireError
+from openclaw_jax.wire.errors import WireError, with_context_advice
 from openclaw_jax.wire.fields import as_float, as_int, is_int, optional_bool
 from openclaw_jax.wire.sglang import SamplingParams, parse_sampling_params
 
 
 def check_prompt_length(n: int, context_length: int) -> None:
     if n >= context_length:
-        raise WireError(f"The input ({n} tokens) is longer than the model's context length "
-                        f"({context_length} tokens).")
+        raise WireError(with_context_advice(f"The input ({n} tokens) is longer than the model's context length "
+                                            f"({context_length} tokens)."))
 
 
 def validate_prompt(prompt_ids: Sequence[int], sampling: SamplingParams, *, context_length: int,
@@ -35,11 +35,11 @@ def validate_prompt(prompt_ids: Sequence[int], sampling: SamplingParams, *, cont
     if bad:
         raise WireError(f"The input_ids contain values outside the vocabulary [0, {vocab_size}): {bad[:8]}")
     if sampling.max_new_tokens is not None and n + sampling.max_new_tokens > context_length:
-        raise WireError(
+        raise WireError(with_context_advice(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
             f"You requested a total of {n + sampling.max_new_tokens} tokens: {n} tokens from the input messages "
             f"and {sampling.max_new_tokens} tokens for the completion. Please reduce the number of tokens in the "
-            f"input messages or the completion to fit within the limit.")
+            f"input messages or the completion to fit within the limit."))
 
 
 # OpenAI request fields -> SGLang sampling_params keys (as SGLang's `to_sampling_params`).

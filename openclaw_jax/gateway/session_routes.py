@@ -1,0 +1,54 @@
+"""Session endpoints and checks of the gateway that exist for agents such as OpenClaw.
+
+A mixin of :class:`~openclaw_jax.gateway.server.Gateway`:
+
+* ``POST /v1/sessions/{session_id}/done`` ends a session without a chat request (our OpenClaw
+  plugin calls it from OpenClaw's ``session_end`` / ``before_reset`` hooks, which make no model
+  request of their own). Same effect as ``X-Session-Done`` on a request: completed turns still
+  waiting for a next state are dropped (sessions.py). Answers ``{"session_id", "ended",
+  "dropped_turns"}``; ending an unknown or already-ended session is not an error (``ended``: false),
+  so the plugin may call it more than once.
+* A main turn must leave room for a reply: OpenClaw asks for ``max_completion_tokens: 1`` when its
+  prompt fills the ``contextWindow`` it was told, and a one-token reply is neither an answer for the
+  person nor a sample worth training on, so such a request gets a 400 that says what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from openclaw_jax.gateway.protocol import GatewayHTTPError, bad_request, parse_session_info
+from openclaw_jax.wire.errors import with_context_advice
+from openclaw_jax.wire.sglang import SamplingParams
+
+
+class SessionRoutes:
+    """The session-end endpoint and the main-turn room check; state lives on the Gateway."""
+
+    cfg: Any
+    sessions: Any
+    _check_auth: Any  # the Gateway's bearer-key check
+
+    async def handle_session_done(self, request: web.Request) -> web.Response:
+        self._check_auth(request)
+        raw = request.match_info.get("session_id", "")
+        try:
+            info = parse_session_info({"X-Session-Id": raw, "X-Session-Done": "1"}, {})
+        except GatewayHTTPError as err:
+            raise GatewayHTTPError(400, err.message.replace("header X-Session-Id", "the session id in the path"),
+                                   param="session_id") from None
+        sid = info.session_id
+        ended = sid in self.sessions
+        dropped = self.sessions.end_session(sid) if ended else 0
+        return web.json_response({"session_id": sid, "ended": ended, "dropped_turns": dropped})
+
+    def _check_room(self, params: SamplingParams) -> None:
+        wanted = params.max_new_tokens
+        floor = self.cfg.min_main_turn_tokens
+        if wanted is not None and wanted < floor:
+            raise bad_request(with_context_advice(
+                f"max_completion_tokens={wanted} leaves no room for a reply on a main turn (at least {floor}, "
+                "gateway.min_main_turn_tokens). OpenClaw asks for 1 token when its prompt fills the contextWindow "
+                "it was told: the prompt is too long for the model."), param="max_completion_tokens")
