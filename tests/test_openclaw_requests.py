@@ -401,3 +401,56 @@ def test_one_token_main_turn_is_refused_with_the_advice(make_env):
     assert env.pool.requests == [] and "m" not in env.gateway.sessions
     assert post(env, body, session="m", turn="side").status_code == 200   # side runs are not trained: served
     assert post(env, {**body, "max_completion_tokens": 2}, session="m").status_code == 200
+
+
+# ----------------------------------------------------------------------------- the embedded server
+
+@pytest.fixture(scope="module")
+def embedded(tiny_qwen3_dir):
+    from _server_utils import TINY_ENGINE_KW, ServerThread
+    from openclaw_jax.inference.engine import Engine, EngineConfig
+    from openclaw_jax.inference.server import InferenceServer
+    from openclaw_jax.models.tokenizer import load_tokenizer
+    from openclaw_jax.models.weights import load_hf_checkpoint
+
+    model, _ = load_hf_checkpoint(tiny_qwen3_dir)
+    tok = load_tokenizer(tiny_qwen3_dir)
+    engine = Engine(model, tok, context_length=EMBEDDED_CONTEXT, seed=0, config=EngineConfig(**TINY_ENGINE_KW))
+    thread = ServerThread(InferenceServer(engine, tok, model_path=str(tiny_qwen3_dir),
+                                          served_model_name="smollm2").make_app()).start()
+    thread.tok = tok
+    yield thread
+    thread.stop()
+
+
+EMBEDDED_CONTEXT = 2048
+
+
+def test_embedded_server_serves_openclaws_body(embedded):
+    client = openai.OpenAI(base_url=embedded.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    body = openclaw_body([SYSTEM, {"role": "user", "content": TURN1_USER}], store=False,
+                         prompt_cache_key="agent:main:explicit:s1", max_completion_tokens=8)
+    chunks = list(client.chat.completions.create(**body))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishes) == 1 and finishes[0] in ("stop", "length", "tool_calls")
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens <= 8
+    assert chunks[-1].usage.prompt_tokens == len(embedded.tok.apply_chat_template(
+        body["messages"], tools=TOOLS, add_generation_prompt=True))
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"max_completion_tokens": EMBEDDED_CONTEXT}, "Requested token count exceeds"),
+    ({"messages": [{"role": "user", "content": "word " * EMBEDDED_CONTEXT}]}, "longer than the model's context"),
+    ({"tool_choice": "required"}, "cannot be enforced"),
+    ({"reasoning_effort": "low"}, "no reasoning mode"),
+])
+def test_embedded_server_refusals_say_what_to_change(embedded, extra, needle):
+    body = {**openclaw_body([SYSTEM, {"role": "user", "content": "hi"}]), **extra}
+    client = openai.OpenAI(base_url=embedded.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**body)
+    message = err.value.response.json()["message"]
+    assert needle in message
+    if "context" in needle or "token count" in needle:
+        assert 'tools.profile: "minimal"' in message and "contextWindow" in message

@@ -71,6 +71,25 @@ def _model_and_rid(body: Mapping) -> tuple[str, str | None]:
     return model, rid
 
 
+# Chat fields SGLang may honour but this server cannot: answered 400 rather than ignored, since
+# each would change what is sampled. Fields that cannot change the reply (store, prompt_cache_key,
+# user, metadata, ...) are ignored, as SGLang does.
+_UNSERVED_CHAT_FIELDS = {
+    "reasoning_effort": "the embedded server has no reasoning mode (in openclaw.json: \"reasoning\": false)",
+    "reasoning": "the embedded server has no reasoning mode (in openclaw.json: \"reasoning\": false)",
+    "thinking": "the embedded server has no reasoning mode (in openclaw.json: \"reasoning\": false)",
+}
+
+
+def _refuse_unserved(body: Mapping, tool_choice: Any) -> None:
+    for name, why in _UNSERVED_CHAT_FIELDS.items():
+        if body.get(name) is not None:
+            raise WireError(f"{name} is not supported: {why}", param=name)
+    if tool_choice not in (None, "auto", "none"):
+        raise WireError(f"tool_choice={tool_choice!r} cannot be enforced (no constrained decoding here); "
+                        "send 'auto' or 'none'", param="tool_choice")
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     messages: list[dict[str, Any]]
@@ -98,6 +117,7 @@ def parse_chat_request(body: Any, *, vocab_size: int) -> ChatRequest:
     logprobs = optional_bool(body, "logprobs", False)
     top_logprobs = O.parse_top_logprobs(body, logprobs)
     tools, tool_choice = O.parse_tools(body)
+    _refuse_unserved(body, tool_choice)
     input_ids = body.get("input_ids")
     if input_ids is not None:
         if not isinstance(input_ids, list) or not input_ids:
