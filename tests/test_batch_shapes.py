@@ -50,7 +50,7 @@ def _rows(sequences: int, groups: int, row_multiple: int) -> set[int]:
 
 
 def _expected(spec: BatchSpec) -> tuple[set, set]:
-    """(student shapes, teacher shapes) as (rows, length, T) / (rows, prefix, suffix, T) sets."""
+    """(student shapes, teacher shapes) as (rows, length, T) sets."""
     b, c, q, top = spec.batch_size, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
     t = _lengths(spec.min_response_bucket, top, 0)
     lengths = _lengths(spec.min_seq_bucket, top, q)
@@ -62,24 +62,18 @@ def _expected(spec: BatchSpec) -> tuple[set, set]:
     student = {(r, n, x) for r in s_rows for n in lengths for x in t}
     # one row per sample, its candidates' suffixes back to back, when a sample can have 2+ candidates
     # (one candidate shares nothing: the packed layout)
-    if spec.shared_prefix and spec.use_hints and c >= 2:
-        prefixes = _lengths(spec.min_response_bucket, top, q)
-        suffixes = _lengths(spec.min_response_bucket, c * top, q)
-        teacher = {(b, p, s, x) for p in prefixes for s in suffixes for x in t}
+    if spec.shared_prefix and spec.use_hints and c >= 2:   # up to C whole sequences when nothing is shared
+        teacher = {(b, n, x) for n in _lengths(spec.min_seq_bucket, c * top, q) for x in t}
     else:
-        teacher = {(r, n, None, x) for r in t_rows for n in lengths for x in t}
+        teacher = {(r, n, x) for r in t_rows for n in lengths for x in t}
     return student, teacher
 
 
 def _flat_key(key) -> tuple:
-    if key[0] == "student":
-        return (key[1][0], key[1][1], key[2])
-    shape, prefix = key[1], key[2]
-    if prefix is not None:   # [B, Ls] rows of suffixes after a [B, P] prefix
-        return (shape[0], prefix[1], shape[1], key[3])
-    if len(shape) == 3:      # unpacked [B, C, Lt]
-        return (shape[0] * shape[1], shape[2], None, key[3])
-    return (shape[0], shape[1], None, key[3])
+    shape = key[1]
+    if len(shape) == 3:      # unpacked teacher [B, C, Lt]
+        return (shape[0] * shape[1], shape[2], key[2])
+    return (shape[0], shape[1], key[2])
 
 
 def test_the_cpu_demo_states_a_small_bound():
@@ -167,14 +161,17 @@ def test_random_batches_stay_within_the_stated_shapes(name):
                 assert st["input_ids"][r, o:o + len(seq)].tolist() == seq
             assert int(np.count_nonzero(st["segment_ids"])) == packed.real_tokens["student"]
         te = packed.teacher
-        if "prefix_ids" in te:  # sample i's prefix and candidate suffixes in row i, row = i within its micro-batch
+        if "prefix_len" in te:  # row i: sample i's prefix, then its candidates' rests; row = i within its micro-batch
             groups = spec.batch_size // spec.micro_batch_size if 0 < spec.micro_batch_size < spec.batch_size else 1
             for i, s in enumerate(samples):
                 n = int(te["prefix_len"][i])
+                assert te["segment_ids"][i, :n].tolist() == [-1] * n
                 for c, prompt in enumerate(s.hint_prompt_ids or [s.prompt_ids]):
                     rest, o = prompt[n:] + s.response_ids, int(te["offset"][i, c])
-                    assert te["prefix_ids"][i, :n].tolist() + te["input_ids"][i, o:o + len(rest)].tolist() == (
+                    assert te["input_ids"][i, :n].tolist() + te["input_ids"][i, o:o + len(rest)].tolist() == (
                         prompt + s.response_ids)
+                    assert te["positions"][i, o:o + len(rest)].tolist() == list(range(n, len(prompt + s.response_ids)))
+                    assert set(te["segment_ids"][i, o:o + len(rest)].tolist()) == {c + 1}
                     assert int(te["row"][i, c]) == i // groups
     assert len(keys) <= bound
 

@@ -207,9 +207,9 @@ def test_a_sample_does_not_see_its_row_neighbours():
 @pytest.mark.parametrize("long_suffix", [False, True])
 def test_shared_prefix_teacher_pass_equals_the_full_one(long_suffix):
     """Hints are appended inside the last user message: the candidates share the prompt up to it.
-    Running that prefix once into a KV cache and only each candidate's rest against it gives the
-    teacher outputs of the full per-candidate forward (long suffixes: the cached attention's
-    blockwise path)."""
+    Running that prefix once (a segment of the sample's row that every candidate's segment sees)
+    and only each candidate's rest after it gives the teacher outputs of the full per-candidate
+    forward (long suffixes: rows over several blocks of the blockwise kernel, 128 tokens on CPU)."""
     rng = np.random.default_rng(4)
     spec = dataclasses.replace(_spec(False), max_seq_len=128 if long_suffix else 64)
 
@@ -227,15 +227,16 @@ def test_shared_prefix_teacher_pass_equals_the_full_one(long_suffix):
             hint_prompt_ids=[prompt + ids(2 + 3 * j) + tail for j in range(n_hints)], weight_version="0"))
     full = pack(samples, spec)
     shared = pack(samples, dataclasses.replace(spec, shared_prefix=True))
-    assert (shared.teacher["input_ids"].shape[1] >= A.CACHED_BLOCKWISE_MIN) is long_suffix
     # two hints: the prompt before them; one candidate: all of its prompt but the last token
     assert shared.teacher["prefix_len"].tolist()[:4] == [
         len(s.prompt_ids) - 3 if len(s.hints) > 1 else len((s.hint_prompt_ids or [s.prompt_ids])[0]) - 1
         for s in samples]
     # a sample's candidates share one row (segments 1, 2, ...) after its prefix
     assert shared.teacher["input_ids"].shape[0] == spec.batch_size
+    assert (shared.teacher["input_ids"].shape[1] > A.CPU_BLOCK) is long_suffix
     assert [sorted(set(r) - {0}) for r in shared.teacher["segment_ids"][:4].tolist()] == [
-        list(range(1, int(n) + 1)) for n in full.teacher["candidate_mask"][:4].sum(1)]
+        [A.SHARED_SEGMENT] + list(range(1, int(n) + 1)) for n in full.teacher["candidate_mask"][:4].sum(1)]
+    assert (shared.teacher["segment_ids"] == A.SHARED_SEGMENT).sum(1).tolist() == shared.teacher["prefix_len"].tolist()
     assert shared.real_tokens["teacher"] < full.real_tokens["teacher"]
     a, b = _step(full, train=False), _step(shared, train=False)
     mask = full.student["response_mask"] > 0
@@ -279,7 +280,7 @@ def test_shared_prefix_step_equals_the_unshared_unpacked_one(micro, unshared_ste
     the unpacked step without a shared prefix."""
     samples = _prefix_samples(np.random.default_rng(6))
     packed = pack(samples, dataclasses.replace(_spec(True, micro), shared_prefix=True))
-    assert "prefix_ids" in packed.teacher and packed.teacher["prefix_len"].min() >= 5
+    assert packed.teacher["input_ids"].shape[0] == 8 and packed.teacher["prefix_len"].min() >= 5
     got, ref = _step(packed, micro), unshared_step
     _assert_phases_equal(got, ref, packed)
     assert set(got["metrics"]) == set(ref["metrics"]) and ref["metrics"]["loss"] != 0.0
@@ -296,7 +297,7 @@ def test_one_candidate_keeps_the_packed_teacher_layout():
     spec = dataclasses.replace(_spec(True), max_candidates=1, shared_prefix=True)
     assert not spec.shares_prefix and dataclasses.replace(spec, max_candidates=2).shares_prefix
     packed = pack(samples, spec)
-    assert "prefix_ids" not in packed.teacher and packed.teacher["input_ids"].ndim == 2
+    assert "prefix_len" not in packed.teacher and packed.teacher["input_ids"].ndim == 2
 
 
 def test_packed_rows_may_be_longer_than_the_longest_sequence_when_that_pads_less():

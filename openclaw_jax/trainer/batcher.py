@@ -29,9 +29,10 @@ compile are known from the spec alone: `ShapeLadder.bound` (the trainer logs it 
 in which no sample has a teacher candidate runs no teacher pass (its teacher slots count 0).
 
 Shared prefix (`BatchSpec.shared_prefix`, teacher only): the prompt tokens common to all
-candidates of a sample (everything before the hint) become `prefix_ids`, run once per sample; each
-candidate keeps only the rest of its prompt and the response, and a sample's candidates are packed
-into one row (segments) that attends to the prefix's KV cache (step.py). It applies when a sample
+candidates of a sample (everything before the hint) run once per sample: row i holds sample i's
+prefix as a segment every other segment of the row sees (`SHARED_SEGMENT`), then each candidate's
+rest of the prompt and the response, one segment each, at positions continuing after the prefix;
+one forward of packed rows (no KV cache: memory like any packed row). It applies when a sample
 can have several candidates (`max_candidates` >= 2, hints used: `BatchSpec.shares_prefix`); with
 one candidate there is nothing to share and the packed layout wastes fewer slots. Micro-batches
 split the B prefix/suffix rows like the student's (sample i in micro-batch i mod n).
@@ -52,6 +53,7 @@ from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
+from openclaw_jax.models.attention import SHARED_SEGMENT  # keys every segment of a row sees
 from openclaw_jax.samples import Sample, SampleTail
 from openclaw_jax.trainer.step import num_micro_batches  # the phases split rows the same way
 
@@ -149,8 +151,7 @@ class PackedBatch:
         0 when no teacher pass runs)."""
         if part == "teacher" and not self.has_teacher:
             return 0
-        arrays = getattr(self, part)
-        return int(arrays["input_ids"].size + (arrays["prefix_ids"].size if "prefix_ids" in arrays else 0))
+        return int(getattr(self, part)["input_ids"].size)
 
     def padding_fraction(self, part: str | None = None) -> float:
         """Padded / total token slots of the student and teacher inputs (or of one `part`)."""
@@ -166,8 +167,7 @@ class PackedBatch:
         student = ("student", self.student["input_ids"].shape, t)
         if not self.has_teacher:
             return student, None
-        prefix = self.teacher["prefix_ids"].shape if "prefix_ids" in self.teacher else None
-        return student, ("teacher", self.teacher["input_ids"].shape, prefix, t)
+        return student, ("teacher", self.teacher["input_ids"].shape, t)
 
 
 def teacher_prompts(sample: Sample, spec: BatchSpec) -> list[list[int]]:
@@ -218,9 +218,8 @@ class ShapeLadder:
     """The finite set of shapes a `BatchSpec` can produce (each a compiled program of the step).
 
     student: (rows, length) of the student's `input_ids` (unpacked: rows = batch_size);
-    teacher: (rows, length) of the teacher's packed `input_ids` (unpacked: rows = batch_size * C);
-    prefix / suffix: shared-prefix teacher lengths of `prefix_ids` and of the row of a sample's
-    candidate suffixes;
+    teacher: (rows, length) of the teacher's packed `input_ids` (unpacked: rows = batch_size * C;
+    shared prefix: rows = batch_size, one per sample, up to C * max_seq_len long);
     response: T of the per-sample `[B, T]` arrays. The student phases (old pass, train step) compile
     once per (student shape, T), the teacher pass once per (teacher shape, T); a batch without any
     teacher candidate runs no teacher pass."""
@@ -229,8 +228,6 @@ class ShapeLadder:
     student_lengths: tuple[int, ...]
     teacher_rows: tuple[int, ...]
     teacher_lengths: tuple[int, ...]
-    prefix_lengths: tuple[int, ...]
-    suffix_lengths: tuple[int, ...]
     response: tuple[int, ...]
     shared_prefix: bool
     use_teacher: bool
@@ -243,8 +240,6 @@ class ShapeLadder:
     def teacher_shapes(self) -> int:
         if not self.use_teacher:
             return 0
-        if self.shared_prefix:
-            return len(self.prefix_lengths) * len(self.suffix_lengths) * len(self.response)
         return len(self.teacher_rows) * len(self.teacher_lengths) * len(self.response)
 
     @property
@@ -257,15 +252,15 @@ def shape_ladder(spec: BatchSpec) -> ShapeLadder:
     """The shapes `pack(..., spec)` can produce (module doc), stated before any batch is seen."""
     b, c, q, top = spec.batch_size, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
     lengths = length_ladder(spec.min_seq_bucket, top, q)
+    teacher_lengths = lengths
     if spec.packing:
         student_rows = row_ladder(b, num_micro_batches(b, spec.micro_batch_size), spec.row_multiple)
         teacher_rows = row_ladder(b * c, num_micro_batches(b * c, spec.micro_batch_size), spec.row_multiple)
     else:
         student_rows, teacher_rows = (b,), (b * c,)
-    return ShapeLadder(student_rows, lengths, teacher_rows, lengths,
-                       length_ladder(spec.min_response_bucket, top, q),
-                       length_ladder(spec.min_response_bucket, max(c, 1) * top, q),
-                       length_ladder(spec.min_response_bucket, top),
+    if spec.shares_prefix:   # one row per sample: its prefix, then its candidates' rests
+        teacher_rows, teacher_lengths = (b,), length_ladder(spec.min_seq_bucket, c * top, q)
+    return ShapeLadder(student_rows, lengths, teacher_rows, teacher_lengths, length_ladder(spec.min_response_bucket, top),
                        spec.shares_prefix, spec.use_hints and c > 0)
 
 
@@ -442,36 +437,33 @@ def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
 
 
 def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[dict[str, np.ndarray], int]:
-    """Teacher arrays with each sample's common candidate-prompt prefix split off (`TeacherInputs`):
-    prefix_ids [B, P], prefix_len [B]; row i of input_ids [B, Ls] holds sample i's candidates' rests
-    (the prompt past the prefix + the response) back to back, one segment each (segment_ids,
-    offset), at positions continuing after the prefix. The prefix stops one token short of the
-    shortest prompt, so every suffix holds the position that predicts the first response token.
-    Returns (arrays, real teacher tokens)."""
+    """Teacher arrays with each sample's common candidate-prompt prefix run once (`TeacherInputs`): row i
+    of input_ids [B, Ls] holds sample i's prefix (segment `SHARED_SEGMENT`, seen by every segment of
+    the row), then its candidates' rests (the prompt past the prefix + the response) back to back,
+    one segment each (1, 2, ...) at positions continuing after the prefix; prefix_len [B]. The
+    prefix stops one token short of the shortest prompt, so every rest holds the position that
+    predicts the first response token. Returns (arrays, real teacher tokens)."""
     b, c, q = spec.batch_size, spec.max_candidates, spec.bucket_quantum
     prompts = [teacher_prompts(s, spec) for s in samples]
     plen = [min(_common_prefix(ps), min(len(p) for p in ps) - 1) if ps else 0 for ps in prompts]
     rests = [[p[n:] + list(s.response_ids) for p in ps] for s, ps, n in zip(samples, prompts, plen)]
-    lp = bucket_length(max(plen + [1]), spec.min_response_bucket, spec.max_seq_len, q)
-    ls = bucket_length(max([sum(map(len, r)) for r in rests] + [1]), spec.min_response_bucket,
-                       max(c, 1) * spec.max_seq_len, q)
+    used = [n + sum(map(len, r)) for n, r in zip(plen, rests)]
+    ls = bucket_length(max(used + [1]), spec.min_seq_bucket, max(c, 1) * spec.max_seq_len, q)
+    n_micro = num_micro_batches(b, spec.micro_batch_size)
     teacher = {"input_ids": np.full((b, ls), spec.pad_id, np.int32), "response_start": np.ones((b, c), np.int32),
-               "candidate_mask": np.zeros((b, c), np.float32), "prefix_ids": np.full((b, lp), spec.pad_id, np.int32),
-               "prefix_len": np.zeros((b,), np.int32), "segment_ids": np.zeros((b, ls), np.int32),
+               "candidate_mask": np.zeros((b, c), np.float32), "prefix_len": np.zeros((b,), np.int32),
+               "segment_ids": np.zeros((b, ls), np.int32),
                "positions": np.broadcast_to(np.arange(ls, dtype=np.int32), (b, ls)).copy(),
                # the sample's own row, indexed within its micro-batch (rows i, i + n, ...)
-               "row": np.broadcast_to((np.arange(b, dtype=np.int32) // num_micro_batches(b, spec.micro_batch_size))[
-                   :, None], (b, c)).copy(),
+               "row": np.broadcast_to((np.arange(b, dtype=np.int32) // n_micro)[:, None], (b, c)).copy(),
                "offset": np.zeros((b, c), np.int32)}
-    real = 0
     for i, (ps, n, rest) in enumerate(zip(prompts, plen, rests)):
         if not ps:
             continue
-        teacher["prefix_ids"][i, :n] = ps[0][:n]
+        teacher["input_ids"][i, :n] = ps[0][:n]
+        teacher["segment_ids"][i, :n] = SHARED_SEGMENT
         teacher["prefix_len"][i] = n
-        teacher["positions"][i] += n          # the padding tail too: any position past the prefix
-        real += n
-        o = 0
+        o = n
         for j, (p, r) in enumerate(zip(ps, rest)):
             teacher["input_ids"][i, o:o + len(r)] = r
             teacher["segment_ids"][i, o:o + len(r)] = j + 1
@@ -480,8 +472,8 @@ def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[
             teacher["response_start"][i, j] = len(p) - n
             teacher["candidate_mask"][i, j] = 1.0
             o += len(r)
-        real += o
-    return teacher, real
+        teacher["positions"][i, o:] = np.arange(ls - o)   # the padding tail (segment 0), as in packed rows
+    return teacher, sum(used)
 
 
 class SampleBatcher:

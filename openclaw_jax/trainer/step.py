@@ -84,11 +84,12 @@ class TeacherInputs:
 
     input_ids [B, C, Lt]; response_start [B, C]; candidate_mask [B, C] (0 = padding candidate).
     Packed (module doc): input_ids, positions, segment_ids [R, Lt]; row, offset [B, C].
-    Shared prefix: prefix_ids [B, P] (the prompt tokens every candidate of a sample shares),
-    prefix_len [B]; row b of input_ids, positions, segment_ids [B, Ls] then holds sample b's
-    candidates' tokens after the prefix (hint + response), one segment each at positions from
-    prefix_len; offset [B, C] where each starts; response_start counts from it (row [B, C]: the
-    sample's own row, so the pass does not read it; micro-batches split the B rows like the student's).
+    Shared prefix (prefix_len [B] given): row b of input_ids, positions, segment_ids [B, Lt] holds
+    sample b's prompt prefix common to its candidates (prefix_len tokens, segment `SHARED_SEGMENT`,
+    which every segment of the row sees), then each candidate's tokens after it (hint + response),
+    one segment each at positions from prefix_len; offset [B, C] where each starts, response_start
+    counted from it; row [B, C] the sample's row within its micro-batch (micro-batches split the B
+    rows like the student's).
     """
 
     input_ids: jax.Array
@@ -98,7 +99,6 @@ class TeacherInputs:
     segment_ids: jax.Array | None = None
     row: jax.Array | None = None
     offset: jax.Array | None = None
-    prefix_ids: jax.Array | None = None
     prefix_len: jax.Array | None = None
 
 
@@ -213,22 +213,6 @@ def _response_hidden(model, input_ids, response_start, length, positions=None, s
     return gather_response(hidden, offset + response_start, length, row)
 
 
-def _shared_prefix_hidden(model, prefix_ids, input_ids, positions, segment_ids, offset, response_start,
-                          length: int) -> jax.Array:
-    """Response hidden states `[N, C, length, H]` of every candidate of N samples: each sample's shared
-    prefix `[N, P]` runs once into a KV cache; row n of `input_ids [N, Ls]` (sample n's candidate
-    suffixes, hint + response, one segment each) then attends to that cache (slots < its first
-    position, the prefix length) and causally within each segment, at positions continuing after
-    the prefix. Candidate c of sample n starts at `offset[n, c]` of row n."""
-    n, c = offset.shape
-    cache = model.init_cache(n, prefix_ids.shape[1])
-    _, cache = model.prefill_hidden(prefix_ids, cache)
-    hidden, _ = model.decode_hidden(input_ids, positions, cache, segment_ids)   # [N, Ls, H]
-    rows = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[:, None], (n, c)).reshape(n * c)
-    out = gather_response(hidden, (offset + response_start).reshape(n * c), length, rows)
-    return out.reshape((n, c) + out.shape[1:])
-
-
 def _student_hidden(model, inputs: StudentInputs, length: int) -> jax.Array:
     return _response_hidden(model, inputs.input_ids, inputs.response_start, length, inputs.positions,
                             inputs.segment_ids, inputs.row, inputs.offset)
@@ -283,15 +267,16 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
         ids, start, at, ((positions, segment_ids), (row, offset)) = x
         return stats_of(_response_hidden(model, ids, start, t, positions, segment_ids, row, offset), at)
 
-    if inputs.prefix_ids is not None:  # shared prefix: one row per sample, micro-batched over the B samples
+    if inputs.prefix_len is not None:  # shared prefix: row b is sample b's, micro-batched over the B samples
         def sample_rows(x):
-            prefix_ids, ids, positions, segment_ids, offset, start, at = x
-            hidden = _shared_prefix_hidden(model, prefix_ids, ids, positions, segment_ids, offset, start, t)
-            m = hidden.shape[0]
-            stats = stats_of(hidden.reshape((m * c,) + hidden.shape[2:]), at.reshape(m * c, t, 1 + k))
+            ids, positions, segment_ids, row, offset, start, at = x
+            m = ids.shape[0]
+            hidden = _response_hidden(model, ids, start.reshape(m * c), t, positions, segment_ids, row.reshape(m * c),
+                                      offset.reshape(m * c))
+            stats = stats_of(hidden, at.reshape(m * c, t, 1 + k))
             return jax.tree.map(lambda x: x.reshape((m, c) + x.shape[1:]), stats)
 
-        stats = _map_rows(sample_rows, (inputs.prefix_ids, inputs.input_ids, inputs.positions, inputs.segment_ids,
+        stats = _map_rows(sample_rows, (inputs.input_ids, inputs.positions, inputs.segment_ids, inputs.row,
                                         inputs.offset, inputs.response_start, at_ids), settings.micro_batch_size, b)
         stats = jax.tree.map(lambda x: x.reshape((b * c,) + x.shape[2:]), stats)
     else:
