@@ -19,6 +19,8 @@ from openclaw_jax.gateway.config import GatewayConfig
     ({"temperature": 3.0}, "gateway.temperature"),
     ({"max_body_bytes": 10}, "gateway.max_body_bytes"),
     ({"default_max_tokens": 100, "max_tokens_limit": 50}, "gateway.max_tokens_limit"),
+    ({"min_main_turn_tokens": 0}, "gateway.min_main_turn_tokens"),
+    ({"default_max_tokens": 4, "min_main_turn_tokens": 5}, "gateway.min_main_turn_tokens"),
 ])
 def test_config_errors_name_the_key(changes, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
