@@ -454,3 +454,16 @@ def test_embedded_server_refusals_say_what_to_change(embedded, extra, needle):
     assert needle in message
     if "context" in needle or "token count" in needle:
         assert 'tools.profile: "minimal"' in message and "contextWindow" in message
+
+
+def test_replaced_sampling_is_reported_not_silent(make_env):
+    env = make_env(temperature=0.7)
+    for stream in (False, True):
+        body = openclaw_body([{"role": "user", "content": "hi"}], stream=stream, temperature=1.0, top_p=0.7)
+        main = post(env, body, session="t")
+        assert main.headers["X-Sampling-Override"] == "temperature=1 -> 0.7, top_p=0.7 -> 1"
+        assert env.pool.requests[-1]["sampling_params"]["temperature"] == 0.7
+        assert "X-Sampling-Override" not in post(env, body, session="t", turn="side").headers  # side: as asked
+        assert env.pool.requests[-1]["sampling_params"]["top_p"] == 0.7
+    assert "X-Sampling-Override" not in post(env, openclaw_body([{"role": "user", "content": "hi"}]),
+                                             session="t").headers

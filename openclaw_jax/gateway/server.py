@@ -40,7 +40,7 @@ from openclaw_jax.counters import counters
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
 from openclaw_jax.gateway.pipeline import JudgePipeline
-from openclaw_jax.gateway.session_routes import SessionRoutes
+from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
 from openclaw_jax.gateway.protocol import ChatCompletionRequest, GatewayHTTPError, bad_request, parse_chat_request, \
     parse_session_info
 from openclaw_jax.samples import Sample, SampleStore
@@ -371,6 +371,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         params = self._sampling_params(req, main)
         if main:
             self._check_room(params)
+        request[GATEWAY_HEADERS] = self._override_headers(req, params)
 
         ticket: TurnTicket | None = None
         if main:
@@ -458,7 +459,7 @@ class Gateway(JudgePipeline, SessionRoutes):
                                  model=req.model or self.cfg.served_model_name, choices=[choice],
                                  usage=O.usage(len(prompt_ids), len(result.output_ids)),
                                  metadata=self._metadata(result, ticket))
-        return web.json_response(body, dumps=json_safe.dumps)
+        return web.json_response(body, dumps=json_safe.dumps, headers=request.get(GATEWAY_HEADERS))
 
     async def _stream_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
                            params: SamplingParams, ticket: TurnTicket | None) -> web.StreamResponse:
@@ -477,7 +478,8 @@ class Gateway(JudgePipeline, SessionRoutes):
 
         completion_id, created = O.new_id("chatcmpl-"), O.now_s()
         model = req.model or self.cfg.served_model_name
-        response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no"})
+        response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no",
+                                                           **request.get(GATEWAY_HEADERS, {})})
         await response.prepare(request)
 
         async def send(obj: Any) -> None:

@@ -8,6 +8,9 @@ A mixin of :class:`~openclaw_jax.gateway.server.Gateway`:
   waiting for a next state are dropped (sessions.py). Answers ``{"session_id", "ended",
   "dropped_turns"}``; ending an unknown or already-ended session is not an error (``ended``: false),
   so the plugin may call it more than once.
+* A main turn samples with the gateway's temperature and top_p (the trainer's, unless
+  ``gateway.honor_client_sampling``); when the client asked for other values, the reply says so in
+  the header ``X-Sampling-Override`` (e.g. ``temperature=1 -> 0.7``) instead of replacing them in silence.
 * A main turn must leave room for a reply: OpenClaw asks for ``max_completion_tokens: 1`` when its
   prompt fills the ``contextWindow`` it was told, and a one-token reply is neither an answer for the
   person nor a sample worth training on, so such a request gets a 400 that says what to change.
@@ -22,6 +25,9 @@ from aiohttp import web
 from openclaw_jax.gateway.protocol import GatewayHTTPError, bad_request, parse_session_info
 from openclaw_jax.wire.errors import with_context_advice
 from openclaw_jax.wire.sglang import SamplingParams
+
+# Headers a chat handler adds to its reply (stored on the request between parsing and answering).
+GATEWAY_HEADERS = web.RequestKey("gateway_headers", dict)
 
 
 class SessionRoutes:
@@ -52,3 +58,10 @@ class SessionRoutes:
                 f"max_completion_tokens={wanted} leaves no room for a reply on a main turn (at least {floor}, "
                 "gateway.min_main_turn_tokens). OpenClaw asks for 1 token when its prompt fills the contextWindow "
                 "it was told: the prompt is too long for the model."), param="max_completion_tokens")
+
+    def _override_headers(self, req: Any, params: SamplingParams) -> dict[str, str]:
+        """``X-Sampling-Override`` naming each client sampling value the gateway replaced (empty: none)."""
+        changed = [f"{name}={asked:g} -> {used:g}" for name, asked, used in
+                   (("temperature", req.temperature, params.temperature), ("top_p", req.top_p, params.top_p))
+                   if asked is not None and float(asked) != float(used)]
+        return {"X-Sampling-Override": ", ".join(changed)} if changed else {}
