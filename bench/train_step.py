@@ -10,6 +10,16 @@ over the same sample.
                                [--shared-prefix on|off]
                                [--long-prompt 2048] [--long-response 256] [--long-candidates 3]
                                [--no-long | --only-long] [--peak-tflops X] [--json]
+    python bench/train_step.py --openclaw [--model tiny|smollm2-shapes --layers N] [--batch 8]
+                               [--oc-prompt 2500] [--oc-system 2300] [--oc-candidates 3] [--micro M]
+                               [--kl-coef K] [--repeats 3] [--json]
+
+`--openclaw` times OpenClaw-shaped steps instead (`--oc-prompt` 2500-token prompts whose first
+`--oc-system` 2300 tokens are the same for every sample, 32-64-token responses, 1-3 hints per
+sample, `--batch` samples): per-phase medians for the shared-prefix teacher (`oc_shared_*`), the
+unshared one (`oc_full_*`) and the same samples without their system prompt (`oc_no_system_prompt_*`:
+the floor a prefix shared across samples could approach), run in interleaved rounds on one
+trainer, with per-round ratios (`oc_shared_over_full_*`).
 
 Times are medians over `--repeats` after one compile run. The long case runs its passes in
 interleaved rounds (forward, teacher, other teacher layout) and reports the median of the per-round
@@ -127,6 +137,69 @@ def _long_context(trainer, vocab, args):
     return out
 
 
+def _openclaw_samples(rng, vocab, args):
+    """OpenClaw-shaped samples: one system prompt of `--oc-system` tokens common to every sample (OpenClaw
+    sends the same one on every turn of every session), then `--oc-prompt - --oc-system` tokens of
+    earlier turns and the user message of the sample's own; responses of 32-64 tokens; 1 to
+    `--oc-candidates` hints of 16-40 tokens each, inserted before the prompt's last 3 tokens (the
+    judge appends a hint to the last user message, before the assistant header)."""
+    from openclaw_jax.samples import Sample
+
+    def ids(n):
+        return [int(x) for x in rng.integers(1, vocab, n)]
+
+    system = ids(args.oc_system)
+    out = []
+    for i in range(args.batch):
+        prompt = system + ids(args.oc_prompt - args.oc_system)
+        r = int(rng.integers(32, 65))
+        hints = [prompt[:-3] + ids(int(rng.integers(16, 41))) + prompt[-3:]
+                 for _ in range(1 + i % args.oc_candidates)]
+        out.append(Sample(session_id=f"oc{i % 3}", turn_index=i, kind="opd+rl", reward=1.0 if i % 2 else -1.0,
+                          prompt_ids=prompt, response_ids=ids(r), rollout_logprobs=[-1.0] * r,
+                          hints=[f"hint {c} for the bench" for c in range(len(hints))], hint_prompt_ids=hints))
+    return out
+
+
+def _openclaw_case(trainer, vocab, args):
+    """Per-phase step times on OpenClaw-shaped samples, the teacher with and without the shared
+    prefix in interleaved rounds (the same trainer, the same samples), and, as the bound on what a
+    prefix shared across samples (the system prompt) could save, the step on the same samples with
+    the system prompt cut off."""
+    from openclaw_jax.trainer.batcher import pack
+
+    samples = _openclaw_samples(np.random.default_rng(2), vocab, args)
+    cut = [dataclasses.replace(s, prompt_ids=s.prompt_ids[args.oc_system:],
+                               hint_prompt_ids=[h[args.oc_system:] for h in s.hint_prompt_ids]) for s in samples]
+    layouts = {"shared": pack(samples, dataclasses.replace(trainer.spec, shared_prefix=True)),
+               "full": pack(samples, dataclasses.replace(trainer.spec, shared_prefix=False)),
+               "no_system_prompt": pack(cut, dataclasses.replace(trainer.spec, shared_prefix=True))}
+    phases = ["old_pass", "teacher_pass", "train_step"] + (["reference_pass"] if trainer.cfg.loss.kl_coef else [])
+    times = {name: {k: [] for k in phases + ["step"]} for name in layouts}
+    for name, packed in layouts.items():  # compile
+        trainer.train_on(packed)
+    for _ in range(args.repeats):   # interleaved: a load that drifts hits every layout alike
+        for name, packed in layouts.items():
+            m = trainer.train_on(packed)
+            for k in phases + ["step"]:
+                times[name][k].append(m.get(f"time/{k}", 0.0))   # no reference pass: folded into the teacher
+    out = {"oc_samples": len(samples), "oc_prompt": args.oc_prompt, "oc_system": args.oc_system,
+           "oc_candidates": [len(s.hint_prompt_ids) for s in samples],
+           "oc_response": [len(s.response_ids) for s in samples],
+           "oc_teacher_real_tokens": {k: p.real_tokens["teacher"] for k, p in layouts.items()},
+           "oc_teacher_slots": {k: p.slots("teacher") for k, p in layouts.items()}}
+    for name in layouts:
+        for k, v in times[name].items():
+            out[f"oc_{name}_{k}_s"] = statistics.median(v)
+        out[f"oc_{name}_step_per_sample_s"] = out[f"oc_{name}_step_s"] / len(samples)
+    for k in ("teacher_pass", "step"):
+        rounds = [a / b for a, b in zip(times["shared"][k], times["full"][k])]
+        out[f"oc_shared_over_full_{k}"] = statistics.median(rounds)
+    out["oc_no_system_prompt_over_shared_step"] = statistics.median(
+        a / b for a, b in zip(times["no_system_prompt"]["step"], times["shared"]["step"]))
+    return out
+
+
 def _torch_sft_step_s(mcfg, student, samples, repeats):
     """Median seconds of one PyTorch SFT step (fwd + CE bwd + AdamW) of the same weights as an HF
     model, on the samples' prompt+response tokens, unpadded (the bench's samples share one length)."""
@@ -169,6 +242,11 @@ def bench_model(name, args):
         mcfg = ModelConfig(family="qwen3", vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2,
                            num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True, tie_word_embeddings=True)
         student = Decoder(mcfg, rngs=nnx.Rngs(0))
+    elif name == "smollm2-shapes":  # SmolLM2-135M's widths and vocabulary, random weights, --layers of its 30
+        mcfg = ModelConfig(family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                           num_layers=args.layers, num_heads=9, num_kv_heads=3, head_dim=64, tie_word_embeddings=True,
+                           rope_theta=100000.0, rms_norm_eps=1e-5)
+        student = Decoder(mcfg, rngs=nnx.Rngs(0))
     else:
         from openclaw_jax.models.hub import load_pretrained
 
@@ -177,7 +255,7 @@ def bench_model(name, args):
     samples = _samples(np.random.default_rng(0), mcfg.vocab_size, args.batch, args.prompt, args.response,
                        args.candidates)
     # PyTorch reference first, freed before the JAX trainer is built (peak memory of one, not both)
-    t_torch = None if args.only_long else _torch_sft_step_s(mcfg, student, samples, args.repeats)
+    t_torch = None if args.only_long or args.openclaw else _torch_sft_step_s(mcfg, student, samples, args.repeats)
     gc.collect()
     teacher_graph, teacher_state = nnx.split(student)
     teacher = nnx.merge(teacher_graph, jax.tree.map(lambda x: x.copy(), teacher_state))
@@ -185,10 +263,16 @@ def bench_model(name, args):
     cfg = load_experiment_config([], [f"trainer.rollout_batch_size={args.batch}", "trainer.top_k=4",
                                       "trainer.chunk_size=64", f"gateway.max_candidates={args.candidates}",
                                       "trainer.min_seq_bucket=64", "trainer.min_response_bucket=32",
-                                      "trainer.max_seq_len=4096", f"trainer.packing={args.packing == 'on'}",
+                                      f"trainer.packing={args.packing == 'on'}",
                                       f"trainer.bucket_quantum={args.quantum}",
-                                      f"trainer.shared_prefix_teacher={args.shared_prefix == 'on'}"])
+                                      f"trainer.shared_prefix_teacher={args.shared_prefix == 'on'}",
+                                      f"trainer.micro_batch_size={args.micro}", f"loss.kl_coef={args.kl_coef}",
+                                      f"trainer.max_seq_len={max(4096, args.oc_prompt + 256)}"])
     trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh)
+    if args.openclaw:
+        return {"model": name, "layers": mcfg.num_layers, "params_M": sum(
+            int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.trainable)) / 1e6, "batch": args.batch,
+            "micro_batch_size": args.micro, "kl_coef": args.kl_coef, **_openclaw_case(trainer, mcfg.vocab_size, args)}
     if args.only_long:
         return {"model": name, "shared_prefix_teacher": args.shared_prefix == "on", **_long_context(
             trainer, mcfg.vocab_size, args)}
@@ -228,7 +312,15 @@ def bench_model(name, args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
+    parser.add_argument("--model", choices=["tiny", "smollm2", "smollm2-shapes"], default="smollm2")
+    parser.add_argument("--layers", type=int, default=30, help="smollm2-shapes: decoder layers (SmolLM2-135M has 30)")
+    parser.add_argument("--openclaw", action="store_true",
+                        help="the OpenClaw-shaped case only: per-phase times, shared prefix vs not (module doc)")
+    parser.add_argument("--oc-prompt", type=int, default=2500, help="OpenClaw case: prompt tokens per sample")
+    parser.add_argument("--oc-system", type=int, default=2300, help="OpenClaw case: system prompt tokens (all samples)")
+    parser.add_argument("--oc-candidates", type=int, default=3, help="OpenClaw case: sample i has 1 + i mod N hints")
+    parser.add_argument("--micro", type=int, default=0, help="trainer.micro_batch_size")
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="loss.kl_coef (non-zero: the reference pass runs)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--response", type=int, default=128)
@@ -247,12 +339,21 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.openclaw:
+        args.candidates = args.oc_candidates   # gateway.max_candidates
     row = bench_model(args.model, args)
     row["device"] = f"{jax.devices()[0].device_kind} x{len(jax.devices())}"
     row["load_average"] = list(os.getloadavg())
     row["repeats"] = args.repeats
     if args.json:
         print(json.dumps(row))
+        return
+    if args.openclaw:
+        print(f"device: {row['device']} (a machine shared with other engineers; load average "
+              f"{row['load_average']}); OpenClaw-shaped: {args.batch} samples of {args.oc_prompt}-token prompts "
+              f"({args.oc_system} shared), median of {args.repeats}")
+        for key, value in row.items():
+            print(f"  {key:>40}: {value:.4g}" if isinstance(value, float) else f"  {key:>40}: {value}")
         return
     print(f"device: {row['device']}; batch {args.batch} x ({args.prompt}+{args.response}) tokens, {args.candidates} "
           f"teacher candidates, packing {args.packing}, bucket quantum {args.quantum}, median of {args.repeats}; "

@@ -1,4 +1,4 @@
-"""`python -m openclaw_jax.plan --config configs/<x>.yaml [key=value ...] --devices N [--json]`
+"""`python -m openclaw_jax.plan --config configs/<x>.yaml [key=value ...] --devices N [--json] [--prompt-len P ...]`
 
 Ahead-of-time memory and FLOP plan of one trainer step, from a model's `config.json` alone (no
 weights, no tokenizer). The trainer's own jitted phases (`trainer.loop.jit_phases`: the same
@@ -10,6 +10,12 @@ phase's peak: everything the trainer holds at that point (student master params,
 state, the teacher, the batch, earlier phases' outputs) plus the phase's outputs and temporaries
 (minus donated buffers). FLOPs are the matmul FLOPs of the compiled per-device programs, loops
 counted by their trip counts (XLA's own cost analysis counts a loop body once).
+
+`--prompt-len P [--shared-len S] [--response-len R] [--hint-len H]` plans OpenClaw-shaped samples
+instead (e.g. P = 10534, OpenClaw's default-profile prompt, or about 2500 with its minimal profile;
+replies of tens of tokens): the batch `pack` makes from `rollout_batch_size` samples of those
+lengths, each with `max_candidates` hint prompts, so the phases are those the trainer compiles for
+them, the shared-prefix teacher layout included when it applies.
 
 The CPU compiler stands in for the GPU one: buffer sizes are those of the partitioned program,
 but fusion and scheduling differ, so treat the peak as an estimate with the headroom the
@@ -178,9 +184,70 @@ def _outputs(compiled, lowered):
                         lowered.out_info, compiled.output_shardings)
 
 
+def _largest_shapes(spec, ladder, T: int) -> tuple[dict, dict]:
+    """(student, teacher) {name: (shape, dtype)} of the largest batch the batcher makes (`shape_ladder`):
+    every sequence max_seq_len long, packed one per row (the most rows of the ladder), or unpacked
+    [B, L] / [B, C, L]; with a shared prefix one row per sample, the ladder's longest [B, C * L] (no
+    prefix shared at all)."""
+    import numpy as np
+
+    B, C, L = spec.batch_size, spec.max_candidates, spec.max_seq_len
+    i32, f32 = np.int32, np.float32
+
+    def packed(r, lead, length=L):
+        if not spec.packing and not spec.shares_prefix:
+            return {}
+        return {"positions": ((r, length), i32), "segment_ids": ((r, length), i32), "row": (lead, i32),
+                "offset": (lead, i32)}
+
+    rows = ladder.student_rows[-1] if spec.packing else B
+    student = {"input_ids": ((rows, L), i32), "response_start": ((B,), i32), "response_ids": ((B, T), i32),
+               "response_mask": ((B, T), f32), "advantages": ((B, T), f32), "rollout_logprobs": ((B, T), f32),
+               "sample_mask": ((B,), f32), **packed(rows, (B,))}
+    teacher = {"response_start": ((B, C), i32), "candidate_mask": ((B, C), f32)}
+    if spec.shares_prefix:
+        length = ladder.teacher_lengths[-1]
+        teacher.update(input_ids=((B, length), i32), prefix_len=((B,), i32), **packed(B, (B, C), length))
+        if spec.reference:
+            teacher.update(reference_offset=((B,), i32), reference_start=((B,), i32))
+    else:
+        rows_t = ladder.teacher_rows[-1]
+        teacher.update(input_ids=((rows_t, L) if spec.packing else (B, C, L), i32), **packed(rows_t, (B, C)))
+    return student, teacher
+
+
+def _openclaw_shapes(spec, *, prompt: int, response: int, hint: int, shared: int = 0) -> tuple[dict, dict, int]:
+    """(student, teacher, T): the arrays `pack` makes from `batch_size` samples of `prompt` tokens
+    (the first `shared` of them common to every sample, e.g. OpenClaw's system prompt) and a
+    `response`-token response, each with `max_candidates` hint prompts (`hint` tokens inserted
+    before the prompt's last 3, as the judge appends a hint to the last user message)."""
+    import numpy as np
+
+    from openclaw_jax.samples import Sample
+    from openclaw_jax.trainer.batcher import pack
+
+    if not (prompt > 3 and response > 0 and hint >= 0 and 0 <= shared <= prompt - 3):
+        raise ValueError(f"--prompt-len={prompt} must be > 3, --response-len={response} > 0, --hint-len={hint} "
+                         f">= 0 and --shared-len={shared} <= prompt - 3")
+    rng = np.random.default_rng(0)
+    system = [int(x) for x in rng.integers(1, 1000, shared)]
+    samples = []
+    for i in range(spec.batch_size):
+        p = system + [int(x) for x in rng.integers(1, 1000, prompt - shared)]
+        hints = [p[:-3] + [7 + c] * hint + p[-3:] for c in range(spec.max_candidates)]
+        samples.append(Sample(session_id=f"plan{i}", turn_index=0, kind="opd+rl" if hints else "rl", reward=1.0,
+                              prompt_ids=p, response_ids=[5] * response, rollout_logprobs=[-1.0] * response,
+                              hints=[f"plan hint {c}" for c in range(len(hints))], hint_prompt_ids=hints))
+    packed = pack(samples, spec)
+    shapes = [{k: (v.shape, v.dtype) for k, v in part.items()} for part in (packed.student, packed.teacher)]
+    return shapes[0], shapes[1], packed.student["response_ids"].shape[1]
+
+
 def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = None,
-               device_memory: int = 80 * 1024 ** 3) -> dict[str, Any]:
-    """Compile every phase for the visible devices; the report as a dict (see `main`)."""
+               device_memory: int = 80 * 1024 ** 3, lengths: dict[str, int] | None = None) -> dict[str, Any]:
+    """Compile every phase for the visible devices; the report as a dict (see `main`). `lengths`
+    (prompt, response, hint, shared: `_openclaw_shapes`) plans the batch of samples of those lengths
+    instead of the largest one the config allows."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -234,25 +301,14 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         def arr(shape, dtype):
             return jax.ShapeDtypeStruct(shape, dtype, sharding=bs)
 
-        # The largest batch the batcher makes (`shape_ladder`): every sequence max_seq_len long, packed
-        # one per row (the most rows of the ladder), or unpacked [B, L] / [B, C, L].
-        ladder = shape_ladder(batch_spec(cfg, row_multiple=batch_row_multiple(cfg, mesh)))
-        rows, rows_t = ladder.student_rows[-1], ladder.teacher_rows[-1]
-
-        def packed(r, lead):
-            if not tcfg.packing:
-                return {}
-            return {"positions": arr((r, L), jnp.int32), "segment_ids": arr((r, L), jnp.int32),
-                    "row": arr(lead, jnp.int32), "offset": arr(lead, jnp.int32)}
-
-        inputs = S.StudentInputs(input_ids=arr((rows, L) if tcfg.packing else (B, L), jnp.int32),
-                                 response_start=arr((B,), jnp.int32),
-                                 response_ids=arr((B, T), jnp.int32), response_mask=arr((B, T), jnp.float32),
-                                 advantages=arr((B, T), jnp.float32), rollout_logprobs=arr((B, T), jnp.float32),
-                                 sample_mask=arr((B,), jnp.float32), **packed(rows, (B,)))
-        tinputs = S.TeacherInputs(input_ids=arr((rows_t, L) if tcfg.packing else (B, C, L), jnp.int32),
-                                  response_start=arr((B, C), jnp.int32), candidate_mask=arr((B, C), jnp.float32),
-                                  **packed(rows_t, (B, C)))
+        spec = batch_spec(cfg, row_multiple=batch_row_multiple(cfg, mesh))
+        ladder = shape_ladder(spec)
+        if lengths is None:
+            student_shapes, teacher_shapes = _largest_shapes(spec, ladder, T)
+        else:  # the batch the batcher packs from B samples of these lengths (the same `pack`)
+            student_shapes, teacher_shapes, T = _openclaw_shapes(spec, **lengths)
+        inputs = S.StudentInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in student_shapes.items()})
+        tinputs = S.TeacherInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in teacher_shapes.items()})
         resident = {"student_params": _tree_bytes(trainable) + _tree_bytes(frozen),
                     "optimizer_state": _tree_bytes(opt_state), "teacher_params": _tree_bytes(teacher_state),
                     "batch": _tree_bytes(inputs) + _tree_bytes(tinputs)}
@@ -280,7 +336,10 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         teach = run("teacher_pass", (teacher_graphdef, teacher_state, tinputs, inputs.response_ids, old.topk_ids))
         old_at = run("old_logprobs_at", (graphdef, state, old.hidden, teach.topk_ids))
         # the KL anchor's reference pass (the frozen model on the student's rows) runs only with kl_coef
-        ref = run("reference_pass", (teacher_graphdef, teacher_state, inputs)) if cfg.loss.kl_coef else None
+        # (or the teacher pass gave its log-probs: the un-hinted prompt in the shared-prefix rows)
+        ref = teach.reference_logprobs
+        if cfg.loss.kl_coef and ref is None:
+            ref = run("reference_pass", (teacher_graphdef, teacher_state, inputs))
         batch = S.assemble_batch(inputs, tinputs, old, teach, old_at, ref_logprobs=ref)
         # the step of a weight sync (the largest): the train step that also writes the serving weights,
         # one more copy of the model in the compute dtype (LoRA merged), live until the hand-off
@@ -291,11 +350,12 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     n_dev = mesh.size
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
     train_flops = report["train_step"]["flops"]
-    trained_tokens = B * L
+    seq = L if lengths is None else lengths["prompt"] + lengths["response"]   # a trained sequence's tokens
+    trained_tokens = B * seq
     peak = max(p["peak_bytes"] for p in report.values())
     # Model FLOPs per token with attention (PaLM, appendix B): 6N + 12 * layers * heads * head_dim * L.
-    model_flops_per_token = 6.0 * n_params + 12.0 * mcfg.num_layers * mcfg.num_heads * mcfg.head_dim * L
-    attention_estimate = causal_attention_flops_per_token(mcfg, L) if report["train_step"][
+    model_flops_per_token = 6.0 * n_params + 12.0 * mcfg.num_layers * mcfg.num_heads * mcfg.head_dim * seq
+    attention_estimate = causal_attention_flops_per_token(mcfg, seq) if report["train_step"][
         "loops_without_trip_count"] else 0.0
     return {
         "model": {"family": mcfg.family, "layers": mcfg.num_layers, "hidden": mcfg.hidden_size,
@@ -305,7 +365,9 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         "batch": {"rollout_batch_size": B, "candidates": C, "seq_len": L, "response_len": T,
                   "micro_batch_size": tcfg.micro_batch_size, "top_k": tcfg.top_k, "chunk_size": tcfg.chunk_size,
                   "packing": bool(tcfg.packing), "student_shape": list(inputs.input_ids.shape),
-                  "teacher_shape": list(tinputs.input_ids.shape), "compiled_shape_bound": ladder.bound},
+                  "teacher_shape": list(tinputs.input_ids.shape), "compiled_shape_bound": ladder.bound,
+                  "shared_prefix": bool(spec.shares_prefix),
+                  "lengths": lengths},
         "serving_bytes": int(serving_bytes),
         "trainable_params": int(n_params),
         "param_bytes": int(_tree_bytes(trainable)),
@@ -357,6 +419,7 @@ def _with_model_options(mcfg, cfg):
 
 
 GIB = 1024 ** 3
+OPENCLAW_RESPONSE_LEN = 64   # --prompt-len without --response-len: OpenClaw replies are tens of tokens
 
 
 def format_table(plan: dict[str, Any]) -> str:
@@ -369,7 +432,10 @@ def format_table(plan: dict[str, Any]) -> str:
         f"micro-batch {b['micro_batch_size'] or 'whole'}, top-K {b['top_k']}; "
         + (f"packed rows: student {b['student_shape']}, teacher {b['teacher_shape']}" if b["packing"] else
            f"unpacked: student {b['student_shape']}, teacher {b['teacher_shape']}")
-        + f"; at most {b['compiled_shape_bound']} compiled step shapes",
+        + (" (one per sample: its shared prompt prefix once, then its candidates)" if b["shared_prefix"] else "")
+        + f"; at most {b['compiled_shape_bound']} compiled step shapes"
+        + (f"; samples of {b['lengths']['prompt']} prompt ({b['lengths']['shared']} shared by all) + "
+           f"{b['lengths']['response']} response tokens, hints of {b['lengths']['hint']}" if b["lengths"] else ""),
         f"trainable params {plan['trainable_params'] / 1e9:.3f} B: {plan['param_bytes'] / GIB:.2f} GiB/device; "
         f"optimizer {plan['optimizer_bytes'] / GIB:.2f} GiB/device; teacher "
         f"{plan['resident_bytes']['teacher_params'] / GIB:.2f} GiB/device; serving copy written by a sync step "
@@ -410,7 +476,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory per device, e.g. 80GiB (default) or 141GB")
     p.add_argument("--model-config", default=None, help="HF config.json (or its directory); default: see above")
     p.add_argument("--response-len", type=int, default=None,
-                   help="response bucket T (default: trainer.max_seq_len, the largest the batcher makes)")
+                   help="response bucket T (default: trainer.max_seq_len, the largest the batcher makes); with "
+                        f"--prompt-len the response's tokens (default {OPENCLAW_RESPONSE_LEN})")
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help="plan the batch of samples with prompts of this many tokens (e.g. 10534: OpenClaw's default "
+                        "profile, 2500: its minimal one) as the batcher packs them, instead of the largest batch")
+    p.add_argument("--shared-len", type=int, default=0,
+                   help="with --prompt-len: tokens at the start of every prompt common to all samples (a system prompt)")
+    p.add_argument("--hint-len", type=int, default=32,
+                   help="with --prompt-len: tokens a hint adds to its candidate's prompt (default 32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return p
@@ -448,8 +522,16 @@ def main(argv: list[str] | None = None) -> int:
     if jax.device_count() != args.devices:
         print(f"plan error: JAX sees {jax.device_count()} devices, not {args.devices}", file=sys.stderr)
         return 2
-    plan = build_plan(cfg, json.loads(path.read_text()), response_len=args.response_len,
-                      device_memory=args.device_memory)
+    lengths = None
+    if args.prompt_len is not None:
+        lengths = {"prompt": args.prompt_len, "response": args.response_len or OPENCLAW_RESPONSE_LEN,
+                   "hint": args.hint_len, "shared": args.shared_len}
+    try:
+        plan = build_plan(cfg, json.loads(path.read_text()), response_len=args.response_len,
+                          device_memory=args.device_memory, lengths=lengths)
+    except ValueError as err:  # lengths the config cannot batch (longer than trainer.max_seq_len, ...)
+        print(f"plan error: {err}", file=sys.stderr)
+        return 2
     plan["model_config"] = str(path)
     if args.json:
         print(json.dumps(plan))

@@ -63,7 +63,8 @@ def _expected(spec: BatchSpec) -> tuple[set, set]:
     # one row per sample, its candidates' suffixes back to back, when a sample can have 2+ candidates
     # (one candidate shares nothing: the packed layout)
     if spec.shared_prefix and spec.use_hints and c >= 2:   # up to C whole sequences when nothing is shared
-        teacher = {(b, n, x) for n in _lengths(spec.min_seq_bucket, c * top, q) for x in t}
+        # (C + 1 with a KL anchor: the un-hinted prompt rides in the row for the reference log-probs)
+        teacher = {(b, n, x) for n in _lengths(spec.min_seq_bucket, (c + spec.reference) * top, q) for x in t}
     else:
         teacher = {(r, n, x) for r in t_rows for n in lengths for x in t}
     return student, teacher
@@ -128,6 +129,9 @@ SPECS = {
     "shared_prefix_micro": BatchSpec(batch_size=8, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
                                      max_seq_len=512, packing=True, bucket_quantum=64, shared_prefix=True,
                                      micro_batch_size=2, row_multiple=2),
+    "shared_prefix_reference": BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
+                                         max_seq_len=256, packing=True, bucket_quantum=64, shared_prefix=True,
+                                         micro_batch_size=2, reference=True, rl_only_teacher="none"),
     "shared_prefix_one_candidate": BatchSpec(batch_size=4, max_candidates=1, min_seq_bucket=32,
                                              min_response_bucket=16, max_seq_len=512, packing=True,
                                              bucket_quantum=64, shared_prefix=True),
@@ -149,7 +153,8 @@ def test_random_batches_stay_within_the_stated_shapes(name):
         student, teacher = packed.phase_keys()
         assert _flat_key(student) in student_ok, student
         assert teacher is None or _flat_key(teacher) in teacher_ok, teacher
-        assert (teacher is None) == (not any(s.hint_prompt_ids for s in samples) and spec.rl_only_teacher == "none")
+        assert (teacher is None) == (not any(s.hint_prompt_ids for s in samples) and spec.rl_only_teacher == "none"
+                                     and not (spec.reference and "prefix_len" in packed.teacher))
         keys.update(k for k in (student, teacher) if k is not None)
         st = packed.student
         if spec.packing:  # every sequence where row/offset say, in its micro-batch's rows
@@ -166,13 +171,17 @@ def test_random_batches_stay_within_the_stated_shapes(name):
             for i, s in enumerate(samples):
                 n = int(te["prefix_len"][i])
                 assert te["segment_ids"][i, :n].tolist() == [-1] * n
-                for c, prompt in enumerate(s.hint_prompt_ids or [s.prompt_ids]):
+                unhinted = [s.prompt_ids] if spec.rl_only_teacher == "unhinted" else []
+                for c, prompt in enumerate(s.hint_prompt_ids or unhinted):
                     rest, o = prompt[n:] + s.response_ids, int(te["offset"][i, c])
                     assert te["input_ids"][i, :n].tolist() + te["input_ids"][i, o:o + len(rest)].tolist() == (
                         prompt + s.response_ids)
                     assert te["positions"][i, o:o + len(rest)].tolist() == list(range(n, len(prompt + s.response_ids)))
                     assert set(te["segment_ids"][i, o:o + len(rest)].tolist()) == {c + 1}
                     assert int(te["row"][i, c]) == i // groups
+                if spec.reference:   # the un-hinted prompt, for the reference log-probs
+                    seq, o = s.prompt_ids + s.response_ids, int(te["reference_offset"][i])
+                    assert te["input_ids"][i, :n].tolist() + te["input_ids"][i, o:o + len(seq) - n].tolist() == seq
     assert len(keys) <= bound
 
 

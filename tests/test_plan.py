@@ -23,14 +23,16 @@ HF_CONFIG = {"model_type": "qwen3", "vocab_size": 384, "hidden_size": 64, "inter
 OVERRIDES = ["model.dtype=bfloat16", "model.param_dtype=float32", "model.remat=true", "trainer.max_seq_len=64",
              "trainer.min_seq_bucket=64", "trainer.rollout_batch_size=4", "trainer.micro_batch_size=2",
              "gateway.max_candidates=2", "trainer.chunk_size=16"]
+# the tests below that count packed rows by hand plan the packed (unshared) teacher layout
+PACKED_TEACHER = ["trainer.shared_prefix_teacher=false"]
 
 
-def _plan(tmp_path, *extra):
+def _plan(tmp_path, *extra, overrides=()):
     (tmp_path / "config.json").write_text(json.dumps(HF_CONFIG))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run([sys.executable, "-m", "openclaw_jax.plan", "--config", "configs/tiny_cpu.yaml",
-                           "--devices", "4", "--model-config", str(tmp_path), *extra, *OVERRIDES],
+                           "--devices", "4", "--model-config", str(tmp_path), *extra, *OVERRIDES, *overrides],
                           cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
@@ -51,7 +53,7 @@ def _hand_count(hf: dict, fsdp: int) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    return json.loads(_plan(tmp_path_factory.mktemp("plan"), "--json", "--device-memory", "64MiB"))
+    return json.loads(_plan(tmp_path_factory.mktemp("plan"), "--json", "--device-memory", "64MiB", *PACKED_TEACHER))
 
 
 def test_plan_json_schema_and_counts(report):
@@ -133,8 +135,29 @@ def test_plan_counts_packed_rows_and_the_serving_copy(report):
 
 
 def test_plan_includes_the_reference_pass_with_a_kl_anchor(tmp_path):
-    report = json.loads(_plan(tmp_path, "--json", "loss.kl_coef=0.05"))
+    report = json.loads(_plan(tmp_path, "--json", "loss.kl_coef=0.05", *PACKED_TEACHER))
     ref = report["phases"]["reference_pass"]
     # the frozen model over the student's rows: a forward, no gradient (far fewer FLOPs than the step)
     assert 0 < ref["flops"] < report["phases"]["train_step"]["flops"] / 2
     assert report["peak_bytes"] >= ref["peak_bytes"]
+
+
+def test_plan_of_openclaw_lengths_with_the_shared_prefix_teacher(tmp_path):
+    """`--prompt-len` plans the batch `pack` makes from samples of those lengths: 4 samples of a
+    300-token prompt (250 common to all) + 40 response tokens, 2 hints of 32 tokens each inserted
+    before the prompt's last 3; the teacher runs each sample's 297 shared tokens once."""
+    report = json.loads(_plan(tmp_path, "--json", "--prompt-len", "300", "--shared-len", "250",
+                              "--response-len", "40", "--hint-len", "32", overrides=["trainer.max_seq_len=512"]))
+    b = report["batch"]
+    assert b["shared_prefix"] is True and b["lengths"] == {"prompt": 300, "response": 40, "hint": 32, "shared": 250}
+    # buckets (min 32/64/128, powers of two to the 128 quantum, multiples of it past): student 340 -> 384,
+    # one per row (4 rows: the 4 batch shards); T 40 -> 64; teacher rows: the 297-token prefix, then
+    # 2 x (32 + 3 + 40) -> 447 -> 512 (unshared: 2 rows of 372 -> 384 each per sample)
+    assert b["student_shape"] == [4, 384] and b["response_len"] == 64 and b["teacher_shape"] == [4, 512]
+    # int32/float32 elements, split over the 4 devices: student ids, positions, segments [4, 384]; 4 [4, 64]
+    # response arrays; 4 [4] vectors; teacher ids, positions, segments [4, 512], prefix_len [4],
+    # response_start, candidate_mask, row, offset [4, 2]
+    elements = 3 * 4 * 384 + 4 * 4 * 64 + 4 * 4 + 3 * 4 * 512 + 4 + 4 * 8
+    assert report["resident_bytes"]["batch"] == elements * 4 // 4
+    assert set(report["phases"]) >= {"old_pass", "teacher_pass", "old_logprobs_at", "train_step"}
+    assert all(p["flops"] > 0 for p in report["phases"].values())

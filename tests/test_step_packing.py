@@ -290,6 +290,36 @@ def test_shared_prefix_step_equals_the_unshared_unpacked_one(micro, unshared_ste
         np.testing.assert_allclose(got["params"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.parametrize("micro", [0, 2])
+def test_the_teacher_pass_gives_the_reference_log_probs(micro):
+    """With a KL anchor the shared-prefix row also holds the un-hinted prompt (RL-only samples: their
+    one candidate; hinted ones: one more segment), so the teacher pass returns the reference pass's
+    log-probs (the frozen model on the student's own rows) and the candidates' outputs are unchanged."""
+    samples = _prefix_samples(np.random.default_rng(8))
+    spec = dataclasses.replace(_spec(True, micro), shared_prefix=True)
+    plain, folded = pack(samples, spec), pack(samples, dataclasses.replace(spec, reference=True))
+    te = folded.teacher
+    for i, s in enumerate(samples):   # where the un-hinted prompt sits: a candidate's place or a segment after them
+        n, o = int(te["prefix_len"][i]), int(te["reference_offset"][i])
+        seq = s.prompt_ids + s.response_ids
+        assert te["input_ids"][i, :n].tolist() + te["input_ids"][i, o:o + len(seq) - n].tolist() == seq
+        assert int(te["reference_start"][i]) == len(s.prompt_ids) - n
+        assert (o == int(te["offset"][i, 0])) is (not s.hint_prompt_ids)
+    np.testing.assert_array_equal(te["candidate_mask"], plain.teacher["candidate_mask"])
+    a, b = _step(plain, micro, train=False), _step(folded, micro, train=False)
+    assert a["teach"].reference_logprobs is None
+    settings = S.StepSettings(loss_name="combine", loss=LossConfig(), temperature=TAU, top_k=4, chunk_size=4)
+    inputs, _ = _inputs(pack(samples, _spec(False)))
+    _, (tgd, tstate) = _models()
+    ref = np.asarray(jax.jit(functools.partial(S.reference_pass, settings=settings))(tgd, tstate, inputs))
+    mask = folded.student["response_mask"] > 0
+    np.testing.assert_allclose(np.asarray(b["teach"].reference_logprobs)[mask], ref[mask], atol=2e-5)
+    cand = (te["candidate_mask"][:, :, None] > 0) & mask[:, None, :]
+    for name in ("topk_logprobs", "logprobs_at_student_ids", "logprobs_at_tokens"):
+        np.testing.assert_allclose(np.asarray(getattr(b["teach"], name))[cand],
+                                   np.asarray(getattr(a["teach"], name))[cand], atol=2e-5, err_msg=name)
+
+
 def test_one_candidate_keeps_the_packed_teacher_layout():
     """With one candidate per sample nothing is shared: the batcher keeps the packed layout."""
     samples = [dataclasses.replace(s, hints=s.hints[:1], hint_prompt_ids=s.hint_prompt_ids[:1])

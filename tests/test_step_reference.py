@@ -122,17 +122,19 @@ def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, t
     return loss, metrics, grad_norm
 
 
-@pytest.mark.parametrize("method,selection,subset,self_teacher,kl_coef", [
-    ("combine", "sequence_optimal", "student", False, 0.0),
-    ("combine", "token_optimal", "teacher", False, 0.0),
+@pytest.mark.parametrize("method,selection,subset,self_teacher,kl_coef,shared", [
+    ("combine", "sequence_optimal", "student", False, 0.0, True),
+    ("combine", "token_optimal", "teacher", False, 0.0, False),
     # the method's own setting: the teacher is the frozen initial model, re-prompted with the hints
     # (so the top-K sets overlap and the `overlap` subset is not empty)
-    ("opd", "sequence_optimal", "overlap", True, 0.0),
-    # the KL anchor to the frozen model (the trainer's reference pass over the student's rows)
-    ("combine", "sequence_optimal", "student", False, 0.5),
+    ("opd", "sequence_optimal", "overlap", True, 0.0, True),
+    # the KL anchor to the frozen model: the reference log-probs from the shared-prefix teacher rows
+    # (the un-hinted prompt rides along), and from the reference pass over the student's rows
+    ("combine", "sequence_optimal", "student", False, 0.5, True),
+    ("combine", "sequence_optimal", "student", False, 0.5, False),
 ])
 def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b, method, selection, subset,
-                                                self_teacher, kl_coef):
+                                                self_teacher, kl_coef, shared):
     import jax
 
     from openclaw_jax.config import load_experiment_config
@@ -147,14 +149,18 @@ def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b
         f"trainer.temperature={TAU}", f"gateway.temperature={TAU}", f"trainer.top_k={TOP_K}", "trainer.chunk_size=8",
         "trainer.rollout_batch_size=4", f"gateway.max_candidates={max_candidates}",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.staleness_mode=drop",
-        "trainer.optimizer.lr=1e-3", f"loss.kl_coef={kl_coef}"])
+        "trainer.optimizer.lr=1e-3", f"loss.kl_coef={kl_coef}", f"trainer.shared_prefix_teacher={shared}"])
     teacher_dir = tiny_qwen3_dir if self_teacher else tiny_qwen3_dir_b
     student = load_pretrained(tiny_qwen3_dir, dtype="float32").model
     teacher = load_pretrained(teacher_dir, dtype="float32").model
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
     trainer = Trainer(cfg, student, teacher, mesh)
     samples = _samples(np.random.default_rng(0), student.cfg.vocab_size)
-    metrics = trainer.train_on(pack(samples, trainer.spec))
+    packed = pack(samples, trainer.spec)
+    assert ("prefix_len" in packed.teacher) is shared
+    assert ("reference_offset" in packed.teacher) is (shared and bool(kl_coef))
+    metrics = trainer.train_on(packed)
+    assert ("time/reference_pass" in metrics) is (bool(kl_coef) and not shared)
 
     loss_cfg = dict(hint_selection=selection, subset_mode=subset, kl_coef=kl_coef)
     if method == "opd":

@@ -107,6 +107,10 @@ class BatchSpec:
     micro_batch_size: int = 0       # packing keeps each micro-batch's sequences in its own rows
     row_multiple: int = 1           # packed row counts are multiples of this (the batch shards)
     shared_prefix: bool = False     # teacher: the prompt prefix common to a sample's candidates runs once
+    # the loss has a KL anchor to the frozen initial model (the teacher's weights): with the shared
+    # prefix, the teacher row also holds the un-hinted prompt's rest, so the teacher pass gives the
+    # reference log-probs and no separate reference pass runs (RL-only samples: their candidate)
+    reference: bool = False
     # packing: a shape used before (compiled) is taken over a new one that saves fewer than this
     # fraction of its token slots (0: always the fewest slots)
     shape_reuse_slack: float = 0.1
@@ -143,8 +147,9 @@ class PackedBatch:
 
     @property
     def has_teacher(self) -> bool:
-        """Whether any sample has a teacher candidate (without one the step runs no teacher pass)."""
-        return bool(np.any(self.teacher["candidate_mask"] > 0))
+        """Whether the step runs a teacher pass: a sample has a teacher candidate, or the pass gives the
+        reference log-probs (`BatchSpec.reference`)."""
+        return bool(np.any(self.teacher["candidate_mask"] > 0)) or "reference_offset" in self.teacher
 
     def slots(self, part: str) -> int:
         """Token slots (real + padding) of the `part` ("student" / "teacher") model inputs (the teacher's:
@@ -258,8 +263,8 @@ def shape_ladder(spec: BatchSpec) -> ShapeLadder:
         teacher_rows = row_ladder(b * c, num_micro_batches(b * c, spec.micro_batch_size), spec.row_multiple)
     else:
         student_rows, teacher_rows = (b,), (b * c,)
-    if spec.shares_prefix:   # one row per sample: its prefix, then its candidates' rests
-        teacher_rows, teacher_lengths = (b,), length_ladder(spec.min_seq_bucket, c * top, q)
+    if spec.shares_prefix:   # one row per sample: its prefix, then its candidates' (and reference's) rests
+        teacher_rows, teacher_lengths = (b,), length_ladder(spec.min_seq_bucket, (c + spec.reference) * top, q)
     return ShapeLadder(student_rows, lengths, teacher_rows, teacher_lengths, length_ladder(spec.min_response_bucket, top),
                        spec.shares_prefix, spec.use_hints and c > 0)
 
@@ -440,15 +445,24 @@ def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[
     """Teacher arrays with each sample's common candidate-prompt prefix run once (`TeacherInputs`): row i
     of input_ids [B, Ls] holds sample i's prefix (segment `SHARED_SEGMENT`, seen by every segment of
     the row), then its candidates' rests (the prompt past the prefix + the response) back to back,
-    one segment each (1, 2, ...) at positions continuing after the prefix; prefix_len [B]. The
-    prefix stops one token short of the shortest prompt, so every rest holds the position that
-    predicts the first response token. Returns (arrays, real teacher tokens)."""
-    b, c, q = spec.batch_size, spec.max_candidates, spec.bucket_quantum
+    one segment each (1, 2, ...) at positions continuing after the prefix; prefix_len [B]. With
+    `spec.reference` the un-hinted prompt is one more sequence of the row (unless it is a candidate
+    already): reference_offset / reference_start [B] say where. The prefix stops one token short of
+    the shortest prompt, so every rest holds the position that predicts the first response token.
+    Returns (arrays, real teacher tokens)."""
+    b, c = spec.batch_size, spec.max_candidates
     prompts = [teacher_prompts(s, spec) for s in samples]
+    n_cand = [len(ps) for ps in prompts]
+    ref_index = [0] * len(samples)
+    if spec.reference:   # the un-hinted prompt: a candidate already (RL-only samples) or one more sequence
+        for i, (s, ps) in enumerate(zip(samples, prompts)):
+            ref_index[i] = ps.index(list(s.prompt_ids)) if list(s.prompt_ids) in ps else len(ps)
+            prompts[i] = ps + [list(s.prompt_ids)] if ref_index[i] == len(ps) else ps
     plen = [min(_common_prefix(ps), min(len(p) for p in ps) - 1) if ps else 0 for ps in prompts]
     rests = [[p[n:] + list(s.response_ids) for p in ps] for s, ps, n in zip(samples, prompts, plen)]
     used = [n + sum(map(len, r)) for n, r in zip(plen, rests)]
-    ls = bucket_length(max(used + [1]), spec.min_seq_bucket, max(c, 1) * spec.max_seq_len, q)
+    ls = bucket_length(max(used + [1]), spec.min_seq_bucket, (c + spec.reference) * spec.max_seq_len,
+                       spec.bucket_quantum)
     n_micro = num_micro_batches(b, spec.micro_batch_size)
     teacher = {"input_ids": np.full((b, ls), spec.pad_id, np.int32), "response_start": np.ones((b, c), np.int32),
                "candidate_mask": np.zeros((b, c), np.float32), "prefix_len": np.zeros((b,), np.int32),
@@ -457,8 +471,10 @@ def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[
                # the sample's own row, indexed within its micro-batch (rows i, i + n, ...)
                "row": np.broadcast_to((np.arange(b, dtype=np.int32) // n_micro)[:, None], (b, c)).copy(),
                "offset": np.zeros((b, c), np.int32)}
+    if spec.reference:
+        teacher.update(reference_offset=np.zeros((b,), np.int32), reference_start=np.ones((b,), np.int32))
     for i, (ps, n, rest) in enumerate(zip(prompts, plen, rests)):
-        if not ps:
+        if not ps:   # padding row
             continue
         teacher["input_ids"][i, :n] = ps[0][:n]
         teacher["segment_ids"][i, :n] = SHARED_SEGMENT
@@ -468,9 +484,12 @@ def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[
             teacher["input_ids"][i, o:o + len(r)] = r
             teacher["segment_ids"][i, o:o + len(r)] = j + 1
             teacher["positions"][i, o:o + len(r)] = n + np.arange(len(r))
-            teacher["offset"][i, j] = o
-            teacher["response_start"][i, j] = len(p) - n
-            teacher["candidate_mask"][i, j] = 1.0
+            if j < n_cand[i]:   # a hint candidate (else the appended un-hinted prompt)
+                teacher["offset"][i, j] = o
+                teacher["response_start"][i, j] = len(p) - n
+                teacher["candidate_mask"][i, j] = 1.0
+            if spec.reference and j == ref_index[i]:
+                teacher["reference_offset"][i], teacher["reference_start"][i] = o, len(p) - n
             o += len(r)
         teacher["positions"][i, o:] = np.arange(ls - o)   # the padding tail (segment 0), as in packed rows
     return teacher, sum(used)

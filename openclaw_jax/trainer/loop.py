@@ -137,7 +137,8 @@ def batch_spec(cfg: ExperimentConfig, *, row_multiple: int = 1, pad_id: int = 0)
         max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode, pad_id=pad_id,
         temperature=tcfg.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
         micro_batch_size=tcfg.micro_batch_size, row_multiple=row_multiple,
-        shared_prefix=tcfg.shared_prefix_teacher, shape_reuse_slack=tcfg.shape_reuse_slack)
+        shared_prefix=tcfg.shared_prefix_teacher, shape_reuse_slack=tcfg.shape_reuse_slack,
+        reference=cfg.loss.kl_coef != 0)
 
 
 class Trainer:
@@ -266,6 +267,7 @@ class Trainer:
             times["old_pass"] = time.perf_counter() - t0
             t1 = time.perf_counter()
             run_teacher = self.spec.use_hints and packed.has_teacher
+            folded_reference = "reference_offset" in packed.teacher   # the teacher pass gives the reference
             if run_teacher:
                 teach = jax.block_until_ready(self._teacher_pass(
                     self.teacher_graphdef, self.teacher_state, teacher_inputs, inputs.response_ids, old.topk_ids))
@@ -281,7 +283,9 @@ class Trainer:
             if self.cfg.trainer.staleness_mode == "importance":
                 weights = self._importance(old.old_logprobs, inputs.rollout_logprobs, inputs.response_mask)
             ref = None
-            if self.cfg.loss.kl_coef != 0:  # the frozen base model (the teacher's weights) on the student's rows
+            if self.cfg.loss.kl_coef != 0 and folded_reference:
+                ref = teach.reference_logprobs
+            elif self.cfg.loss.kl_coef != 0:  # the frozen base model (the teacher's weights) on the student's rows
                 t3 = time.perf_counter()
                 ref = jax.block_until_ready(self._reference_pass(self.teacher_graphdef, self.teacher_state, inputs))
                 times["reference_pass"] = time.perf_counter() - t3

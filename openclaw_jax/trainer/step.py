@@ -89,7 +89,9 @@ class TeacherInputs:
     which every segment of the row sees), then each candidate's tokens after it (hint + response),
     one segment each at positions from prefix_len; offset [B, C] where each starts, response_start
     counted from it; row [B, C] the sample's row within its micro-batch (micro-batches split the B
-    rows like the student's).
+    rows like the student's). reference_offset, reference_start [B] (with a KL anchor): where the
+    un-hinted prompt's rest sits in the row (a candidate's place, or a segment of its own), so the
+    teacher pass also gives the reference log-probs (the teacher is the frozen initial model).
     """
 
     input_ids: jax.Array
@@ -100,6 +102,8 @@ class TeacherInputs:
     row: jax.Array | None = None
     offset: jax.Array | None = None
     prefix_len: jax.Array | None = None
+    reference_offset: jax.Array | None = None
+    reference_start: jax.Array | None = None
 
 
 class OldPassOutput(NamedTuple):
@@ -114,6 +118,7 @@ class TeacherPassOutput(NamedTuple):
     topk_logprobs: jax.Array            # [B, C, T, K]
     logprobs_at_student_ids: jax.Array  # [B, C, T, K]
     logprobs_at_tokens: jax.Array       # [B, C, T]
+    reference_logprobs: jax.Array | None = None   # [B, T]: the un-hinted prompt's, when the inputs place it
 
 
 @dataclass(frozen=True)
@@ -251,7 +256,8 @@ def reference_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: StudentInpu
 def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs, response_ids: jax.Array,
                  student_topk_ids: jax.Array, settings: StepSettings) -> TeacherPassOutput:
     """Phase 2: the frozen teacher over all candidates as one batched [B*C, Lt] forward, no gradient
-    (micro-batched over the B*C rows)."""
+    (micro-batched over the B*C rows; shared prefix: over the B sample rows, and the reference
+    log-probs too when the inputs place the un-hinted prompt)."""
     model = _merge(graphdef, state, dtype=settings.compute_dtype)
     b, c = inputs.candidate_mask.shape
     t, k = student_topk_ids.shape[1], student_topk_ids.shape[2]
@@ -267,17 +273,27 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
         ids, start, at, ((positions, segment_ids), (row, offset)) = x
         return stats_of(_response_hidden(model, ids, start, t, positions, segment_ids, row, offset), at)
 
+    reference = None
     if inputs.prefix_len is not None:  # shared prefix: row b is sample b's, micro-batched over the B samples
         def sample_rows(x):
-            ids, positions, segment_ids, row, offset, start, at = x
+            ids, positions, segment_ids, row, offset, start, at, ref = x
             m = ids.shape[0]
-            hidden = _response_hidden(model, ids, start.reshape(m * c), t, positions, segment_ids, row.reshape(m * c),
-                                      offset.reshape(m * c))
-            stats = stats_of(hidden, at.reshape(m * c, t, 1 + k))
-            return jax.tree.map(lambda x: x.reshape((m, c) + x.shape[1:]), stats)
+            hidden = model.hidden_states(ids, positions=positions, segment_ids=segment_ids)     # [m, Lt, H]
+            stats = stats_of(gather_response(hidden, (offset + start).reshape(m * c), t, row.reshape(m * c)),
+                             at.reshape(m * c, t, 1 + k))
+            stats = jax.tree.map(lambda x: x.reshape((m, c) + x.shape[1:]), stats)
+            if ref is None:
+                return stats, None
+            ref_offset, ref_start, ref_ids = ref
+            ref_hidden = gather_response(hidden, ref_offset + ref_start, t, row[:, 0])
+            return stats, ops.logprobs_at_ids(ref_hidden, model.lm_head_kernel(), ref_ids[..., None],
+                                               temperature=settings.temperature, chunk_size=settings.chunk_size)[..., 0]
 
-        stats = _map_rows(sample_rows, (inputs.input_ids, inputs.positions, inputs.segment_ids, inputs.row,
-                                        inputs.offset, inputs.response_start, at_ids), settings.micro_batch_size, b)
+        ref_inputs = None if inputs.reference_offset is None else (inputs.reference_offset, inputs.reference_start,
+                                                                    response_ids)
+        stats, reference = _map_rows(sample_rows, (inputs.input_ids, inputs.positions, inputs.segment_ids, inputs.row,
+                                                   inputs.offset, inputs.response_start, at_ids, ref_inputs),
+                                     settings.micro_batch_size, b)
         stats = jax.tree.map(lambda x: x.reshape((b * c,) + x.shape[2:]), stats)
     else:
         packed = inputs.segment_ids is not None
@@ -293,6 +309,7 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
         stats.topk_logprobs.reshape(b, c, t, kt),
         at[..., 1:],
         at[..., 0],
+        None if reference is None else jax.lax.stop_gradient(reference),
     )
 
 
