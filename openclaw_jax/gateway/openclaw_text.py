@@ -8,6 +8,9 @@ OpenClaw (2026.9.6) wraps what the person typed before it reaches the model:
   line, moved there from the system prompt and appended after a blank line (its
   "relocatable" region, for prompt caching);
 * ``System: ...`` lines of queued system events, before the text;
+* runtime context (``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` ... ``<<<END_OPENCLAW_INTERNAL_CONTEXT>>>``), which
+  the default profile sends as a user message of its own after the person's (recorded in
+  ``tests/fixtures/openclaw/default_turn1.json``): such a message has no words of the person at all;
 * inbound context blocks from channels: a header line ending with the marker ``⟦openclaw:ctx⟧``
   followed by a fenced JSON block or a paragraph; a trailing ``Context: ⟦openclaw:ctx⟧`` block
   that runs to the end; the active-memory block ``Context:`` + ``<active_memory_plugin>...``;
@@ -39,6 +42,8 @@ DELIVERY_HINTS = (
     "visible reply is genuinely warranted, send it with the `message` tool; anything else you produce stays "
     "private.",
 )
+INTERNAL_CONTEXT = re.compile(r"<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>.*?(?:<<<END_OPENCLAW_INTERNAL_CONTEXT>>>|\Z)",
+                              re.DOTALL)
 _ACTIVE_MEMORY = re.compile(r"^[ \t]*Context:[ \t]*\n[ \t]*<active_memory_plugin>[ \t]*\n.*?^[ \t]*"
                             r"</active_memory_plugin>[ \t]*(?:\n|\Z)", re.MULTILINE | re.DOTALL)
 
@@ -88,7 +93,7 @@ def person_words(text: str) -> str:
     Text without any OpenClaw wrapping comes back unchanged but for surrounding whitespace, so
     this is safe on messages from any client. Pure; never raises on any string.
     """
-    body = RUNTIME_LINE.sub("", text)
+    body = RUNTIME_LINE.sub("", INTERNAL_CONTEXT.sub("", text).rstrip())
     body = TIMESTAMP_PREFIX.sub("", body)
     if INBOUND_CONTEXT_MARKER in body or "Delivery: " in body or "<active_memory_plugin>" in body:
         body = _ACTIVE_MEMORY.sub("", body)

@@ -6,9 +6,11 @@ Rules:
   heartbeat, memory, cron runs) never open a turn, never give a next state and never train,
   even when they carry the session's id.
 * The **next state** of main turn k comes from main request k+1 of the same session:
-  - its last message has role ``user``: the person's own words in it (`person_words`: OpenClaw's
-    timestamp prefix, ``Runtime:`` line and injected context removed; the text as sent is kept
-    in ``NextState.raw``);
+  - it ends with role ``user`` messages: the person's own words in them (`person_words`: OpenClaw's
+    timestamp prefix, ``Runtime:`` line and injected context removed). All the trailing user
+    messages count (those after the last non-user message: OpenClaw's default profile sends its
+    runtime context as a user message of its own after the person's), their words joined by a
+    blank line; the texts as sent, joined the same way, are kept in ``NextState.raw``;
   - it ends with role ``tool`` messages: the tool results of turn k's calls. All the trailing
     tool messages (those after the last non-tool message: OpenClaw sends one per call, in call
     order) form the next state together: one result as it is; several as
@@ -119,9 +121,12 @@ def next_state_from_messages(messages: Sequence[dict[str, Any]]) -> NextState | 
         return _tool_results_state(messages)
     if role != "user":
         return None
-    content = last.get("content")
-    raw = content if isinstance(content, str) else ""
-    words = person_words(raw)
+    start = len(messages)
+    while start > 0 and messages[start - 1].get("role") == "user":
+        start -= 1
+    raws = [m.get("content") if isinstance(m.get("content"), str) else "" for m in messages[start:]]
+    words = "\n\n".join(w for w in map(person_words, raws) if w)
+    raw = "\n\n".join(raws)
     return NextState(role="user", content=words, name=None, raw=raw if words != raw else None)
 
 
