@@ -14,7 +14,7 @@ const PROVIDER_ID = "openclaw-jax";
 const DEFAULTS = Object.freeze({
   gatewayUrl: "",
   apiKey: "",
-  sessionDonePath: "/v1/sessions/done",
+  sessionDonePath: "/v1/sessions/{sessionId}/done",
   sessionIdHeader: "X-Session-Id",
   turnTypeHeader: "X-Turn-Type",
   sessionDoneHeader: "X-Session-Done",
@@ -25,6 +25,7 @@ const DEFAULTS = Object.freeze({
 // Input that did not come from the person (another session, a system event) never trains.
 const SIDE_PROVENANCE = new Set(["inter_session", "internal_system"]);
 const NOTICE_TIMEOUT_MS = 5000;
+const NOTIFIED_MAX = 1024; // remembered session ids, so before_reset + session_end send one notice
 
 export function resolveConfig(raw) {
   const cfg = { ...DEFAULTS, ...(raw ?? {}) };
@@ -56,8 +57,10 @@ export function requestHeaders(cfg, runs, sessionId) {
   return { [cfg.sessionIdHeader]: sessionId, [cfg.turnTypeHeader]: turnType(cfg, runs.get(sessionId)) };
 }
 
-async function postSessionDone(cfg, logger, sessionId, reason) {
-  if (!cfg.gatewayUrl || !sessionId) return;
+async function postSessionDone(cfg, logger, notified, sessionId, reason) {
+  if (!cfg.gatewayUrl || !sessionId || notified.has(sessionId)) return;
+  notified.add(sessionId);
+  if (notified.size > NOTIFIED_MAX) notified.delete(notified.values().next().value);
   const headers = {
     "Content-Type": "application/json",
     [cfg.sessionIdHeader]: sessionId,
@@ -65,7 +68,7 @@ async function postSessionDone(cfg, logger, sessionId, reason) {
     [cfg.turnTypeHeader]: "side",
   };
   if (cfg.apiKey) headers.Authorization = `Bearer ${cfg.apiKey}`;
-  const url = cfg.gatewayUrl + cfg.sessionDonePath;
+  const url = cfg.gatewayUrl + cfg.sessionDonePath.replace("{sessionId}", encodeURIComponent(sessionId));
   try {
     const res = await fetch(url, {
       method: "POST",
@@ -84,6 +87,7 @@ function register(api) {
   const cfg = resolveConfig(api.pluginConfig);
   const logger = api.logger ?? {};
   const runs = new Map(); // session id -> { trigger, provenance, compacting }
+  const notified = new Set(); // session ids already reported done
 
   const noteRun = (_event, ctx) => {
     if (!ctx?.sessionId) return;
@@ -108,10 +112,10 @@ function register(api) {
   api.on("session_end", async (event, ctx) => {
     const sessionId = event?.sessionId ?? ctx?.sessionId;
     runs.delete(sessionId);
-    if (cfg.doneReasons.has(event?.reason ?? "unknown")) await postSessionDone(cfg, logger, sessionId, event.reason);
+    if (cfg.doneReasons.has(event?.reason ?? "unknown")) await postSessionDone(cfg, logger, notified, sessionId, event.reason);
   });
   api.on("before_reset", async (event, ctx) => {
-    await postSessionDone(cfg, logger, event?.sessionId ?? ctx?.sessionId, "reset");
+    await postSessionDone(cfg, logger, notified, event?.sessionId ?? ctx?.sessionId, event?.reason ?? "reset");
   });
 
   api.registerProvider({

@@ -12,8 +12,12 @@ session each turn). Profiles: `minimal` (`tools.profile: "minimal"`, no skills, 
 a ~2.3 k-token system prompt for SmolLM2) and `default` (OpenClaw's own defaults: ~10.5 k tokens).
 
 The install comes from `scripts/openclaw.sh setup` (<repo>/.openclaw, or `$OPENCLAW_JAX_DIR`). One
-process costs 12-15 s of Node CPU before the model is called; `TurnResult` reports the wall and CPU
-time of each turn.
+`--local` process costs 10-16 s of Node CPU (13-22 s wall on 2 cores) before the model answers.
+`OpenClawDaemon` runs OpenClaw's own gateway daemon (`openclaw gateway run`, ~10 s and ~15 s CPU to
+start) for the same state directory instead: turns then go through it (`openclaw agent` without
+`--local`, ~3 s of CLI CPU and 7-10 s wall each), and it is what makes OpenClaw's housekeeping runs
+(`system_event`: a heartbeat now) and session commands (`/new`, `/reset`) happen. `TurnResult`
+reports the wall and CPU time of each CLI process.
 
 CLI (what `scripts/openclaw.sh agent` runs; prints the turn as JSON):
 
@@ -108,8 +112,10 @@ class OpenClawAgentConfig:
             raise ValueError(f"timeout_s={self.timeout_s!r} must be > 0")
 
 
-def openclaw_config(cfg: OpenClawAgentConfig, plugin_dir: Path = PLUGIN_DIR) -> dict[str, Any]:
-    """The `openclaw.json` for `cfg`: the provider block and our plugin block (README snippet)."""
+def openclaw_config(cfg: OpenClawAgentConfig, plugin_dir: Path = PLUGIN_DIR,
+                    daemon_port: int | None = None) -> dict[str, Any]:
+    """The `openclaw.json` for `cfg`: the provider block and our plugin block (README snippet), plus
+    OpenClaw's own gateway daemon on 127.0.0.1:`daemon_port` (no auth: loopback only) when given."""
     model = {"id": cfg.model_id, "name": cfg.model_id, "reasoning": False, "input": ["text"],
              "contextWindow": int(cfg.context_window), "maxTokens": int(cfg.max_tokens),
              "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}
@@ -127,6 +133,8 @@ def openclaw_config(cfg: OpenClawAgentConfig, plugin_dir: Path = PLUGIN_DIR) -> 
     out["plugins"] = {"allow": [PLUGIN_ID], "load": {"paths": [str(plugin_dir)]},
                       "entries": {PLUGIN_ID: {"enabled": True, "hooks": {"allowConversationAccess": True},
                                               "config": plugin_cfg}}}
+    if daemon_port is not None:
+        out["gateway"] = {"mode": "local", "port": int(daemon_port), "bind": "loopback", "auth": {"mode": "none"}}
     return out
 
 
@@ -148,7 +156,8 @@ class TurnResult:
 
 
 def parse_result(stdout: str) -> dict[str, Any]:
-    """OpenClaw's `--json` object from its stdout (logs may precede it)."""
+    """OpenClaw's `--json` turn object ({"payloads", "meta"}) from its stdout (logs may precede it);
+    a daemon turn's envelope ({"runId", "status", "result": {...}}) is unwrapped."""
     text = stdout.strip()
     start = text.find("{")
     if start < 0:
@@ -158,6 +167,8 @@ def parse_result(stdout: str) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise OpenClawError(f"openclaw's --json output does not parse ({err}); stdout starts: "
                             f"{text[:300]!r}") from err
+    if isinstance(out, dict) and "payloads" not in out and isinstance(out.get("result"), dict):
+        out = {**out["result"], "daemon": {k: v for k, v in out.items() if k != "result"}}
     if not isinstance(out, dict) or "payloads" not in out:
         raise OpenClawError(f"openclaw's --json output has no 'payloads': {text[:300]!r}")
     return out
@@ -178,6 +189,7 @@ class OpenClawAgent:
         missing = missing_install(self.install)
         if missing:
             raise OpenClawError("OpenClaw is not installed: missing " + "; ".join(missing))
+        self.daemon_port: int | None = None  # set by OpenClawDaemon while it runs
         self.write_config()
 
     @property
@@ -187,7 +199,7 @@ class OpenClawAgent:
     def write_config(self) -> Path:
         (self.cfg.state_dir / "home").mkdir(parents=True, exist_ok=True)
         tmp = self.config_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(openclaw_config(self.cfg), indent=2) + "\n")
+        tmp.write_text(json.dumps(openclaw_config(self.cfg, daemon_port=self.daemon_port), indent=2) + "\n")
         tmp.replace(self.config_path)
         return self.config_path
 
@@ -200,8 +212,22 @@ class OpenClawAgent:
         return env
 
     def command(self, session_id: str, message: str) -> list[str]:
-        return [str(openclaw_bin(self.install)), "agent", "--local", "--session-id", session_id,
+        local = [] if self.daemon_port is not None else ["--local"]
+        return [str(openclaw_bin(self.install)), "agent", *local, "--session-id", session_id,
                 "-m", message, "--json", "--timeout", str(int(self.cfg.timeout_s))]
+
+    def system_event(self, text: str) -> dict[str, Any]:
+        """Enqueue a system event and wake a heartbeat run now (needs the daemon): OpenClaw's
+        housekeeping path, in the agent's main session; returns OpenClaw's JSON answer."""
+        if self.daemon_port is None:
+            raise OpenClawError("system_event needs OpenClaw's gateway daemon: run it inside `with OpenClawDaemon(agent)`")
+        cmd = [str(openclaw_bin(self.install)), "system", "event", "--text", text, "--mode", "now",
+               "--port", str(self.daemon_port), "--json"]
+        rc, _, out, err = _run_measured(cmd, self.env(), self.cfg.timeout_s)
+        if rc != 0:
+            raise OpenClawError(f"openclaw system event exited {rc}; stderr tail: {err[-1500:]}")
+        start = out.find("{")
+        return json.loads(out[start:]) if start >= 0 else {}
 
     def run_turn(self, session_id: str, message: str) -> TurnResult:
         """One turn of `session_id`; raises OpenClawError when OpenClaw gives no result."""
@@ -261,6 +287,91 @@ def _run_measured(cmd: Sequence[str], env: dict[str, str], timeout_s: float) -> 
     if timed_out.is_set():
         raise OpenClawError(f"openclaw agent ran past timeout_s={timeout_s}; stderr tail: {stderr[-1500:]}")
     return proc.returncode, usage.ru_utime + usage.ru_stime, stdout, stderr
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DAEMON_READY = re.compile(r"\[gateway\]\s+ready\s*$", re.MULTILINE)
+
+
+class OpenClawDaemon:
+    """OpenClaw's own gateway daemon for one agent's state dir; while it runs, the agent's turns go
+    through it. A context manager: `with OpenClawDaemon(agent): agent.run_turn(...)`."""
+
+    def __init__(self, agent: OpenClawAgent, port: int | None = None, start_timeout_s: float = 120.0):
+        self.agent = agent
+        self.port = port or _free_port()
+        self.start_timeout_s = start_timeout_s
+        self.log_path = agent.cfg.state_dir / "daemon.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "OpenClawDaemon":
+        self.agent.daemon_port = self.port
+        self.agent.write_config()
+        cmd = [str(openclaw_bin(self.agent.install)), "gateway", "run", "--port", str(self.port),
+               "--bind", "loopback", "--auth", "none"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=self.agent.env(), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise OpenClawError(f"openclaw gateway exited {self.proc.returncode} at start; log "
+                                    f"{self.log_path}: {self.log()[-1500:]}")
+            if _DAEMON_READY.search(self.log()):
+                logger.info("openclaw daemon ready on 127.0.0.1:%d (pid %d)", self.port, self.proc.pid)
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise OpenClawError(f"openclaw gateway not ready after {self.start_timeout_s} s; log {self.log_path}: "
+                            f"{self.log()[-1500:]}")
+
+    def log(self) -> str:
+        try:
+            return _ANSI.sub("", self.log_path.read_text(errors="replace"))
+        except FileNotFoundError:
+            return ""
+
+    def cpu_s(self) -> float:
+        """CPU seconds the daemon process has used so far (Linux /proc)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        self.agent.daemon_port = None
+        self.agent.write_config()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # helpers of its group (spawn broker, sqlite workers) go with it
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "OpenClawDaemon":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _parser() -> argparse.ArgumentParser:

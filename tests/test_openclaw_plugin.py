@@ -1,0 +1,78 @@
+"""The plugin's main/side rule and header names, run in the pinned Node (integrations/openclaw/index.js).
+
+Real OpenClaw runs through the plugin are in tests/test_openclaw_real.py (user turns, a heartbeat, `/new`);
+this file covers every trigger, provenance and config case of the rule in ~0.2 s of Node. Needs
+`bash scripts/openclaw.sh setup` for Node 24 (CI: fails without it; elsewhere: skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN = REPO / "integrations" / "openclaw"
+NODE = Path(os.environ.get("OPENCLAW_JAX_DIR") or REPO / ".openclaw") / "n24" / "bin" / "node"
+
+
+def node_eval(script: str):
+    if not NODE.exists():
+        message = f"Node 24 is not installed at {NODE}; install it once with `bash scripts/openclaw.sh setup`"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    code = f'import * as P from {json.dumps((PLUGIN / "index.js").as_uri())};\n{script}'
+    proc = subprocess.run([str(NODE), "--input-type=module", "-e", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+RULE_CASES = [  # (run as the prompt hooks saw it, expected turn type)
+    ({"trigger": "user"}, "main"),
+    ({"trigger": "manual"}, "main"),
+    ({"trigger": "user", "provenance": "external_user"}, "main"),
+    ({"trigger": "heartbeat"}, "side"),
+    ({"trigger": "cron"}, "side"),
+    ({"trigger": "memory"}, "side"),
+    ({"trigger": "overflow"}, "side"),
+    ({}, "side"),
+    ({"trigger": "user", "provenance": "inter_session"}, "side"),
+    ({"trigger": "user", "provenance": "internal_system"}, "side"),
+    ({"trigger": "user", "compacting": True}, "side"),
+    (None, "side"),  # a request outside any known run
+]
+
+
+def test_turn_type_rule_for_every_trigger():
+    runs = json.dumps([r for r, _ in RULE_CASES])
+    got = node_eval(f"const cfg = P.resolveConfig({{}});\n"
+                    f"console.log(JSON.stringify({runs}.map(r => P.turnType(cfg, r ?? undefined))));")
+    assert got == [t for _, t in RULE_CASES]
+
+
+def test_request_headers_default_and_configured_names():
+    got = node_eval("""
+const runs = new Map([["s1", {trigger: "user"}], ["s2", {trigger: "heartbeat"}]]);
+const d = P.resolveConfig({});
+const c = P.resolveConfig({sessionIdHeader: "X-Conv", turnTypeHeader: "X-Kind", mainTriggers: ["cron"]});
+console.log(JSON.stringify([P.requestHeaders(d, runs, "s1"), P.requestHeaders(d, runs, "s2"),
+  P.requestHeaders(d, runs, undefined), P.requestHeaders(c, runs, "s1"),
+  P.requestHeaders(c, new Map([["s3", {trigger: "cron"}]]), "s3")]));
+""")
+    assert got == [{"X-Session-Id": "s1", "X-Turn-Type": "main"}, {"X-Session-Id": "s2", "X-Turn-Type": "side"},
+                   {"X-Turn-Type": "side"}, {"X-Conv": "s1", "X-Kind": "side"}, {"X-Conv": "s3", "X-Kind": "main"}]
+
+
+def test_bad_plugin_config_is_refused_with_the_value():
+    got = node_eval("""
+const out = [];
+for (const raw of [{sessionIdHeader: "X Session"}, {gatewayUrl: "127.0.0.1:8000"}]) {
+  try { P.resolveConfig(raw); out.push("accepted"); } catch (e) { out.push(String(e.message)); }
+}
+console.log(JSON.stringify(out));
+""")
+    assert 'sessionIdHeader="X Session"' in got[0] and 'gatewayUrl="127.0.0.1:8000"' in got[1]
