@@ -41,6 +41,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--min-cache-bucket", type=int, default=64)
     ap.add_argument("--min-batch-bucket", type=int, default=1)
     ap.add_argument("--kv-cache-budget-gb", type=float, default=2.0)
+    ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
+                    help="memory for K/V of cached prompt prefixes (system prompt, earlier turns); 0: off")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--shutdown-timeout", type=float, default=30.0)
     ap.add_argument("--log-level", default="info")
@@ -94,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for flag in ("max_text_chars", "max_request_tokens"):
             if getattr(args, flag) is not None and getattr(args, flag) < 1:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+        if args.prefix_cache_mb < 0:
+            raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the prefix cache off)")
     except ValueError as exc:
         ap.error(str(exc))
     configure_logging(args.log_level)
@@ -105,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         min_prompt_bucket=args.min_prompt_bucket,
                                         min_cache_bucket=args.min_cache_bucket,
                                         min_batch_bucket=args.min_batch_bucket,
-                                        kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30))))
+                                        kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30)),
+                                        prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20))))
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,

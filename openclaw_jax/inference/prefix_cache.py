@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -160,6 +161,10 @@ class PrefixCache:
         rows_a = np.asarray(list(rows) + [0] * pad, np.int32)
         src_a = np.asarray(list(src_blocks) + [0] * pad, np.int32)
         dst_a = np.asarray(list(slots) + [self.capacity] * pad, np.int32)  # past the end: dropped
+        if not self.pool.k.committed and len(cache.k.devices()) == 1:
+            # a fresh pool is uncommitted, the store's output committed like its cache input: place
+            # it like the cache once, so the store compiles one variant, not two
+            self.pool = jax.device_put(self.pool, next(iter(cache.k.devices())))
         self.pool = store_blocks_jit(self.pool, cache, rows_a, src_a, dst_a)
 
     def _alloc(self, protect: set, needed: int) -> int | None:

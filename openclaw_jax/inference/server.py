@@ -355,7 +355,11 @@ class InferenceServer(OpenAIRoutes):
         return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        # There is no prefix cache to flush: every sequence is prefilled from scratch.
+        # the engine's prefix cache (cached prompt K/V); running sequences keep their own KV
+        flush = getattr(self.engine, "flush_prefix_cache", None)
+        if flush is not None:
+            blocks = await asyncio.to_thread(flush)
+            logger.info("/flush_cache: dropped %d cached prefix blocks", blocks)
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
                                  "running or waiting requests, the operation will not be performed.)\n", status=200)
 
