@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from _scripted_pool import LoopThread, Reply
 from test_gateway import Env
-from openclaw_jax.gateway.judge import HINT_SEPARATOR, NextState, RuleJudge
+from openclaw_jax.gateway.judge import HINT_SEPARATOR, NextState, RuleJudge, eval_vote_messages, \
+    hint_vote_messages
 from openclaw_jax.gateway.openclaw_text import INBOUND_CONTEXT_MARKER, person_words
 from openclaw_jax.gateway.sessions import SessionTracker, TurnRecord, next_state_from_messages
 from openclaw_jax.models.tokenizer import tiny_test_tokenizer
@@ -153,6 +154,16 @@ def test_next_state_of_a_user_message_is_the_persons_words():
     no = "[Wed 2026-11-25 09:33 UTC] No."
     assert RuleJudge().judge_now("Five.", NextState("user", no)).eval_score == 0
     assert RuleJudge().judge_now("Five.", next_state_from_messages([{"role": "user", "content": no}])).eval_score == -1
+
+
+def test_judge_prompts_show_the_words_not_the_wrapper():
+    _, body = recorded("default_turn1.json")  # the person's message, then OpenClaw's runtime-context message
+    state = next_state_from_messages(O.parse_messages(body))
+    for messages in (eval_vote_messages("5", state), hint_vote_messages("5", state)):
+        prompt = messages[-1]["content"]
+        assert "What is 2 + 3?" in prompt
+        for wrapper in ("[Wed 2026-11-25", "Runtime:", "sessionId=", "OPENCLAW_INTERNAL_CONTEXT", "Active exec"):
+            assert wrapper not in prompt
 
 
 def test_next_state_of_tool_results_is_every_trailing_tool_message():
@@ -376,7 +387,11 @@ def test_session_done_header_alone_and_the_done_endpoint(make_env):
     assert env.http.post("/v1/sessions/b/done").status_code == 401
     assert env.http.post("/v1/sessions/b/done", headers=auth).json() == {"session_id": "b", "ended": True,
                                                                          "dropped_turns": 1}
-    assert env.http.post("/v1/sessions/b/done", headers=auth).json()["ended"] is False
+    assert env.http.post("/v1/sessions/b/done", headers=auth, json={"session_id": "b", "reason": "reset"}
+                         ).json()["ended"] is False
+    for junk in (b"{", b'{"reason": 5}'):
+        r = env.http.post("/v1/sessions/b/done", headers=auth, content=junk)
+        assert r.status_code == 400 and "error" in r.json()
     bad = env.http.post("/v1/sessions/" + "x" * 300 + "/done", headers=auth)
     assert bad.status_code == 400 and "session id" in bad.json()["error"]["message"]
     env.drain()

@@ -6,7 +6,8 @@ A mixin of :class:`~openclaw_jax.gateway.server.Gateway`:
   plugin calls it from OpenClaw's ``session_end`` / ``before_reset`` hooks, which make no model
   request of their own). Same effect as ``X-Session-Done`` on a request: completed turns still
   waiting for a next state are dropped (sessions.py). Answers ``{"session_id", "ended",
-  "dropped_turns"}``; ending an unknown or already-ended session is not an error (``ended``: false),
+  "dropped_turns"}``; an optional JSON body ``{"reason": ...}`` (the plugin sends OpenClaw's
+  ``session_end`` reason) is logged; ending an unknown or already-ended session is not an error (``ended``: false),
   so the plugin may call it more than once.
 * A main turn samples with the gateway's temperature and top_p (the trainer's, unless
   ``gateway.honor_client_sampling``); when the client asked for other values, the reply says so in
@@ -18,13 +19,17 @@ A mixin of :class:`~openclaw_jax.gateway.server.Gateway`:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from aiohttp import web
 
 from openclaw_jax.gateway.protocol import GatewayHTTPError, bad_request, parse_session_info
+from openclaw_jax.serving import http_guard as G
 from openclaw_jax.wire.errors import with_context_advice
 from openclaw_jax.wire.sglang import SamplingParams
+
+logger = logging.getLogger("openclaw_jax.gateway.server")
 
 # Headers a chat handler adds to its reply (stored on the request between parsing and answering).
 GATEWAY_HEADERS = web.RequestKey("gateway_headers", dict)
@@ -35,6 +40,7 @@ class SessionRoutes:
 
     cfg: Any
     sessions: Any
+    guard: Any
     _check_auth: Any  # the Gateway's bearer-key check
 
     async def handle_session_done(self, request: web.Request) -> web.Response:
@@ -46,9 +52,24 @@ class SessionRoutes:
             raise GatewayHTTPError(400, err.message.replace("header X-Session-Id", "the session id in the path"),
                                    param="session_id") from None
         sid = info.session_id
+        reason = await self._done_reason(request)
         ended = sid in self.sessions
         dropped = self.sessions.end_session(sid) if ended else 0
+        logger.info("session %s done (%s): %s, %d unscored turn(s) dropped", sid, reason or "no reason given",
+                    "ended" if ended else "not active", dropped)
         return web.json_response({"session_id": sid, "ended": ended, "dropped_turns": dropped})
+
+    async def _done_reason(self, request: web.Request) -> str | None:
+        """The optional body ``{"reason": ...}`` (OpenClaw's session_end reason: new, reset, idle, ...)."""
+        raw = await G.read_body(request, self.guard)
+        if not raw.strip():
+            return None
+        body = await G.decode_json(raw, self.guard)
+        reason = body.get("reason") if isinstance(body, dict) else None
+        if reason is not None and (not isinstance(reason, str) or len(reason) > 64):
+            raise bad_request(f"reason={reason!r:.80} must be a short string (OpenClaw's session_end reason)",
+                              param="reason")
+        return reason
 
     def _check_room(self, params: SamplingParams) -> None:
         wanted = params.max_new_tokens
