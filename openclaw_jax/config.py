@@ -168,6 +168,9 @@ class TrainerConfig:
     # teacher: a sample's common prompt prefix once (KV cache), then each hint; used when a sample can
     # have 2+ candidates (gateway.max_candidates >= 2): OpenClaw's long prompts, short hints
     shared_prefix_teacher: bool = True
+    # packing: a prompt prefix common to every sample of a batch (OpenClaw's system prompt, the same for
+    # every turn of every session) at least this long runs once per packed row, not once per sample (0: never)
+    batch_prefix_min: int = 256
     shape_reuse_slack: float = 0.1       # packing: reuse a compiled batch shape unless a new one saves more slots
     log_every: int = 1
     wait_timeout_s: float = 0.0          # stop when no new sample arrives for this long (0 = wait forever)
@@ -184,6 +187,8 @@ class TrainerConfig:
                  f"trainer.max_seq_len={self.max_seq_len} must be >= trainer.min_seq_bucket={self.min_seq_bucket} > 0")
         _require(self.bucket_quantum >= 0,
                  f"trainer.bucket_quantum={self.bucket_quantum} must be >= 0 (0: power-of-two buckets only)")
+        _require(self.batch_prefix_min >= 0,
+                 f"trainer.batch_prefix_min={self.batch_prefix_min} must be >= 0 (0: never share a batch's common prefix)")
         _require(0 <= self.shape_reuse_slack < 1,
                  f"trainer.shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1) (0: always the fewest "
                  "token slots, a new compiled shape whenever that saves any)")

@@ -22,7 +22,7 @@ from openclaw_jax.samples import Sample
 from openclaw_jax.losses import LossConfig
 from openclaw_jax.models import attention as A
 from openclaw_jax.trainer import step as S
-from openclaw_jax.trainer.batcher import BatchSpec, bucket_length, pack, pack_rows
+from openclaw_jax.trainer.batcher import BatchSpec, batch_prefix, bucket_length, pack, pack_rows
 
 from test_trainer_step import TAU, VOCAB, _model  # the same tiny Qwen3 model
 
@@ -318,6 +318,51 @@ def test_the_teacher_pass_gives_the_reference_log_probs(micro):
     for name in ("topk_logprobs", "logprobs_at_student_ids", "logprobs_at_tokens"):
         np.testing.assert_allclose(np.asarray(getattr(b["teach"], name))[cand],
                                    np.asarray(getattr(a["teach"], name))[cand], atol=2e-5, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def system_prompt_samples():
+    """Samples whose prompts all start with one 24-token system prompt (as OpenClaw's do), and the
+    step over them unpacked, without any shared prefix (the reference)."""
+    rng = np.random.default_rng(9)
+    system = [int(x) for x in rng.integers(1, VOCAB, 24)]
+    samples = [dataclasses.replace(s, prompt_ids=system + s.prompt_ids,
+                                   hint_prompt_ids=[system + h for h in s.hint_prompt_ids])
+               for s in _prefix_samples(rng)]
+    return samples, _step(pack(samples, _spec(False)))
+
+
+@pytest.mark.parametrize("micro,shared", [(0, False), (4, False), (2, True)])
+def test_a_batch_prefix_runs_once_per_row_and_the_step_is_unchanged(micro, shared, system_prompt_samples):
+    """The prompt prefix common to every sample (the system prompt) is written once per packed row as a
+    segment every sequence of the row sees; only the rests follow. Every phase, the loss and the
+    update equal the unpacked step (student and packed teacher rows; or with the per-sample shared
+    prefix teacher)."""
+    samples, ref = system_prompt_samples
+    spec = dataclasses.replace(_spec(True, micro), shared_prefix=shared, batch_prefix_min=8)
+    packed, plain = pack(samples, spec), pack(samples, dataclasses.replace(spec, batch_prefix_min=0))
+    st = packed.student
+    held = (st["segment_ids"] > 0).any(1)
+    assert (st["segment_ids"][held, :24] == A.SHARED_SEGMENT).all() and (st["segment_ids"][held, 24] > 0).all()
+    assert packed.real_tokens["student"] == plain.real_tokens["student"] - 24 * (len(samples) - held.sum())
+    assert packed.slots("student") <= plain.slots("student")
+    assert ("prefix_len" in packed.teacher) is shared
+    if not shared:
+        assert (packed.teacher["segment_ids"][:, :24] == A.SHARED_SEGMENT).sum() == 24 * (
+            packed.teacher["segment_ids"] > 0).any(1).sum()
+    got = _step(packed, micro)
+    _assert_phases_equal(got, ref, packed)
+    for name, value in ref["metrics"].items():
+        assert got["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    for k, v in ref["params"].items():
+        np.testing.assert_allclose(got["params"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_batch_prefix_needs_every_sequence_and_the_minimum():
+    assert batch_prefix([[1, 2, 3, 4, 9], [1, 2, 3, 5, 9], None], [4, 4], 2) == [1, 2, 3]
+    assert batch_prefix([[1, 2, 3, 4, 9], [1, 2, 3, 4, 8]], [4, 2], 1) == [1]   # one short of the shortest prompt
+    assert batch_prefix([[1, 2, 3, 4], [1, 2, 3, 4]], [4, 4], 4) == []          # shorter than the minimum
+    assert batch_prefix([[1, 2, 3, 4]], [4], 1) == []                           # one sequence shares nothing
 
 
 def test_one_candidate_keeps_the_packed_teacher_layout():

@@ -111,6 +111,9 @@ class BatchSpec:
     # prefix, the teacher row also holds the un-hinted prompt's rest, so the teacher pass gives the
     # reference log-probs and no separate reference pass runs (RL-only samples: their candidate)
     reference: bool = False
+    # packing: a prompt prefix common to every sequence of a batch (OpenClaw's system prompt) at least
+    # this long runs once per packed row, not once per sequence (0: never; `batch_prefix`)
+    batch_prefix_min: int = 0
     # packing: a shape used before (compiled) is taken over a new one that saves fewer than this
     # fraction of its token slots (0: always the fewest slots)
     shape_reuse_slack: float = 0.1
@@ -304,22 +307,28 @@ def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capa
 
 def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_groups: int,
                  rows_ladder: Sequence[int], lengths_ladder: Sequence[int], pad_id: int,
-                 seen: set[tuple[int, int]] | None = None, slack: float = 0.0) -> dict[str, np.ndarray]:
+                 seen: set[tuple[int, int]] | None = None, slack: float = 0.0,
+                 prefix: Sequence[int] = ()) -> dict[str, np.ndarray]:
     """Packed rows of the sequences (None: padding): input_ids, positions, segment_ids, row, offset.
 
     The (rows, length) pair comes from the ladders: the fewest token slots rows * length into which
     first-fit-decreasing packs every sequence (ties: the shorter rows, cheaper attention), among row
     lengths from the longest sequence's bucket up to 4 times it (longer rows add attention cost).
     A pair in `seen` (compiled already) with at most 1 / (1 - slack) times those slots that also
-    fits is taken instead (the fewest slots among them); the pair used is added to `seen`."""
-    lengths = [0 if q is None else len(q) for q in seqs]
-    longest = next(x for x in lengths_ladder if x >= max(lengths + [1]))
+    fits is taken instead (the fewest slots among them); the pair used is added to `seen`.
+
+    `prefix` (the tokens every sequence starts with: `batch_prefix`): each row starts with it once,
+    as segment `SHARED_SEGMENT` that every sequence of the row sees, and holds only the sequences'
+    rests after it, at positions continuing from it; `offset` is where a sequence's rest starts."""
+    p0 = len(prefix)
+    lengths = [0 if q is None else len(q) - p0 for q in seqs]
+    longest = next(x for x in lengths_ladder if x >= p0 + max(lengths + [1]))
     best = None
     for length in (x for x in lengths_ladder if longest <= x <= 4 * longest):
         for rows in rows_ladder:
             if best is not None and rows * length >= best[0] * best[1]:
                 break
-            layout = pack_rows(lengths, groups, n_groups, length, max_rows=rows)
+            layout = pack_rows(lengths, groups, n_groups, length - p0, max_rows=rows)
             if layout is not None:
                 best = (rows, length, layout)
                 break
@@ -328,7 +337,7 @@ def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_
         for rows, length in sorted(seen, key=lambda x: (x[0] * x[1], x[1])):
             if rows * length > budget:
                 break
-            layout = pack_rows(lengths, groups, n_groups, length, max_rows=rows) if length >= longest else None
+            layout = pack_rows(lengths, groups, n_groups, length - p0, max_rows=rows) if length >= longest else None
             if layout is not None:
                 best = (rows, length, layout)
                 break
@@ -339,18 +348,39 @@ def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
     segments = np.zeros((rows, length), np.int32)
     count = np.zeros(rows, np.int32)
+    used = np.zeros(rows, np.int32)
+    offset = offset + p0 * (np.asarray(lengths) > 0)
     for i, q in enumerate(seqs):
         if not lengths[i]:
             continue
         r, o, n = int(row[i]) * n_groups + groups[i], int(offset[i]), lengths[i]
         count[r] += 1
-        ids[r, o:o + n] = q
-        positions[r, o:o + n] = np.arange(n)
+        ids[r, o:o + n] = q[p0:]
+        positions[r, o:o + n] = p0 + np.arange(n)
         segments[r, o:o + n] = count[r]
+        used[r] = max(used[r], o + n)
+    held = count > 0   # the prefix once in each row that holds a sequence (empty rows stay padding)
+    ids[held, :p0] = prefix
+    segments[held, :p0] = SHARED_SEGMENT
     for r in range(rows):  # the padding tail of a row: positions from 0, segment 0
-        used = int(np.count_nonzero(segments[r]))
-        positions[r, used:] = np.arange(length - used)
-    return {"input_ids": ids, "positions": positions, "segment_ids": segments, "row": row, "offset": offset}
+        positions[r, used[r]:] = np.arange(length - used[r])
+    return {"input_ids": ids, "positions": positions, "segment_ids": segments, "row": row,
+            "offset": offset.astype(np.int32)}
+
+
+def _rows_held(packed: dict[str, np.ndarray]) -> int:
+    return int((packed["segment_ids"] > 0).any(axis=1).sum())
+
+
+def batch_prefix(seqs: Sequence[Sequence[int] | None], prompt_lengths: Sequence[int], minimum: int) -> list[int]:
+    """The tokens every sequence of a batch starts with (e.g. OpenClaw's system prompt, the same for
+    every turn of every session), stopping one short of the shortest prompt (every rest keeps the
+    position that predicts its first response token); empty when shorter than `minimum` (0: never)."""
+    real = [q for q in seqs if q is not None]
+    if minimum <= 0 or len(real) < 2:
+        return []
+    n = min(_common_prefix(real), min(prompt_lengths) - 1)
+    return list(real[0][:n]) if n >= minimum else []
 
 
 def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | None = None,
@@ -416,15 +446,25 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
     ladder = shape_ladder(spec)
     if spec.packing:
         n = num_micro_batches(b, spec.micro_batch_size)
+        prefix = batch_prefix(student_seqs, [len(s.prompt_ids) for s in samples], spec.batch_prefix_min)
         packed = _fill_packed(student_seqs, [i % n for i in range(b)], n, ladder.student_rows,
                               ladder.student_lengths, spec.pad_id, None if seen is None else seen["student"],
-                              spec.shape_reuse_slack)
+                              spec.shape_reuse_slack, prefix)
         student.update(packed)
+        student["response_start"][:len(samples)] -= len(prefix)   # counted from each rest's start
+        real["student"] += (_rows_held(packed) - len(samples)) * len(prefix)   # once per row, not per sample
     if spec.packing and not spec.shares_prefix:
         nt = num_micro_batches(b * c, spec.micro_batch_size)
+        starts = teacher["response_start"].reshape(b * c)
+        prefix = batch_prefix(teacher_seqs, [int(starts[f]) for f, q in enumerate(teacher_seqs) if q is not None],
+                              spec.batch_prefix_min)
         packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, ladder.teacher_rows,
                               ladder.teacher_lengths, spec.pad_id,
-                              None if seen is None or not any(teacher_seqs) else seen["teacher"], spec.shape_reuse_slack)
+                              None if seen is None or not any(teacher_seqs) else seen["teacher"], spec.shape_reuse_slack,
+                              prefix)
+        if prefix:
+            teacher["response_start"] -= (teacher["candidate_mask"] > 0).astype(np.int32) * len(prefix)
+            real["teacher"] += (_rows_held(packed) - sum(q is not None for q in teacher_seqs)) * len(prefix)
         packed["row"] = packed["row"].reshape(b, c)
         packed["offset"] = packed["offset"].reshape(b, c)
         teacher.update(packed)

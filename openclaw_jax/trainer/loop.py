@@ -138,6 +138,7 @@ def batch_spec(cfg: ExperimentConfig, *, row_multiple: int = 1, pad_id: int = 0)
         temperature=tcfg.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
         micro_batch_size=tcfg.micro_batch_size, row_multiple=row_multiple,
         shared_prefix=tcfg.shared_prefix_teacher, shape_reuse_slack=tcfg.shape_reuse_slack,
+        batch_prefix_min=tcfg.batch_prefix_min,
         reference=cfg.loss.kl_coef != 0)
 
 
@@ -305,7 +306,7 @@ class Trainer:
         out = {k: float(v) for k, v in metrics.items()}
         out.update(self._batch_stats(packed))
         mask = packed.student["response_mask"]
-        tokens = float(mask.sum() + (packed.student["response_start"] * packed.student["sample_mask"]).sum())
+        tokens = float(mask.sum() + sum(len(s.prompt_ids) for s in packed.samples))
         out.update({f"time/{k}": v for k, v in times.items()})
         out["time/step"] = total
         out["tokens_per_s"] = tokens / max(total, 1e-9)
