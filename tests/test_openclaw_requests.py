@@ -524,3 +524,19 @@ def test_replaced_sampling_is_reported_not_silent(make_env):
         assert env.pool.requests[-1]["sampling_params"]["top_p"] == 0.7
     assert "X-Sampling-Override" not in post(env, openclaw_body([{"role": "user", "content": "hi"}]),
                                              session="t").headers
+
+
+def test_recorded_tool_result_renders_with_smollm2s_template(loop_thread, tmp_path):
+    """OpenClaw sends the assistant's tool-call turn with content null; SmolLM2's template needs text."""
+    from openclaw_jax.models.tokenizer import smollm2_tokenizer
+
+    env = Env(loop_thread, smollm2_tokenizer(), tmp_path, max_body_bytes=1 << 20, max_prompt_tokens=1 << 16)
+    try:
+        headers, body = recorded("tool_result.json")
+        assert body["messages"][-2]["content"] is None and body["messages"][-2]["tool_calls"]
+        r = env.http.post("/v1/chat/completions", json=body, headers=session_headers(headers))
+        assert r.status_code == 200, r.text[:500]
+        prompt = env.tokenizer.decode(env.pool.requests[0]["input_ids"])
+        assert "<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\n[" in prompt
+    finally:
+        env.close()

@@ -164,7 +164,9 @@ def normalise_message(i: int, msg: Any, *, strict: bool = True) -> dict[str, Any
            "content": text_content(msg.get("content"), where, allow_none=role == "assistant")}
     if role == "assistant" and msg.get("tool_calls") not in (None, []):
         out["tool_calls"] = _tool_calls(msg["tool_calls"], where, strict=True)
-    elif role == "assistant" and out["content"] is None:
+    if role == "assistant" and out["content"] is None:
+        # Text, even beside tool calls (OpenClaw sends null there): templates such as SmolLM2's read
+        # message.content unconditionally, and those that test it render "" and null alike.
         out["content"] = ""
     for key in ("name", "tool_call_id", "reasoning_content"):
         value = msg.get(key)
