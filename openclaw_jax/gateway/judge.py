@@ -262,6 +262,12 @@ def hint_augmented_messages(messages: Sequence[dict[str, Any]], hint: str) -> li
     text; when the prompt has no user message, a new user message
     ``"[user's hint / instruction]\\n" + hint`` is appended at the end. The input is not
     modified. Message content must already be plain text (the gateway normalises it).
+
+    The message is taken as it was sent: with OpenClaw, after its wrapper (timestamp prefix,
+    ``Runtime:`` line; in the default profile the last user message is OpenClaw's runtime-context
+    message). So the teacher sees exactly the student's prompt plus the hint, the wrapper being
+    context the student saw too, and the two prompts share their longest prefix (the prefix cache
+    and the shared-prefix teacher pass rely on it). Only the judge reads the person's words alone.
     """
     out = copy.deepcopy(list(messages))
     for msg in reversed(out):

@@ -3,7 +3,9 @@
 The OpenAI wire format itself (messages, tools, responses, chunks, SSE, error bodies) is
 :mod:`openclaw_jax.wire.openai`. Here: the session fields (``X-Session-Id``, ``X-Turn-Type``,
 ``X-Session-Done`` or their body twins), the chat request as the gateway accepts it (only what
-keeps the rollout log-probs the policy's own: no penalties, n=1, text output), and
+keeps the rollout log-probs the policy's own: no penalties, n=1, text output, tool_choice auto or
+none; fields that cannot change the reply, such as OpenClaw's ``store: false``, are accepted; any
+other field is refused with a 400 naming it), and
 `GatewayHTTPError`, rendered as OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 Pure functions, no I/O.
 """
