@@ -422,6 +422,8 @@ def test_idle_timeout_in_the_gateway(make_env):
     ({"tool_choice": "required"}, 400, "cannot be enforced"),
     ({"tool_choice": {"type": "function", "function": {"name": "tool_call"}}}, 400, "cannot be enforced"),
     ({"prompt_cache_key": 5}, 400, "prompt_cache_key=5 must be a string"),
+    ({"parallel_tool_calls": True}, 200, None),
+    ({"parallel_tool_calls": False}, 400, "parallel_tool_calls=false cannot be enforced"),
 ])
 def test_every_field_is_honoured_or_refused(make_env, extra, status, needle):
     env = make_env()
@@ -524,6 +526,8 @@ def test_replaced_sampling_is_reported_not_silent(make_env):
         assert env.pool.requests[-1]["sampling_params"]["top_p"] == 0.7
     assert "X-Sampling-Override" not in post(env, openclaw_body([{"role": "user", "content": "hi"}]),
                                              session="t").headers
+    capped = post(env, openclaw_body([{"role": "user", "content": "hi"}], max_completion_tokens=100_000), session="t")
+    assert capped.headers["X-Sampling-Override"] == f"max_tokens=100000 -> {env.cfg.max_tokens_limit}"
 
 
 def test_recorded_tool_result_renders_with_smollm2s_template(loop_thread, tmp_path):

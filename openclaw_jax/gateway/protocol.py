@@ -180,6 +180,9 @@ def _check_policy_own(body: Mapping[str, Any]) -> None:
     ptc = body.get("parallel_tool_calls")
     if ptc is not None and not isinstance(ptc, bool):
         raise bad_request("parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    if ptc is False:
+        raise bad_request("parallel_tool_calls=false cannot be enforced (the policy may call several tools in one "
+                          "reply); send true or leave it out", param="parallel_tool_calls")
 
 
 # Every top-level field the gateway takes. Each is honoured (read below), or accepted because it

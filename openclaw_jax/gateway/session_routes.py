@@ -83,6 +83,7 @@ class SessionRoutes:
     def _override_headers(self, req: Any, params: SamplingParams) -> dict[str, str]:
         """``X-Sampling-Override`` naming each client sampling value the gateway replaced (empty: none)."""
         changed = [f"{name}={asked:g} -> {used:g}" for name, asked, used in
-                   (("temperature", req.temperature, params.temperature), ("top_p", req.top_p, params.top_p))
+                   (("temperature", req.temperature, params.temperature), ("top_p", req.top_p, params.top_p),
+                    ("max_tokens", req.max_tokens, params.max_new_tokens))
                    if asked is not None and float(asked) != float(used)]
         return {"X-Sampling-Override": ", ".join(changed)} if changed else {}
