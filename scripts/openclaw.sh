@@ -63,7 +63,7 @@ npm_install() {  # npm_install LOG ARGS...: quiet, retried (the registry can bli
 cmd_setup() {
   command -v npm >/dev/null || die "npm is not on PATH (Debian: apt-get install npm); it fetches Node 24 and OpenClaw"
   mkdir -p "$DIR"
-  exec 9>"$DIR.lock"
+  exec 9>"$DIR/.setup.lock"
   # a second `setup` (another shell, a parallel job) waits for the first
   if command -v flock >/dev/null; then flock 9; fi
   if ready; then
