@@ -173,6 +173,12 @@ def test_next_state_of_tool_results_is_every_trailing_tool_message():
     assert state.content == f"[result 1 of 2: tool_search]\n{SESSION_STATUS}\n\n[result 2 of 2: tool_search]\n[]"
     one = next_state_from_messages(messages[:-1])
     assert one == NextState("tool", SESSION_STATUS, "tool_search")
+    # OpenClaw's runtime-context message (default profile) may follow the tool results: they stay the state.
+    _, default = recorded("default_turn1.json")
+    carrier = O.parse_messages(default)[-1]
+    assert carrier["role"] == "user" and carrier["content"].startswith("<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>")
+    assert next_state_from_messages(messages[:-1] + [carrier]) == NextState("tool", SESSION_STATUS, "tool_search")
+    assert next_state_from_messages(messages[:2] + [carrier]).content == "What is 2 + 3?"
     # An earlier tool message belongs to an earlier turn: only the trailing run counts.
     later = messages + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call2", "type": "function", "function": {"name": "tool_call", "arguments": "{}"}}]},

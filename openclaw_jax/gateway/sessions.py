@@ -11,6 +11,9 @@ Rules:
     messages count (those after the last non-user message: OpenClaw's default profile sends its
     runtime context as a user message of its own after the person's), their words joined by a
     blank line; the texts as sent, joined the same way, are kept in ``NextState.raw``;
+    A trailing user message with no words of the person at all (OpenClaw's runtime-context
+    message, which it may also append after tool results) does not hide what comes before it:
+    tool results before it are still the next state;
   - it ends with role ``tool`` messages: the tool results of turn k's calls. All the trailing
     tool messages (those after the last non-tool message: OpenClaw sends one per call, in call
     order) form the next state together: one result as it is; several as
@@ -113,21 +116,31 @@ def _tool_results_state(messages: Sequence[dict[str, Any]]) -> NextState:
 
 def next_state_from_messages(messages: Sequence[dict[str, Any]]) -> NextState | None:
     """The next state a request carries for the previous main turn (see the module docstring)."""
-    if not messages:
+    end = len(messages)
+    # OpenClaw may append a user message that is all wrapper (its runtime context), even after tool results.
+    while end > 0 and messages[end - 1].get("role") == "user" and not person_words(_text(messages[end - 1])):
+        end -= 1
+    if end < len(messages) and (end == 0 or messages[end - 1].get("role") not in ("user", "tool")):
+        end = len(messages)  # nothing but wrapper follows the reply: judged as the (empty) user message it is
+    if end == 0:
         return None
-    last = messages[-1]
-    role = last.get("role")
+    role = messages[end - 1].get("role")
     if role == "tool":
-        return _tool_results_state(messages)
+        return _tool_results_state(messages[:end])
     if role != "user":
         return None
-    start = len(messages)
+    start = end
     while start > 0 and messages[start - 1].get("role") == "user":
         start -= 1
-    raws = [m.get("content") if isinstance(m.get("content"), str) else "" for m in messages[start:]]
+    raws = [_text(m) for m in messages[start:len(messages)]]
     words = "\n\n".join(w for w in map(person_words, raws) if w)
     raw = "\n\n".join(raws)
     return NextState(role="user", content=words, name=None, raw=raw if words != raw else None)
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
 
 
 @dataclass(frozen=True)
