@@ -16,10 +16,12 @@ over the same sample.
 
 `--openclaw` times OpenClaw-shaped steps instead (`--oc-prompt` 2500-token prompts whose first
 `--oc-system` 2300 tokens are the same for every sample, 32-64-token responses, 1-3 hints per
-sample, `--batch` samples): per-phase medians for the shared-prefix teacher (`oc_shared_*`), the
-unshared one (`oc_full_*`) and the same samples without their system prompt (`oc_no_system_prompt_*`:
-the floor a prefix shared across samples could approach), run in interleaved rounds on one
-trainer, with per-round ratios (`oc_shared_over_full_*`).
+sample, `--batch` samples), per phase, for four layouts of the same samples on one trainer in
+interleaved rounds: `default` (as the trainer packs them: the batch's common prefix once per
+packed row, the shared-prefix teacher or packed teacher rows, whichever has fewer slots),
+`teacher_prefix_only` (each sample's candidates share their prompt; no batch prefix), `full`
+(nothing shared) and `no_system_prompt` (the samples without their system prompt: the floor any
+prefix sharing can approach), with per-round ratios to `full` (`oc_<layout>_over_full_<phase>`).
 
 Times are medians over `--repeats` after one compile run. The long case runs its passes in
 interleaved rounds (forward, teacher, other teacher layout) and reports the median of the per-round
@@ -171,9 +173,11 @@ def _openclaw_case(trainer, vocab, args):
     samples = _openclaw_samples(np.random.default_rng(2), vocab, args)
     cut = [dataclasses.replace(s, prompt_ids=s.prompt_ids[args.oc_system:],
                                hint_prompt_ids=[h[args.oc_system:] for h in s.hint_prompt_ids]) for s in samples]
-    layouts = {"shared": pack(samples, dataclasses.replace(trainer.spec, shared_prefix=True)),
-               "full": pack(samples, dataclasses.replace(trainer.spec, shared_prefix=False)),
-               "no_system_prompt": pack(cut, dataclasses.replace(trainer.spec, shared_prefix=True))}
+    spec = trainer.spec
+    layouts = {"default": pack(samples, spec),   # as the trainer packs them (config defaults)
+               "teacher_prefix_only": pack(samples, dataclasses.replace(spec, batch_prefix_min=0)),
+               "full": pack(samples, dataclasses.replace(spec, shared_prefix=False, batch_prefix_min=0)),
+               "no_system_prompt": pack(cut, dataclasses.replace(spec, batch_prefix_min=0))}
     phases = ["old_pass", "teacher_pass", "train_step"] + (["reference_pass"] if trainer.cfg.loss.kl_coef else [])
     times = {name: {k: [] for k in phases + ["step"]} for name in layouts}
     for name, packed in layouts.items():  # compile
@@ -192,11 +196,15 @@ def _openclaw_case(trainer, vocab, args):
         for k, v in times[name].items():
             out[f"oc_{name}_{k}_s"] = statistics.median(v)
         out[f"oc_{name}_step_per_sample_s"] = out[f"oc_{name}_step_s"] / len(samples)
-    for k in ("teacher_pass", "step"):
-        rounds = [a / b for a, b in zip(times["shared"][k], times["full"][k])]
-        out[f"oc_shared_over_full_{k}"] = statistics.median(rounds)
-    out["oc_no_system_prompt_over_shared_step"] = statistics.median(
-        a / b for a, b in zip(times["no_system_prompt"]["step"], times["shared"]["step"]))
+    out["oc_teacher_layout"] = {k: "per-sample rows" if "prefix_len" in p.teacher else "packed rows"
+                                for k, p in layouts.items()}
+    out["oc_student_shape"] = {k: list(p.student["input_ids"].shape) for k, p in layouts.items()}
+    out["oc_teacher_shape"] = {k: list(p.teacher["input_ids"].shape) for k, p in layouts.items()}
+    for name in ("default", "teacher_prefix_only", "no_system_prompt"):
+        for k in phases + ["step"]:
+            rounds = [a / b for a, b in zip(times[name][k], times["full"][k]) if b > 0]
+            if rounds:
+                out[f"oc_{name}_over_full_{k}"] = statistics.median(rounds)
     return out
 
 
@@ -265,7 +273,8 @@ def bench_model(name, args):
                                       "trainer.min_seq_bucket=64", "trainer.min_response_bucket=32",
                                       f"trainer.packing={args.packing == 'on'}",
                                       f"trainer.bucket_quantum={args.quantum}",
-                                      f"trainer.shared_prefix_teacher={args.shared_prefix == 'on'}",
+                                      # the OpenClaw case packs each layout itself, from the defaults
+                                      f"trainer.shared_prefix_teacher={args.shared_prefix == 'on' or args.openclaw}",
                                       f"trainer.micro_batch_size={args.micro}", f"loss.kl_coef={args.kl_coef}",
                                       f"trainer.max_seq_len={max(4096, args.oc_prompt + 256)}"])
     trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh)

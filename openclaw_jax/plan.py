@@ -206,7 +206,7 @@ def _largest_shapes(spec, ladder, T: int) -> tuple[dict, dict]:
                "sample_mask": ((B,), f32), **packed(rows, (B,))}
     teacher = {"response_start": ((B, C), i32), "candidate_mask": ((B, C), f32)}
     if spec.shares_prefix:
-        length = ladder.teacher_lengths[-1]
+        length = ladder.shared_lengths[-1]
         teacher.update(input_ids=((B, length), i32), prefix_len=((B,), i32), **packed(B, (B, C), length))
         if spec.reference:
             teacher.update(reference_offset=((B,), i32), reference_start=((B,), i32))

@@ -62,16 +62,19 @@ def _expected(spec: BatchSpec) -> tuple[set, set]:
     student = {(r, n, x) for r in s_rows for n in lengths for x in t}
     # one row per sample, its candidates' suffixes back to back, when a sample can have 2+ candidates
     # (one candidate shares nothing: the packed layout)
+    teacher = {(r, n, x) for r in t_rows for n in lengths for x in t}
     if spec.shared_prefix and spec.use_hints and c >= 2:   # up to C whole sequences when nothing is shared
-        # (C + 1 with a KL anchor: the un-hinted prompt rides in the row for the reference log-probs)
-        teacher = {(b, n, x) for n in _lengths(spec.min_seq_bucket, (c + spec.reference) * top, q) for x in t}
-    else:
-        teacher = {(r, n, x) for r in t_rows for n in lengths for x in t}
+        # (C + 1 with a KL anchor: the un-hinted prompt rides in the row for the reference log-probs);
+        # the packed layout stays possible only with a batch prefix (the batcher takes the smaller)
+        shared = {("s", b, n, x) for n in _lengths(spec.min_seq_bucket, (c + spec.reference) * top, q) for x in t}
+        teacher = shared | (teacher if spec.packing and spec.batch_prefix_min > 0 else set())
     return student, teacher
 
 
 def _flat_key(key) -> tuple:
     shape = key[1]
+    if key[0] == "teacher_shared":   # one row per sample (another program than packed rows of that shape)
+        return ("s", shape[0], shape[1], key[2])
     if len(shape) == 3:      # unpacked teacher [B, C, Lt]
         return (shape[0] * shape[1], shape[2], key[2])
     return (shape[0], shape[1], key[2])
@@ -99,6 +102,7 @@ def test_the_cpu_demo_states_a_small_bound():
 
 def _random_samples(rng: np.random.Generator, spec: BatchSpec) -> list[Sample]:
     n = int(rng.integers(1, spec.batch_size + 1))
+    system = [int(x) for x in rng.integers(1, 1000, 64)]   # with a batch prefix: prompts start alike
     out = []
     for i in range(n):
         top = spec.max_seq_len // int(rng.choice([1, 2, 4, 8]))   # short and long samples
@@ -106,6 +110,8 @@ def _random_samples(rng: np.random.Generator, spec: BatchSpec) -> list[Sample]:
         p = int(rng.integers(1, (top - r) // 2 + 1))
         hints = int(rng.integers(0, spec.max_candidates + 1))
         prompt = [int(x) for x in rng.integers(1, 1000, p)]
+        if spec.batch_prefix_min:
+            prompt[:p - 1] = system[:p - 1]
         hint_prompts = [prompt[:-1] + [7] * int(rng.integers(1, top - p - r + 1)) + prompt[-1:]
                         for _ in range(hints)]
         out.append(Sample(session_id=f"r{i}", turn_index=0, kind="opd+rl" if hints else "rl",
@@ -132,6 +138,9 @@ SPECS = {
     "shared_prefix_reference": BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
                                          max_seq_len=256, packing=True, bucket_quantum=64, shared_prefix=True,
                                          micro_batch_size=2, reference=True, rl_only_teacher="none"),
+    "shared_prefix_batch_prefix": BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=32,
+                                            min_response_bucket=16, max_seq_len=512, packing=True, bucket_quantum=64,
+                                            shared_prefix=True, batch_prefix_min=16, micro_batch_size=2),
     "shared_prefix_one_candidate": BatchSpec(batch_size=4, max_candidates=1, min_seq_bucket=32,
                                              min_response_bucket=16, max_seq_len=512, packing=True,
                                              bucket_quantum=64, shared_prefix=True),
@@ -163,7 +172,10 @@ def test_random_batches_stay_within_the_stated_shapes(name):
             for i, s in enumerate(samples):
                 seq = s.prompt_ids + s.response_ids
                 r, o = int(st["row"][i]) * groups + i % groups, int(st["offset"][i])
-                assert st["input_ids"][r, o:o + len(seq)].tolist() == seq
+                p0 = int((st["segment_ids"][r] < 0).sum())   # the batch prefix, once at the row's start
+                assert p0 == 0 or spec.batch_prefix_min <= p0 <= o
+                assert st["input_ids"][r, :p0].tolist() + st["input_ids"][r, o:o + len(seq) - p0].tolist() == seq
+                assert int(st["response_start"][i]) == len(s.prompt_ids) - p0
             assert int(np.count_nonzero(st["segment_ids"])) == packed.real_tokens["student"]
         te = packed.teacher
         if "prefix_len" in te:  # row i: sample i's prefix, then its candidates' rests; row = i within its micro-batch

@@ -37,6 +37,14 @@ can have several candidates (`max_candidates` >= 2, hints used: `BatchSpec.share
 one candidate there is nothing to share and the packed layout wastes fewer slots. Micro-batches
 split the B prefix/suffix rows like the student's (sample i in micro-batch i mod n).
 
+Batch prefix (`BatchSpec.batch_prefix_min`, packing): a prompt prefix common to every sequence of
+the batch (OpenClaw sends the same system prompt on every turn of every session) at least that long
+is written once per packed row, as a segment every sequence of the row sees, and only the rests
+follow (`response_start` then counts from a sequence's rest). With the shared-prefix teacher the
+packed teacher layout (batch prefix once per row, each candidate's own context repeated) is built
+too and the layout with fewer token slots is taken: a long common system prompt before short
+per-sample contexts (OpenClaw's first turns) packs; long per-sample contexts keep one row per sample.
+
 Staleness: a sample generated with weight version v is `current - v` versions old. With
 `staleness_mode="drop"` samples older than `max_staleness` are dropped; with `"importance"`
 they are kept and the trainer weights their GRPO advantages by the truncated importance
@@ -55,6 +63,7 @@ import numpy as np
 
 from openclaw_jax.models.attention import SHARED_SEGMENT  # keys every segment of a row sees
 from openclaw_jax.samples import Sample, SampleTail
+from openclaw_jax.trainer.prefix_rows import batch_prefix, rows_held, shared_prefix_teacher
 from openclaw_jax.trainer.step import num_micro_batches  # the phases split rows the same way
 
 log = logging.getLogger(__name__)
@@ -175,7 +184,8 @@ class PackedBatch:
         student = ("student", self.student["input_ids"].shape, t)
         if not self.has_teacher:
             return student, None
-        return student, ("teacher", self.teacher["input_ids"].shape, t)
+        layout = "teacher_shared" if "prefix_len" in self.teacher else "teacher"   # another program
+        return student, (layout, self.teacher["input_ids"].shape, t)
 
 
 def teacher_prompts(sample: Sample, spec: BatchSpec) -> list[list[int]]:
@@ -239,6 +249,8 @@ class ShapeLadder:
     response: tuple[int, ...]
     shared_prefix: bool
     use_teacher: bool
+    shared_lengths: tuple[int, ...] = ()   # shared prefix: lengths of the B per-sample rows
+    packed_teacher: bool = True           # the packed (or unpacked) teacher layout can occur
 
     @property
     def student_shapes(self) -> int:
@@ -248,7 +260,8 @@ class ShapeLadder:
     def teacher_shapes(self) -> int:
         if not self.use_teacher:
             return 0
-        return len(self.teacher_rows) * len(self.teacher_lengths) * len(self.response)
+        packed = len(self.teacher_rows) * len(self.teacher_lengths) if self.packed_teacher else 0
+        return (packed + len(self.shared_lengths)) * len(self.response)
 
     @property
     def bound(self) -> int:
@@ -260,16 +273,17 @@ def shape_ladder(spec: BatchSpec) -> ShapeLadder:
     """The shapes `pack(..., spec)` can produce (module doc), stated before any batch is seen."""
     b, c, q, top = spec.batch_size, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
     lengths = length_ladder(spec.min_seq_bucket, top, q)
-    teacher_lengths = lengths
     if spec.packing:
         student_rows = row_ladder(b, num_micro_batches(b, spec.micro_batch_size), spec.row_multiple)
         teacher_rows = row_ladder(b * c, num_micro_batches(b * c, spec.micro_batch_size), spec.row_multiple)
     else:
         student_rows, teacher_rows = (b,), (b * c,)
-    if spec.shares_prefix:   # one row per sample: its prefix, then its candidates' (and reference's) rests
-        teacher_rows, teacher_lengths = (b,), length_ladder(spec.min_seq_bucket, (c + spec.reference) * top, q)
-    return ShapeLadder(student_rows, lengths, teacher_rows, teacher_lengths, length_ladder(spec.min_response_bucket, top),
-                       spec.shares_prefix, spec.use_hints and c > 0)
+    shared: tuple[int, ...] = ()
+    if spec.shares_prefix:   # B rows: each sample's prefix, then its candidates' (and reference's) rests
+        shared = length_ladder(spec.min_seq_bucket, (c + spec.reference) * top, q)
+    packed_too = not spec.shares_prefix or (spec.packing and spec.batch_prefix_min > 0)
+    return ShapeLadder(student_rows, lengths, teacher_rows, lengths, length_ladder(spec.min_response_bucket, top),
+                       spec.shares_prefix, spec.use_hints and c > 0, shared, packed_too)
 
 
 def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capacity: int,
@@ -368,21 +382,6 @@ def _fill_packed(seqs: Sequence[Sequence[int] | None], groups: Sequence[int], n_
             "offset": offset.astype(np.int32)}
 
 
-def _rows_held(packed: dict[str, np.ndarray]) -> int:
-    return int((packed["segment_ids"] > 0).any(axis=1).sum())
-
-
-def batch_prefix(seqs: Sequence[Sequence[int] | None], prompt_lengths: Sequence[int], minimum: int) -> list[int]:
-    """The tokens every sequence of a batch starts with (e.g. OpenClaw's system prompt, the same for
-    every turn of every session), stopping one short of the shortest prompt (every rest keeps the
-    position that predicts its first response token); empty when shorter than `minimum` (0: never)."""
-    real = [q for q in seqs if q is not None]
-    if minimum <= 0 or len(real) < 2:
-        return []
-    n = min(_common_prefix(real), min(prompt_lengths) - 1)
-    return list(real[0][:n]) if n >= minimum else []
-
-
 def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | None = None,
          seen: dict[str, set[tuple[int, int]]] | None = None) -> PackedBatch:
     """Pad `samples` (<= batch_size) into bucketed arrays; missing rows are padding (sample_mask 0).
@@ -408,9 +407,11 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         "rollout_logprobs": np.zeros((b, t), np.float32),
         "sample_mask": np.zeros((b,), np.float32),
     }
-    # with a shared prefix the teacher's layout is built from the samples at the end
-    lt = 0 if spec.shares_prefix else bucket_length(max(sample_length(s, spec) for s in samples),
-                                                    spec.min_seq_bucket, spec.max_seq_len, q)
+    # with a shared prefix the teacher's layout is built from the samples at the end; with a batch prefix
+    # too, the packed layout is built as well and the one with fewer token slots is taken
+    packed_too = not spec.shares_prefix or (spec.packing and spec.batch_prefix_min > 0)
+    lt = bucket_length(max(sample_length(s, spec) for s in samples), spec.min_seq_bucket, spec.max_seq_len,
+                       q) if packed_too else 0
     teacher = {
         "input_ids": np.full((b, c, lt), spec.pad_id, np.int32),
         "response_start": np.ones((b, c), np.int32),
@@ -433,7 +434,7 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
                                         else np.asarray(s.token_advantages, np.float32))
         student["rollout_logprobs"][i, :r] = np.maximum(np.asarray(s.rollout_logprobs, np.float32), -1e4)
         student["sample_mask"][i] = 1.0
-        for j, prompt in enumerate([] if spec.shares_prefix else teacher_prompts(s, spec)):
+        for j, prompt in enumerate(teacher_prompts(s, spec) if packed_too else []):
             teacher_seqs[i * c + j] = prompt + list(s.response_ids)
             teacher["input_ids"][i, j, :len(teacher_seqs[i * c + j])] = teacher_seqs[i * c + j]
             teacher["response_start"][i, j] = len(prompt)
@@ -452,87 +453,42 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
                               spec.shape_reuse_slack, prefix)
         student.update(packed)
         student["response_start"][:len(samples)] -= len(prefix)   # counted from each rest's start
-        real["student"] += (_rows_held(packed) - len(samples)) * len(prefix)   # once per row, not per sample
-    if spec.packing and not spec.shares_prefix:
-        nt = num_micro_batches(b * c, spec.micro_batch_size)
-        starts = teacher["response_start"].reshape(b * c)
-        prefix = batch_prefix(teacher_seqs, [int(starts[f]) for f, q in enumerate(teacher_seqs) if q is not None],
-                              spec.batch_prefix_min)
-        packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, ladder.teacher_rows,
-                              ladder.teacher_lengths, spec.pad_id,
-                              None if seen is None or not any(teacher_seqs) else seen["teacher"], spec.shape_reuse_slack,
-                              prefix)
-        if prefix:
-            teacher["response_start"] -= (teacher["candidate_mask"] > 0).astype(np.int32) * len(prefix)
-            real["teacher"] += (_rows_held(packed) - sum(q is not None for q in teacher_seqs)) * len(prefix)
-        packed["row"] = packed["row"].reshape(b, c)
-        packed["offset"] = packed["offset"].reshape(b, c)
-        teacher.update(packed)
+        real["student"] += (rows_held(packed) - len(samples)) * len(prefix)   # once per row, not per sample
+    if spec.packing and packed_too and (not spec.shares_prefix or any(teacher_seqs)):
+        # (shared prefix: a trial on a copy of the seen shapes, merged back only if this layout is taken)
+        trial = None if seen is None or not any(teacher_seqs) else (
+            seen["teacher"] if not spec.shares_prefix else set(seen["teacher"]))
+        real["teacher"] += _pack_teacher(teacher, teacher_seqs, spec, ladder, trial)
     if spec.shares_prefix:
-        teacher, real["teacher"] = _shared_prefix_teacher(samples, spec)
+        shared, shared_real = shared_prefix_teacher(samples, spec)
+        # per-sample rows (each sample's prefix once) or packed rows (the batch's prefix once per row, each
+        # candidate's own context repeated): the fewer token slots (short contexts after a long common
+        # system prompt, OpenClaw's first turns: packed)
+        if not (spec.packing and packed_too and any(teacher_seqs)) or shared["input_ids"].size <= teacher[
+                "input_ids"].size:
+            teacher, real["teacher"] = shared, shared_real
+        elif seen is not None:
+            seen["teacher"].update(trial)
     return PackedBatch(student, teacher, list(samples), np.asarray(staleness, np.int64), kinds, real)
 
 
-def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
-    n = min(len(q) for q in seqs)
-    for i in range(n):
-        if any(q[i] != seqs[0][i] for q in seqs[1:]):
-            return i
-    return n
-
-
-def _shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[dict[str, np.ndarray], int]:
-    """Teacher arrays with each sample's common candidate-prompt prefix run once (`TeacherInputs`): row i
-    of input_ids [B, Ls] holds sample i's prefix (segment `SHARED_SEGMENT`, seen by every segment of
-    the row), then its candidates' rests (the prompt past the prefix + the response) back to back,
-    one segment each (1, 2, ...) at positions continuing after the prefix; prefix_len [B]. With
-    `spec.reference` the un-hinted prompt is one more sequence of the row (unless it is a candidate
-    already): reference_offset / reference_start [B] say where. The prefix stops one token short of
-    the shortest prompt, so every rest holds the position that predicts the first response token.
-    Returns (arrays, real teacher tokens)."""
+def _pack_teacher(teacher: dict[str, np.ndarray], teacher_seqs: list[list[int] | None], spec: BatchSpec,
+                  ladder: ShapeLadder, seen: set[tuple[int, int]] | None) -> int:
+    """Pack the teacher sequences (candidate f = b * C + c in micro-batch f mod n) into `teacher`, the
+    batch's common prefix once per row; returns the change in real teacher tokens (the prefix is no
+    longer repeated per sequence)."""
     b, c = spec.batch_size, spec.max_candidates
-    prompts = [teacher_prompts(s, spec) for s in samples]
-    n_cand = [len(ps) for ps in prompts]
-    ref_index = [0] * len(samples)
-    if spec.reference:   # the un-hinted prompt: a candidate already (RL-only samples) or one more sequence
-        for i, (s, ps) in enumerate(zip(samples, prompts)):
-            ref_index[i] = ps.index(list(s.prompt_ids)) if list(s.prompt_ids) in ps else len(ps)
-            prompts[i] = ps + [list(s.prompt_ids)] if ref_index[i] == len(ps) else ps
-    plen = [min(_common_prefix(ps), min(len(p) for p in ps) - 1) if ps else 0 for ps in prompts]
-    rests = [[p[n:] + list(s.response_ids) for p in ps] for s, ps, n in zip(samples, prompts, plen)]
-    used = [n + sum(map(len, r)) for n, r in zip(plen, rests)]
-    ls = bucket_length(max(used + [1]), spec.min_seq_bucket, (c + spec.reference) * spec.max_seq_len,
-                       spec.bucket_quantum)
-    n_micro = num_micro_batches(b, spec.micro_batch_size)
-    teacher = {"input_ids": np.full((b, ls), spec.pad_id, np.int32), "response_start": np.ones((b, c), np.int32),
-               "candidate_mask": np.zeros((b, c), np.float32), "prefix_len": np.zeros((b,), np.int32),
-               "segment_ids": np.zeros((b, ls), np.int32),
-               "positions": np.broadcast_to(np.arange(ls, dtype=np.int32), (b, ls)).copy(),
-               # the sample's own row, indexed within its micro-batch (rows i, i + n, ...)
-               "row": np.broadcast_to((np.arange(b, dtype=np.int32) // n_micro)[:, None], (b, c)).copy(),
-               "offset": np.zeros((b, c), np.int32)}
-    if spec.reference:
-        teacher.update(reference_offset=np.zeros((b,), np.int32), reference_start=np.ones((b,), np.int32))
-    for i, (ps, n, rest) in enumerate(zip(prompts, plen, rests)):
-        if not ps:   # padding row
-            continue
-        teacher["input_ids"][i, :n] = ps[0][:n]
-        teacher["segment_ids"][i, :n] = SHARED_SEGMENT
-        teacher["prefix_len"][i] = n
-        o = n
-        for j, (p, r) in enumerate(zip(ps, rest)):
-            teacher["input_ids"][i, o:o + len(r)] = r
-            teacher["segment_ids"][i, o:o + len(r)] = j + 1
-            teacher["positions"][i, o:o + len(r)] = n + np.arange(len(r))
-            if j < n_cand[i]:   # a hint candidate (else the appended un-hinted prompt)
-                teacher["offset"][i, j] = o
-                teacher["response_start"][i, j] = len(p) - n
-                teacher["candidate_mask"][i, j] = 1.0
-            if spec.reference and j == ref_index[i]:
-                teacher["reference_offset"][i], teacher["reference_start"][i] = o, len(p) - n
-            o += len(r)
-        teacher["positions"][i, o:] = np.arange(ls - o)   # the padding tail (segment 0), as in packed rows
-    return teacher, sum(used)
+    nt = num_micro_batches(b * c, spec.micro_batch_size)
+    starts = teacher["response_start"].reshape(b * c)
+    prefix = batch_prefix(teacher_seqs, [int(starts[f]) for f, q in enumerate(teacher_seqs) if q is not None],
+                          spec.batch_prefix_min)
+    packed = _fill_packed(teacher_seqs, [f % nt for f in range(b * c)], nt, ladder.teacher_rows,
+                          ladder.teacher_lengths, spec.pad_id, seen, spec.shape_reuse_slack, prefix)
+    teacher["response_start"] -= (teacher["candidate_mask"] > 0).astype(np.int32) * len(prefix)
+    packed["row"] = packed["row"].reshape(b, c)
+    packed["offset"] = packed["offset"].reshape(b, c)
+    teacher.update(packed)
+    return (rows_held(packed) - sum(q is not None for q in teacher_seqs)) * len(prefix)
 
 
 class SampleBatcher:
