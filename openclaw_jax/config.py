@@ -165,8 +165,9 @@ class TrainerConfig:
     micro_batch_size: int = 0            # rows per micro-batch of every phase (0 = the whole batch)
     packing: bool = True                 # several samples per row (segment ids; equal to the unpacked step)
     bucket_quantum: int = 128            # lengths past this are multiples of it, below powers of two (0: all pow2)
-    # teacher: a sample's common prompt prefix once (KV cache), then each hint; used when a sample can
-    # have 2+ candidates (gateway.max_candidates >= 2): OpenClaw's long prompts, short hints
+    # teacher: a sample's candidates' common prompt prefix once per sample (with a KL anchor the un-hinted
+    # prompt rides along: no reference pass); used when a sample can have 2+ candidates
+    # (gateway.max_candidates >= 2): OpenClaw's long prompts, short hints
     shared_prefix_teacher: bool = True
     # packing: a prompt prefix common to every sample of a batch (OpenClaw's system prompt, the same for
     # every turn of every session) at least this long runs once per packed row, not once per sample (0: never)
