@@ -76,9 +76,9 @@ class SessionRoutes:
         floor = self.cfg.min_main_turn_tokens
         if wanted is not None and wanted < floor:
             raise bad_request(with_context_advice(
-                f"max_completion_tokens={wanted} leaves no room for a reply on a main turn (at least {floor}, "
-                "gateway.min_main_turn_tokens). OpenClaw asks for 1 token when its prompt fills the contextWindow "
-                "it was told: the prompt is too long for the model."), param="max_completion_tokens")
+                f"(max_completion_tokens={wanted} leaves no room for a reply on a main turn: at least {floor}, "
+                "gateway.min_main_turn_tokens; OpenClaw asks for 1 token when its prompt fills the contextWindow "
+                "it was told.)"), param="max_completion_tokens")
 
     def _override_headers(self, req: Any, params: SamplingParams) -> dict[str, str]:
         """``X-Sampling-Override`` naming each client sampling value the gateway replaced (empty: none)."""

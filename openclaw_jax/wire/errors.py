@@ -17,14 +17,13 @@ class WireError(ValueError):
 
 
 # What to change on the client when a prompt does not fit the model's context: written for OpenClaw,
-# whose default system prompt alone is about 10.5 k SmolLM2 tokens (DESIGN section 14).
+# whose default system prompt alone is about 10.5 k SmolLM2 tokens (DESIGN section 14). It leads the
+# message because OpenClaw shows only the first 200 characters of a provider's error.
 CONTEXT_ADVICE = (
-    "With OpenClaw: use the minimal tools profile (tools.profile: \"minimal\") with agents.defaults.skills: [] "
-    "and agents.defaults.skipBootstrap: true (a system prompt of about 2.3 k tokens instead of 10.5 k), and "
-    "declare the served model's real context as contextWindow on its entry under models.providers.<id>.models "
-    "so that OpenClaw compacts a long session before it overflows.")
+    "Prompt too long for the model. With OpenClaw: tools.profile: \"minimal\", agents.defaults.skills: [], "
+    "agents.defaults.skipBootstrap: true, contextWindow = the model's context.")
 
 
 def with_context_advice(message: str) -> str:
-    """``message`` followed by `CONTEXT_ADVICE` (once)."""
-    return message if CONTEXT_ADVICE in message else f"{message.rstrip()} {CONTEXT_ADVICE}"
+    """`CONTEXT_ADVICE`, then ``message`` (any copy of the advice already in it removed)."""
+    return f"{CONTEXT_ADVICE} {message.replace(CONTEXT_ADVICE + ' ', '').replace(CONTEXT_ADVICE, '').strip()}"
