@@ -149,7 +149,8 @@ def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b
         f"trainer.temperature={TAU}", f"gateway.temperature={TAU}", f"trainer.top_k={TOP_K}", "trainer.chunk_size=8",
         "trainer.rollout_batch_size=4", f"gateway.max_candidates={max_candidates}",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.staleness_mode=drop",
-        "trainer.optimizer.lr=1e-3", f"loss.kl_coef={kl_coef}", f"trainer.shared_prefix_teacher={shared}"])
+        "trainer.optimizer.lr=1e-3", f"loss.kl_coef={kl_coef}", f"trainer.shared_prefix_teacher={shared}",
+        "trainer.batch_prefix_min=0"])   # (the per-sample rows, not packed ones, whenever shared)
     teacher_dir = tiny_qwen3_dir if self_teacher else tiny_qwen3_dir_b
     student = load_pretrained(tiny_qwen3_dir, dtype="float32").model
     teacher = load_pretrained(teacher_dir, dtype="float32").model
