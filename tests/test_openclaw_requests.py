@@ -288,12 +288,20 @@ def session_headers(headers):
 
 def test_recorded_openclaw_session_through_the_gateway(make_env):
     env = make_env(max_body_bytes=1 << 20, max_prompt_tokens=1 << 16)
-    for name in ("minimal_turn1.json", "minimal_turn2.json", "tool_call.json", "tool_result.json"):
+    # A recorded heartbeat (side, tagged by our plugin) comes between the two turns, once as recorded
+    # (the agent's main session) and once under the conversation's own id: neither opens a turn.
+    hb_headers, _ = recorded("heartbeat.json")
+    for name, extra in (("minimal_turn1.json", {}), ("heartbeat.json", {}),
+                        ("heartbeat.json", {"x-session-id": "rec-minimal"}), ("minimal_turn2.json", {}),
+                        ("tool_call.json", {}), ("tool_result.json", {})):
         headers, body = recorded(name)
-        r = env.http.post("/v1/chat/completions", json=body, headers=session_headers(headers))
+        r = env.http.post("/v1/chat/completions", json=body, headers={**session_headers(headers), **extra})
         assert r.status_code == 200 and sse_payloads(r.text)[-1] == "[DONE]", (name, r.text[:300])
         assert json.loads(sse_payloads(r.text)[-2])["usage"]["completion_tokens"] > 0
     env.drain()
+    assert env.gateway.stats.side_turns == 2 and env.gateway.stats.main_turns == 4
+    assert hb_headers["x-turn-type"] == "side" and hb_headers["x-session-id"] not in env.gateway.sessions
+    assert {s.session_id for s in env.samples()} == {"rec-minimal"}
     by_session = {(s.session_id, s.turn_index): s for s in env.samples()}
     # rec-minimal turn 0 is judged by turn 2's words: the rule judge reads "No, that's wrong." as -1.
     first = by_session[("rec-minimal", 0)]
