@@ -496,7 +496,7 @@ def _device_flags(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)   # key=value overrides may come before or after options
     if args.devices < 1:
         print(f"--devices={args.devices} must be >= 1", file=sys.stderr)
         return 2
