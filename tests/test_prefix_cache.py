@@ -25,7 +25,7 @@ TOL = 1e-4
 
 def make_engine(model_dir, **config):
     model, _ = load_hf_checkpoint(model_dir)
-    kw = dict(max_batch_size=4, min_prompt_bucket=16, min_cache_bucket=64, batch_wait_s=0.02,
+    kw = dict(max_batch_size=4, min_prompt_bucket=64, min_cache_bucket=64, batch_wait_s=0.02,
               prefix_cache_block=BLOCK)
     kw.update(config)
     return Engine(model, load_tokenizer(model_dir), context_length=512, seed=0, config=EngineConfig(**kw))
@@ -76,8 +76,9 @@ def test_multi_turn_session_matches_cold_and_compiles_once(engines):
         ref, = cold.generate_sync([spec(prompt)])
         assert_same(out, ref)
         assert ref.cached_tokens == 0
-        # turn k reuses every whole block of turn k-1's prompt (its answer is not cached)
-        expected = 0 if previous is None else len(previous) // BLOCK * BLOCK
+        # turn k reuses every whole block of turn k-1's prompt and answer (K/V of all but the
+        # answer's last token, which was never fed back), never the last prompt token
+        expected = 0 if previous is None else min(len(previous) + NEW - 1, len(prompt) - 1) // BLOCK * BLOCK
         assert out.cached_tokens == expected, turn
         previous = prompt
     # the same session again (cache flushed): same shapes, nothing compiles
@@ -133,7 +134,7 @@ def test_interleaved_sessions_share_one_batch(engines):
     fresh = tokens(34, 20)
     outs = warm.generate_sync([spec(a2), spec(b2), spec(fresh)])
     refs = cold.generate_sync([spec(a2), spec(b2), spec(fresh)])
-    assert [o.cached_tokens for o in outs] == [96, 48, 0]
+    assert [o.cached_tokens for o in outs] == [96, 64, 0]  # whole blocks of 100 + 5 and 60 + 5 tokens
     for out, ref in zip(outs, refs):
         assert_same(out, ref)
 
@@ -209,6 +210,32 @@ def test_weight_swap_invalidates(tiny_qwen3_dir, tiny_qwen3_dir_b):
     finally:
         engine.shutdown()
         cold_b.shutdown()
+
+
+def test_answer_decoded_across_a_weight_swap_is_not_cached(tiny_qwen3_dir, tiny_qwen3_dir_b):
+    """A sequence whose steps ran on two weight versions leaves nothing in the cache, even when the
+    cache was already synced to the new weights (by another request's prefill) before it ended."""
+    from flax import nnx
+    engine = make_engine(tiny_qwen3_dir)
+    other, _ = load_hf_checkpoint(tiny_qwen3_dir_b)
+    try:
+        prompt = tokens(90, 20)
+        # submitted together: a batch of 2 rows, the companion's soon free for `short`
+        long = engine.submit(spec(prompt, max_new_tokens=480), stream=True)
+        companion = engine.submit(spec(tokens(92, 20), max_new_tokens=1))
+        long.next_sync(timeout=60)
+        companion.next_sync(timeout=60)
+        engine.swap_weights(nnx.split(other)[1], "v2")
+        short, = engine.generate_sync([spec(tokens(91, 20), max_new_tokens=2)])
+        out = long.next_sync(timeout=120)
+        while not out.finished:
+            out = long.next_sync(timeout=120)
+        assert short.finished_time < out.finished_time  # the cache synced while `long` still ran
+        assert [s["version"] for s in out.weight_versions] == ["default", "v2"]
+        follow, = engine.generate_sync([spec(prompt + out.output_ids)])
+        assert follow.cached_tokens == 0
+    finally:
+        engine.shutdown()
 
 
 def test_cached_tokens_in_generate_response(engines):

@@ -130,13 +130,14 @@ class Engine:
             return stats
         return self._call_in_engine(do)
 
-    def flush_prefix_cache(self) -> int:
-        """Drop every cached prefix (the pool stays allocated); returns how many blocks were cached."""
+    def flush_prefix_cache(self, timeout: float | None = 30.0) -> int:
+        """Drop every cached prefix (the pool stays allocated); returns how many blocks were cached.
+        Runs between engine steps: `timeout` bounds the wait for a long step to end."""
         def do() -> int:
             n = self._prefix.used_blocks
             self._prefix.clear()
             return n
-        return self._call_in_engine(do)
+        return self._call_in_engine(do, timeout=timeout)
 
     def num_running(self) -> int:
         with self._cv:
@@ -515,6 +516,8 @@ class Engine:
     def _release_row(self, seq: Seq) -> None:
         batch = self._batch
         if batch is not None and 0 <= seq.row < batch.size and batch.rows[seq.row] is seq:
+            if not self._stop:
+                self._prefiller.store_finished(seq, batch.cache)
             batch.rows[seq.row] = None
         seq.row = -1
 

@@ -8,8 +8,11 @@ hits run an *extend* prefill in `extend_groups`: the cached blocks are gathered 
 once) and only the new tokens are computed, at positions after the prefix. Afterwards every whole
 block of every prompt that is not cached yet is copied from the call's cache into the pool.
 
-Exactness: cached blocks were computed by a prefill with the same weights (entries are dropped on
-a weight change), and K/V of a prefix do not depend on what follows it (causal attention), so an
+When a sequence leaves its row, the whole blocks of its prompt and answer are stored too, from
+the running cache (`store_finished`), unless its steps ran on more than one weight version.
+
+Exactness: cached blocks were computed with the same weights (entries are dropped on a weight
+change; decode-step K/V differ from a prefill's only by float rounding), and K/V of a prefix do not depend on what follows it (causal attention), so an
 extend prefill equals a cold prefill up to float rounding. Prompt log-probs need the hidden state
 at every position from `logprob_start_len - 1` on, so such a request reuses at most the blocks
 before that position: its input log-probs are computed, never copied.
@@ -78,8 +81,26 @@ class Prefiller:
             for seq in group:
                 seq.out.weight_version = version  # the oldest version of this response (its prompt's KV)
                 seq.step_version = version
+                seq.gen = generation
             record_input_logprobs(group, host)
             yield group, cache, host
+
+    def store_finished(self, seq: Seq, cache: Any) -> None:
+        """Keep the K/V of a sequence leaving its row of the running `cache` (prompt and answer so
+        far, whole blocks) so the session's next turn, which re-sends both, reuses the answer too.
+        Only when its prefill ran on the weights the cache holds entries of: after a swap the cache
+        is synced (emptied) at the next prefill, so a sequence that decoded across a swap is either
+        stored under the old generation (dropped at that sync, never served) or not at all."""
+        pc = self.prefix
+        if not pc.enabled or seq.gen != pc.generation or seq.row < 0:
+            return
+        # slots < position hold K/V (the last sampled token was never fed back)
+        ids = (list(seq.spec.prompt_ids) + seq.out.output_ids)[:seq.position]
+        n_blocks = len(ids) // pc.block
+        path = pc.match(ids, n_blocks * pc.block)
+        if len(path) < n_blocks:
+            _, writes = pc.insert(ids, path, n_blocks, set(path))
+            pc.write(cache, [seq.row] * len(writes), [b for b, _ in writes], [slot for _, slot in writes])
 
     def _arrays(self, group: list[Seq], b: int):
         padded: list[Seq | None] = list(group) + [None] * (b - len(group))

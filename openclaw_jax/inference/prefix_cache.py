@@ -12,8 +12,8 @@ are evicted (a leaf's ancestors are at least as recent, so evicting in LRU order
 node). Entries belong to one weight generation: `sync(generation)` drops everything when the
 engine's weights changed, so a cached prefix is always the K/V the current weights compute.
 
-Only whole blocks of a prompt are stored, computed by a prefill (or an extend prefill over a
-cached prefix), never by decode steps: a hit then equals a cold prefill within float rounding.
+Only whole blocks are stored: of each prompt after its prefill, and of prompt + answer when a
+sequence finishes (see prefill.py); a hit equals a cold prefill within float rounding.
 This module is host bookkeeping plus the calls of the jitted pool steps in `kernels.py`; the
 engine thread is its only user (no locking).
 """

@@ -116,6 +116,7 @@ class Seq:
     last_token: int = 0
     step_version: str = ""  # the weight version of the step that produced the token being accepted
     cached: int = 0  # prompt tokens whose K/V came from the prefix cache (this prefill starts there)
+    gen: int = -1  # weights generation of its prefill (-1: none yet)
 
     @property
     def base_key(self) -> np.ndarray:

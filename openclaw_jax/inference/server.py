@@ -358,7 +358,7 @@ class InferenceServer(OpenAIRoutes):
         # the engine's prefix cache (cached prompt K/V); running sequences keep their own KV
         flush = getattr(self.engine, "flush_prefix_cache", None)
         if flush is not None:
-            blocks = await asyncio.to_thread(flush)
+            blocks = await asyncio.to_thread(flush, None)  # after the running step, however long
             logger.info("/flush_cache: dropped %d cached prefix blocks", blocks)
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
                                  "running or waiting requests, the operation will not be performed.)\n", status=200)
