@@ -42,7 +42,14 @@ def test_default_profile_keeps_openclaws_own_defaults_and_daemon_block():
     out = oa.openclaw_config(config(profile="default", notify_session_done=False), daemon_port=18789)
     assert "tools" not in out and out["agents"]["defaults"] == {"model": {"primary": "openclaw-jax/smollm2"}}
     assert out["plugins"]["entries"]["openclaw-jax"]["config"] == {"gatewayUrl": ""}
-    assert out["gateway"] == {"mode": "local", "port": 18789, "bind": "loopback", "auth": {"mode": "none"}}
+    assert out["gateway"] == {"mode": "local", "port": 18789, "bind": "loopback", "auth": {"mode": "none"},
+                              "http": {"endpoints": {"chatCompletions": {"enabled": True}}}}
+
+
+def test_side_session_prefixes_reach_the_plugin_config():
+    out = oa.openclaw_config(config(side_session_prefixes=("heldout",)))
+    assert out["plugins"]["entries"]["openclaw-jax"]["config"]["sideSessionPrefixes"] == ["heldout"]
+    assert "sideSessionPrefixes" not in oa.openclaw_config(config())["plugins"]["entries"]["openclaw-jax"]["config"]
 
 
 def test_gateway_url_may_end_in_v1():

@@ -44,12 +44,16 @@ RULE_CASES = [  # (run as the prompt hooks saw it, expected turn type)
     ({"trigger": "user", "provenance": "internal_system"}, "side"),
     ({"trigger": "user", "compacting": True}, "side"),
     (None, "side"),  # a request outside any known run
+    ({"trigger": "user", "sessionKey": "agent:main:openai-user:heldout-1a2b-3"}, "side"),  # an evaluation session
+    ({"trigger": "user", "sessionKey": "heldout-7"}, "side"),
+    ({"trigger": "user", "sessionKey": "agent:main:openai-user:sim-concise-0"}, "main"),
+    ({"trigger": "user", "sessionKey": "agent:main:openai-user:x-heldout"}, "main"),  # a prefix, not a substring
 ]
 
 
 def test_turn_type_rule_for_every_trigger():
     runs = json.dumps([r for r, _ in RULE_CASES])
-    got = node_eval(f"const cfg = P.resolveConfig({{}});\n"
+    got = node_eval(f"const cfg = P.resolveConfig({{sideSessionPrefixes: ['heldout']}});\n"
                     f"console.log(JSON.stringify({runs}.map(r => P.turnType(cfg, r ?? undefined))));")
     assert got == [t for _, t in RULE_CASES]
 
@@ -70,9 +74,10 @@ console.log(JSON.stringify([P.requestHeaders(d, runs, "s1"), P.requestHeaders(d,
 def test_bad_plugin_config_is_refused_with_the_value():
     got = node_eval("""
 const out = [];
-for (const raw of [{sessionIdHeader: "X Session"}, {gatewayUrl: "127.0.0.1:8000"}]) {
+for (const raw of [{sessionIdHeader: "X Session"}, {gatewayUrl: "127.0.0.1:8000"}, {sideSessionPrefixes: [""]}]) {
   try { P.resolveConfig(raw); out.push("accepted"); } catch (e) { out.push(String(e.message)); }
 }
 console.log(JSON.stringify(out));
 """)
     assert 'sessionIdHeader="X Session"' in got[0] and 'gatewayUrl="127.0.0.1:8000"' in got[1]
+    assert 'sideSessionPrefixes=[""]' in got[2]

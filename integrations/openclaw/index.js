@@ -20,6 +20,7 @@ const DEFAULTS = Object.freeze({
   sessionDoneHeader: "X-Session-Done",
   mainTriggers: ["user", "manual"],
   doneReasons: ["new", "reset", "idle", "daily", "deleted"],
+  sideSessionPrefixes: [],
 });
 
 // Input that did not come from the person (another session, a system event) never trains.
@@ -40,12 +41,25 @@ export function resolveConfig(raw) {
   cfg.gatewayUrl = cfg.gatewayUrl.replace(/\/+$/, "");
   cfg.mainTriggers = new Set(cfg.mainTriggers);
   cfg.doneReasons = new Set(cfg.doneReasons);
+  if (!Array.isArray(cfg.sideSessionPrefixes) || cfg.sideSessionPrefixes.some((p) => typeof p !== "string" || !p)) {
+    throw new Error(`openclaw-jax: config sideSessionPrefixes=${JSON.stringify(cfg.sideSessionPrefixes)} must be a list of non-empty strings`);
+  }
   return cfg;
+}
+
+/** Whether a session key names a conversation the config keeps out of training: its last part
+ * (OpenClaw's OpenAI endpoint keys a request's `user` as `agent:<id>:openai-user:<user>`) or the
+ * whole key starts with one of `sideSessionPrefixes` (e.g. held-out evaluation sessions). */
+export function isSideSession(cfg, sessionKey) {
+  if (!sessionKey || cfg.sideSessionPrefixes.length === 0) return false;
+  const last = sessionKey.slice(sessionKey.lastIndexOf(":") + 1);
+  return cfg.sideSessionPrefixes.some((p) => sessionKey.startsWith(p) || last.startsWith(p));
 }
 
 /** "main" for a person's own run, "side" for housekeeping; `run` is what the prompt hooks saw. */
 export function turnType(cfg, run) {
   if (!run || run.compacting) return "side";
+  if (isSideSession(cfg, run.sessionKey)) return "side";
   if (!cfg.mainTriggers.has(run.trigger ?? "")) return "side";
   if (SIDE_PROVENANCE.has(run.provenance ?? "")) return "side";
   return "main";
@@ -95,6 +109,7 @@ function register(api) {
     runs.set(ctx.sessionId, {
       trigger: ctx.trigger ?? prev?.trigger,
       provenance: ctx.inputProvenance?.kind ?? prev?.provenance,
+      sessionKey: ctx.sessionKey ?? prev?.sessionKey,
       compacting: prev?.compacting ?? false,
     });
   };

@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROVIDER_ID = "openclaw-jax"  # fixed: the plugin registers its provider hook under this id
 PLUGIN_ID = "openclaw-jax"
 PLUGIN_DIR = REPO / "integrations" / "openclaw"
+AGENT_MODEL = "openclaw/default"  # the `model` of a request to OpenClaw's OpenAI endpoint: the default agent
 Profile = Literal["minimal", "default"]
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -89,6 +90,9 @@ class OpenClawAgentConfig:
     profile: Profile = "minimal"
     timeout_s: float = 600.0         # per turn, the whole `openclaw agent` process
     notify_session_done: bool = True  # the plugin POSTs session-done notices to the gateway
+    # Sessions named with one of these (OpenClaw session key, or the `user` of a request to OpenClaw's
+    # OpenAI endpoint) are side runs for the plugin: held-out evaluation that must never train.
+    side_session_prefixes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not re.match(r"^https?://[^/\s]+", self.gateway_url):
@@ -115,7 +119,9 @@ class OpenClawAgentConfig:
 def openclaw_config(cfg: OpenClawAgentConfig, plugin_dir: Path = PLUGIN_DIR,
                     daemon_port: int | None = None) -> dict[str, Any]:
     """The `openclaw.json` for `cfg`: the provider block and our plugin block (README snippet), plus
-    OpenClaw's own gateway daemon on 127.0.0.1:`daemon_port` (no auth: loopback only) when given."""
+    OpenClaw's own gateway daemon on 127.0.0.1:`daemon_port` (no auth: loopback only) when given, with
+    its OpenAI-compatible endpoint on (`/v1/chat/completions`: each request one agent run, the
+    request's `user` naming the OpenClaw session)."""
     model = {"id": cfg.model_id, "name": cfg.model_id, "reasoning": False, "input": ["text"],
              "contextWindow": int(cfg.context_window), "maxTokens": int(cfg.max_tokens),
              "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}
@@ -130,11 +136,14 @@ def openclaw_config(cfg: OpenClawAgentConfig, plugin_dir: Path = PLUGIN_DIR,
     plugin_cfg = {"gatewayUrl": cfg.gateway_url if cfg.notify_session_done else ""}
     if cfg.api_key != "none":
         plugin_cfg["apiKey"] = cfg.api_key
+    if cfg.side_session_prefixes:
+        plugin_cfg["sideSessionPrefixes"] = list(cfg.side_session_prefixes)
     out["plugins"] = {"allow": [PLUGIN_ID], "load": {"paths": [str(plugin_dir)]},
                       "entries": {PLUGIN_ID: {"enabled": True, "hooks": {"allowConversationAccess": True},
                                               "config": plugin_cfg}}}
     if daemon_port is not None:
-        out["gateway"] = {"mode": "local", "port": int(daemon_port), "bind": "loopback", "auth": {"mode": "none"}}
+        out["gateway"] = {"mode": "local", "port": int(daemon_port), "bind": "loopback", "auth": {"mode": "none"},
+                          "http": {"endpoints": {"chatCompletions": {"enabled": True}}}}
     return out
 
 
@@ -180,11 +189,13 @@ class OpenClawAgent:
     def __init__(self, gateway_url: str, state_dir: str | Path, model_id: str = "smollm2",
                  context_window: int = 8192, max_tokens: int = 256, api_key: str = "none",
                  profile: Profile = "minimal", *, timeout_s: float = 600.0,
-                 notify_session_done: bool = True, install: Path | None = None):
+                 notify_session_done: bool = True, install: Path | None = None,
+                 side_session_prefixes: Sequence[str] = ()):
         self.cfg = OpenClawAgentConfig(gateway_url=gateway_url, state_dir=Path(state_dir), model_id=model_id,
                                        context_window=context_window, max_tokens=max_tokens,
                                        api_key=api_key, profile=profile, timeout_s=timeout_s,
-                                       notify_session_done=notify_session_done)
+                                       notify_session_done=notify_session_done,
+                                       side_session_prefixes=tuple(side_session_prefixes))
         self.install = Path(install) if install else install_dir()
         missing = missing_install(self.install)
         if missing:
@@ -325,6 +336,12 @@ class OpenClawDaemon:
         self.stop()
         raise OpenClawError(f"openclaw gateway not ready after {self.start_timeout_s} s; log {self.log_path}: "
                             f"{self.log()[-1500:]}")
+
+    @property
+    def base_url(self) -> str:
+        """OpenClaw's OpenAI-compatible endpoint (`.../v1`): a person's client talks to the agent here,
+        sending only their newest message with `user` = the conversation; model `openclaw/default`."""
+        return f"http://127.0.0.1:{self.port}/v1"
 
     def log(self) -> str:
         try:
