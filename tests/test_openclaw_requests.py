@@ -476,6 +476,10 @@ def test_one_token_main_turn_is_refused_with_the_advice(make_env):
     assert env.pool.requests == [] and "m" not in env.gateway.sessions
     assert post(env, body, session="m", turn="side").status_code == 200   # side runs are not trained: served
     assert post(env, {**body, "max_completion_tokens": 2}, session="m").status_code == 200
+    # A closing request (X-Session-Done) only carries the last answer's next state; its own reply is
+    # never trained, so a 1-token budget is served (the simulated person closes sessions so).
+    r = post(env, body, session="m", **{"X-Session-Done": "1"})
+    assert r.status_code == 200 and "m" not in env.gateway.sessions
 
 
 # ----------------------------------------------------------------------------- the embedded server

@@ -369,7 +369,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         prompt_ids = await self._render_prompt(req)
         main = session.turn_type == "main"
         params = self._sampling_params(req, main)
-        if main:
+        if main and not session.done:  # a closing request's own reply is never trained: any budget is fine
             self._check_room(params)
         request[GATEWAY_HEADERS] = self._override_headers(req, params)
 
