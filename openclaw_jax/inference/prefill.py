@@ -40,6 +40,9 @@ class Prefiller:
         self.prefix = prefix
         self._prefill = functools.partial(prefill_jit, graphdef)
         self._extend = functools.partial(extend_jit, graphdef)
+        # blocks matched by the running round: not evicted before their group's gather ran (a
+        # sequence finishing between two groups stores blocks too)
+        self._protect: set = set()
 
     def reusable_len(self, seq: Seq) -> int:
         """How many prompt tokens may come from the cache: one token is always computed (its
@@ -60,7 +63,7 @@ class Prefiller:
             pc.sync(generation)
             for seq in seqs:
                 paths[id(seq)] = pc.match(seq.spec.prompt_ids, self.reusable_len(seq))
-        protect = {node for path in paths.values() for node in path}
+        self._protect = protect = {node for path in paths.values() for node in path}
         for seq in seqs:
             seq.cached = len(paths.get(id(seq), ())) * pc.block
             seq.out.cached_tokens = seq.cached
@@ -71,19 +74,22 @@ class Prefiller:
         warm = [s for s in seqs if s.cached]
         calls = [(g, False) for g in prefill_groups(cold, self.config)]
         calls += [(g, True) for g in extend_groups(warm, self.config)]
-        for group, is_extend in calls:
-            if is_extend:
-                cache, host = self._run_extend(group, state, paths)
-            else:
-                cache, host = self._run_prefill(group, state)
-            if pc.enabled:
-                self._store(group, cache, paths, protect)
-            for seq in group:
-                seq.out.weight_version = version  # the oldest version of this response (its prompt's KV)
-                seq.step_version = version
-                seq.gen = generation
-            record_input_logprobs(group, host)
-            yield group, cache, host
+        try:
+            for group, is_extend in calls:
+                if is_extend:
+                    cache, host = self._run_extend(group, state, paths)
+                else:
+                    cache, host = self._run_prefill(group, state)
+                if pc.enabled:
+                    self._store(group, cache, paths, protect)
+                for seq in group:
+                    seq.out.weight_version = version  # the oldest version of this response (its prompt's KV)
+                    seq.step_version = version
+                    seq.gen = generation
+                record_input_logprobs(group, host)
+                yield group, cache, host
+        finally:
+            self._protect = set()
 
     def store_finished(self, seq: Seq, cache: Any) -> None:
         """Keep the K/V of a sequence leaving its row of the running `cache` (prompt and answer so
@@ -99,7 +105,7 @@ class Prefiller:
         n_blocks = len(ids) // pc.block
         path = pc.match(ids, n_blocks * pc.block)
         if len(path) < n_blocks:
-            _, writes = pc.insert(ids, path, n_blocks, set(path))
+            _, writes = pc.insert(ids, path, n_blocks, self._protect | set(path))
             pc.write(cache, [seq.row] * len(writes), [b for b, _ in writes], [slot for _, slot in writes])
 
     def _arrays(self, group: list[Seq], b: int):
