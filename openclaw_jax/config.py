@@ -221,9 +221,16 @@ class EnvConfig:
     seed: int = 0
     heldout_questions: int = 16
     eval_every: int = 5                  # trainer steps between held-out preference scores (0 = start/end only)
+    # How the simulated person reaches the gateway: `openai` (the openai client, the whole history in
+    # each request) or `openclaw` (through a real OpenClaw agent: `openclaw gateway run` from
+    # `scripts/openclaw.sh setup`, our plugin tagging sessions; held-out answers go through it too).
+    client: Literal["openai", "openclaw"] = "openai"
+    openclaw_context_window: int = 8192  # the contextWindow OpenClaw is told the model has
 
     def __post_init__(self):
         _require(self.concurrency > 0, f"env.concurrency={self.concurrency} must be > 0")
+        _require(self.openclaw_context_window > 0,
+                 f"env.openclaw_context_window={self.openclaw_context_window} must be > 0")
         _require(self.turns_per_session > 0, f"env.turns_per_session={self.turns_per_session} must be > 0")
         _require(self.max_tokens > 0, f"env.max_tokens={self.max_tokens} must be > 0")
         _require(self.heldout_questions >= 0, f"env.heldout_questions={self.heldout_questions} must be >= 0")

@@ -307,6 +307,7 @@ async def _start_users(r: _Run, gateway_url: str, stop: asyncio.Event):
     env = EnvRunner(r.cfg, gateway_url, store_dir=str(r.run_dir / "samples"), api_key=r.cfg.gateway.api_key,
                     offset_fn=lambda: trainer.sample_offset)
     r.cleanups.append(env.close)
+    await env.start()
 
     async def evaluate(step: int) -> float:
         graded = await env.heldout_eval(writer=r.writer, step=step)

@@ -282,3 +282,67 @@ def test_recorded_tool_result_request_is_accepted(played, stack, client):
     """OpenClaw's request after a tool call (assistant tool_calls with content null + the tool result)."""
     tool = _replay(client, "tool_result", "replay-2", stream=False, done=True)
     assert tool.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+# ----------------------------------------------------------------------------- the run mode (env.client: openclaw)
+
+@pytest.fixture(scope="module")
+def person_through_openclaw(played, stack, tmp_path_factory):
+    """`EnvRunner` as `python -m openclaw_jax.train` builds it with `env.client: openclaw`: a simulated
+    person holds a session through OpenClaw's daemon and its OpenAI endpoint, then the held-out
+    evaluation asks one question the same way. Runs after `played` (its samples are counted apart)."""
+    from openclaw_jax.config import EnvConfig, ExperimentConfig
+    from openclaw_jax.envs.runner import EnvRunner
+
+    before = {s.session_id for s in stack.samples()}
+    stats_before = stack.stats()
+    run_dir = tmp_path_factory.mktemp("oc_run")
+    cfg = ExperimentConfig(
+        run_dir=str(run_dir), gateway=stack.gateway.cfg.replace(temperature=1.0),
+        env=EnvConfig(client="openclaw", persona="concise:max_chars=60,correct=true", questions="arithmetic",
+                      concurrency=1, turns_per_session=2, max_tokens=MAX_TOKENS, heldout_questions=1))
+
+    async def play() -> dict[str, Any]:
+        runner = EnvRunner(cfg, stack.url, store_dir=str(stack.store_dir), api_key=None, offset_fn=lambda: 0)
+        await runner.start()
+        try:
+            user_stats = await runner.user.run(1)
+            graded = await runner.heldout_eval()
+        finally:
+            await runner.close()
+        return {"user": user_stats, "graded": graded, "result": runner.user.results[0]}
+
+    out = stack.lt.run(play(), timeout=600)
+    stack.lt.run(stack.gateway.drain(60), timeout=90)
+    # The person never types /new: their session would end on the gateway's idle timeout.
+    new = [s for s in stack.samples() if s.session_id not in before]
+    out.update(new_samples=new, stats_before=stats_before, stats=stack.stats())
+    return out
+
+
+def test_a_person_through_openclaws_endpoint_trains_under_openclaws_session_id(person_through_openclaw, stack):
+    out = person_through_openclaw
+    result = out["result"]
+    assert result.error is None and result.closed and len(result.turns) >= 1
+    samples = out["new_samples"]
+    assert samples, "no sample from the person's session"
+    # One OpenClaw session (its own id, a UUID, not the person's conversation name), turns in order.
+    assert len({s.session_id for s in samples}) == 1
+    sid = samples[0].session_id
+    assert not sid.startswith("sim-") and len(sid) == 36
+    assert [s.turn_index for s in samples] == list(range(len(samples)))
+    # Each next state is the person's reaction, in their own words (OpenClaw's wrapper stripped).
+    for sample, turn in zip(samples, result.turns):
+        assert sample.next_state["content"] == turn.reaction
+    # The prompt is OpenClaw's: its system prompt, the question behind OpenClaw's timestamp.
+    prompt = stack.gateway.tokenizer.decode(samples[0].prompt_ids)
+    assert "OpenClaw" in prompt and len(samples[0].prompt_ids) > 1000
+
+
+def test_heldout_answers_through_openclaw_are_side_and_never_trained(person_through_openclaw):
+    out = person_through_openclaw
+    assert out["graded"]["preference_score"] in (0.0, 1.0)  # one question, graded
+    added_main = out["stats"]["main_turns"] - out["stats_before"]["main_turns"]
+    # The person's answering requests and closing request were main; the held-out question was side.
+    assert added_main == out["result"].requests
+    assert out["stats"]["side_turns"] >= out["stats_before"]["side_turns"] + 1

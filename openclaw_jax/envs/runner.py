@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import uuid
 from typing import Any, Callable
 
 from openclaw_jax.config import ExperimentConfig
+from openclaw_jax.envs.openclaw_agent import AGENT_MODEL, OpenClawAgent, OpenClawDaemon
 from openclaw_jax.envs.personas import persona_from_spec
 from openclaw_jax.envs.questions import heldout_questions, train_questions
 from openclaw_jax.envs.simulated_user import SimulatedUser, SimulatedUserConfig, preference_score
@@ -21,23 +24,49 @@ from openclaw_jax.samples import SampleStore
 log = logging.getLogger(__name__)
 
 
+# Held-out sessions start with this; through OpenClaw the plugin counts them as side turns
+# (`sideSessionPrefixes`), directly they are sent as side turns.
+HELDOUT_PREFIX = "heldout"
+
+
 class EnvRunner:
+    """Simulated users on a gateway; with `env.client: openclaw`, through a real OpenClaw gateway
+    (`OpenClawDaemon`, started here, stopped by `close`)."""
+
     def __init__(self, cfg: ExperimentConfig, gateway_url: str, *, store_dir: str, api_key: str | None,
                  offset_fn: Callable[[], int], backlog: int | None = None):
         env = cfg.env
         self.cfg = cfg
         self.base_url = gateway_url.rstrip("/") + "/v1"
         self.api_key = api_key
+        self.daemon: OpenClawDaemon | None = None
+        model = None
+        if env.client == "openclaw":
+            # OpenClaw calls our gateway; the person (and the held-out evaluation) calls OpenClaw.
+            agent = OpenClawAgent(gateway_url, os.path.abspath(os.path.join(cfg.run_dir, "openclaw")),
+                                  model_id=cfg.gateway.served_model_name, context_window=env.openclaw_context_window,
+                                  max_tokens=env.max_tokens, api_key=api_key or "none",
+                                  side_session_prefixes=(HELDOUT_PREFIX,))
+            self.daemon = OpenClawDaemon(agent)
+            self.base_url, self.api_key, model = self.daemon.base_url, "none", AGENT_MODEL
+        self.model = model
         self.persona = persona_from_spec(env.persona)
         self.heldout = heldout_questions(env.questions, env.heldout_questions, seed=env.seed)
         self.store_dir = store_dir
         self.offset_fn = offset_fn
         self.backlog = backlog if backlog is not None else 2 * cfg.trainer.rollout_batch_size
         self.user = SimulatedUser(
-            self.persona, train_questions(env.questions, seed=env.seed), base_url=self.base_url, api_key=api_key,
+            self.persona, train_questions(env.questions, seed=env.seed), base_url=self.base_url, api_key=self.api_key,
             config=SimulatedUserConfig(turns_per_session=env.turns_per_session, concurrency=env.concurrency,
                                        max_tokens=env.max_tokens, temperature=cfg.gateway.temperature,
-                                       seed=env.seed))
+                                       seed=env.seed, model=model, agent_keeps_history=self.daemon is not None))
+
+    async def start(self) -> "EnvRunner":
+        """Start the OpenClaw gateway when the person talks through one (off the event loop: the
+        gateway it calls runs on this loop)."""
+        if self.daemon is not None:
+            await asyncio.to_thread(self.daemon.start)
+        return self
 
     def _waiting(self, store: SampleStore) -> int:
         return store.refresh() - self.offset_fn()
@@ -75,7 +104,9 @@ class EnvRunner:
         # As many held-out questions in flight as the policy batches at once: greedy decoding on
         # CPU is memory-bound, so a full batch costs about as much as one sequence.
         result = await preference_score(self.base_url, self.persona, self.heldout, max_tokens=self.cfg.env.max_tokens,
-                                        api_key=self.api_key, concurrency=max(4, self.cfg.policy.max_batch_size))
+                                        api_key=self.api_key, concurrency=max(4, self.cfg.policy.max_batch_size),
+                                        model=self.model, agent_keeps_history=self.daemon is not None,
+                                        session_prefix=f"{HELDOUT_PREFIX}-{uuid.uuid4().hex[:8]}")
         record = {"preference_score": float(result.score), "accuracy": float(result.accuracy),
                   "mean_rubric_score": float(result.mean_score)}
         if writer is not None and step is not None:
@@ -89,3 +120,5 @@ class EnvRunner:
 
     async def close(self) -> None:
         await self.user.close()
+        if self.daemon is not None:
+            await asyncio.to_thread(self.daemon.stop)

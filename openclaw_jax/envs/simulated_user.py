@@ -102,11 +102,18 @@ async def chat(
     temperature: float,
     top_p: float = 1.0,
     seed: int | None = None,
+    user: str | None = None,
 ) -> ChatReply:
-    """One non-streaming chat completion; the reply's text, finish reason and token count."""
+    """One non-streaming chat completion; the reply's text, finish reason and token count.
+
+    `user` is OpenAI's end-user field; an agent that keeps the history (OpenClaw's own gateway)
+    names its session by it.
+    """
     kwargs: dict[str, Any] = {}
     if seed is not None:
         kwargs["seed"] = seed
+    if user is not None:
+        kwargs["user"] = user
     resp = await client.chat.completions.create(
         model=model,
         messages=list(messages),
@@ -251,6 +258,11 @@ class SimulatedUserConfig:
     send_seed: bool = True  # pass a per-request `seed` so seeded servers are reproducible
     next_question_intro: str = "Next question:"
     timeout_s: float = 300.0
+    # The server is an agent that keeps each conversation itself (OpenClaw's gateway, whose
+    # OpenAI endpoint continues the session named by the request's `user`): every request
+    # sends only the person's newest message, and the agent (with our OpenClaw plugin) tags its
+    # own model requests with the session headers, so none are sent here.
+    agent_keeps_history: bool = False
 
     def __post_init__(self) -> None:
         for name in ("turns_per_session", "max_attempts_per_question", "questions_per_session",
@@ -259,6 +271,9 @@ class SimulatedUserConfig:
                 raise ValueError(f"SimulatedUserConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"SimulatedUserConfig.temperature must be >= 0, got {self.temperature}")
+        if self.agent_keeps_history and self.system_prompt:
+            raise ValueError("SimulatedUserConfig.system_prompt cannot be sent to an agent that keeps the history "
+                             "(agent_keeps_history=True): the agent writes its own system prompt")
 
 
 class SimulatedUser:
@@ -364,11 +379,14 @@ class SimulatedUser:
         messages.append({"role": "user", "content": questions[0].text})
 
         async def send(done: bool, max_tokens: int) -> ChatReply:
+            if cfg.agent_keeps_history:
+                sent, headers, user = messages[-1:], {}, session_id
+            else:
+                sent, headers, user = messages, session_headers(session_id, turn_type="main", done=done), None
             reply = await chat(
-                self.client, model=model, messages=messages,
-                headers=session_headers(session_id, turn_type="main", done=done),
+                self.client, model=model, messages=sent, headers=headers,
                 max_tokens=max_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                seed=self._request_seed(index, result.requests),
+                seed=self._request_seed(index, result.requests), user=user,
             )
             result.requests += 1
             return reply
@@ -428,10 +446,14 @@ async def collect_first_answers(
     system_prompt: str | None = None,
     concurrency: int = 4,
     session_prefix: str = "heldout",
+    agent_keeps_history: bool = False,
 ) -> list[FirstAnswer]:
     """Greedy (temperature 0) first answers to `questions`, in order, as side turns (never trained).
 
-    Each question is its own one-request session, marked done so the gateway can forget it.
+    Each question is its own one-request session, marked done so the gateway can forget it. With
+    `agent_keeps_history` (OpenClaw's gateway) the session is named by the request's `user` and
+    the agent tags its own requests: its plugin must count sessions named `session_prefix...` as
+    side (`sideSessionPrefixes`), and the gateway ends them on its idle timeout.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -442,11 +464,12 @@ async def collect_first_answers(
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
             {"role": "user", "content": q.text}
         ]
+        session_id = f"{session_prefix}-{i}"
         async with sem:
             reply = await chat(
                 client, model=model, messages=messages,
-                headers=session_headers(f"{session_prefix}-{i}", turn_type="side", done=True),
-                max_tokens=max_tokens, temperature=0.0,
+                headers={} if agent_keeps_history else session_headers(session_id, turn_type="side", done=True),
+                max_tokens=max_tokens, temperature=0.0, user=session_id if agent_keeps_history else None,
             )
         return FirstAnswer(q, reply.text, reply.finish_reason, reply.completion_tokens)
 
