@@ -59,7 +59,10 @@ class EnvRunner:
             self.persona, train_questions(env.questions, seed=env.seed), base_url=self.base_url, api_key=self.api_key,
             config=SimulatedUserConfig(turns_per_session=env.turns_per_session, concurrency=env.concurrency,
                                        max_tokens=env.max_tokens, temperature=cfg.gateway.temperature,
-                                       seed=env.seed, model=model, agent_keeps_history=self.daemon is not None))
+                                       seed=env.seed, model=model, agent_keeps_history=self.daemon is not None,
+                                       # Through OpenClaw the closing request is a plain main turn (no
+                                       # X-Session-Done), so it must ask for what the gateway serves one.
+                                       close_max_tokens=cfg.gateway.min_main_turn_tokens if self.daemon else 1))
 
     async def start(self) -> "EnvRunner":
         """Start the OpenClaw gateway when the person talks through one (off the event loop: the
