@@ -221,6 +221,8 @@ class EnvConfig:
     seed: int = 0
     heldout_questions: int = 16
     eval_every: int = 5                  # trainer steps between held-out preference scores (0 = start/end only)
+    eval_concurrency: int = 0            # held-out questions in flight (0 = the policy's batch size, at least 4)
+    request_timeout_s: float = 300.0     # per request of a simulated user or the held-out evaluation
     # How the simulated person reaches the gateway: `openai` (the openai client, the whole history in
     # each request) or `openclaw` (through a real OpenClaw agent: `openclaw gateway run` from
     # `scripts/openclaw.sh setup`, our plugin tagging sessions; held-out answers go through it too).
@@ -229,6 +231,8 @@ class EnvConfig:
 
     def __post_init__(self):
         _require(self.concurrency > 0, f"env.concurrency={self.concurrency} must be > 0")
+        _require(self.eval_concurrency >= 0, f"env.eval_concurrency={self.eval_concurrency} must be >= 0")
+        _require(self.request_timeout_s > 0, f"env.request_timeout_s={self.request_timeout_s} must be > 0")
         _require(self.openclaw_context_window > 0,
                  f"env.openclaw_context_window={self.openclaw_context_window} must be > 0")
         _require(self.turns_per_session > 0, f"env.turns_per_session={self.turns_per_session} must be > 0")

@@ -60,6 +60,7 @@ class EnvRunner:
             config=SimulatedUserConfig(turns_per_session=env.turns_per_session, concurrency=env.concurrency,
                                        max_tokens=env.max_tokens, temperature=cfg.gateway.temperature,
                                        seed=env.seed, model=model, agent_keeps_history=self.daemon is not None,
+                                       timeout_s=env.request_timeout_s,
                                        # Through OpenClaw the closing request is a plain main turn (no
                                        # X-Session-Done), so it must ask for what the gateway serves one.
                                        close_max_tokens=cfg.gateway.min_main_turn_tokens if self.daemon else 1))
@@ -104,10 +105,13 @@ class EnvRunner:
         Logged as `eval/preference_score`, `eval/accuracy` and the mean rubric grade as
         `eval/mean_rubric_score`.
         """
-        # As many held-out questions in flight as the policy batches at once: greedy decoding on
-        # CPU is memory-bound, so a full batch costs about as much as one sequence.
-        result = await preference_score(self.base_url, self.persona, self.heldout, max_tokens=self.cfg.env.max_tokens,
-                                        api_key=self.api_key, concurrency=max(4, self.cfg.policy.max_batch_size),
+        # By default as many held-out questions in flight as the policy batches at once: greedy decoding
+        # on CPU is memory-bound, so a full batch costs about as much as one sequence. OpenClaw's
+        # 2.5 k-token prompts make prefill the cost instead (env.eval_concurrency).
+        env = self.cfg.env
+        result = await preference_score(self.base_url, self.persona, self.heldout, max_tokens=env.max_tokens,
+                                        api_key=self.api_key, timeout_s=env.request_timeout_s,
+                                        concurrency=env.eval_concurrency or max(4, self.cfg.policy.max_batch_size),
                                         model=self.model, agent_keeps_history=self.daemon is not None,
                                         session_prefix=f"{HELDOUT_PREFIX}-{uuid.uuid4().hex[:8]}")
         record = {"preference_score": float(result.score), "accuracy": float(result.accuracy),

@@ -300,7 +300,9 @@ class SimulatedUser:
         self.persona = persona
         self.config = config
         self._own_client = client is None
-        self.client = client if client is not None else make_client(base_url, api_key=api_key, timeout_s=config.timeout_s)
+        # An agent run is not idempotent (a retry is a second run beside the first): no retries there.
+        self.client = client if client is not None else make_client(
+            base_url, api_key=api_key, timeout_s=config.timeout_s, max_retries=0 if config.agent_keeps_history else 2)
         self._questions: Iterator[Question] = iter(questions)
         # A random tag keeps session ids unique across runs against the same gateway.
         self.session_prefix = session_prefix or f"sim-{persona.name}-{uuid.uuid4().hex[:8]}"
@@ -521,6 +523,7 @@ async def preference_score(
     api_key: str | None = None,
     writer: Any = None,
     step: int | None = None,
+    timeout_s: float = 300.0,
     **answer_options: Any,
 ) -> PreferenceScore:
     """Fraction of greedy first answers on `heldout_questions` that satisfy `persona`.
@@ -534,7 +537,9 @@ async def preference_score(
     `eval/accuracy` (= `.accuracy`, NaN -- not written -- when no question has a numeric answer).
     """
     own = isinstance(client_or_base_url, str)
-    client = make_client(client_or_base_url, api_key=api_key) if own else client_or_base_url
+    agent = answer_options.get("agent_keeps_history", False)
+    client = (make_client(client_or_base_url, api_key=api_key, timeout_s=timeout_s, max_retries=0 if agent else 2)
+              if own else client_or_base_url)
     try:
         answer_options.setdefault("session_prefix", f"pref-{persona.name}-{uuid.uuid4().hex[:8]}")
         answers = await collect_first_answers(client, heldout_questions, **answer_options)
