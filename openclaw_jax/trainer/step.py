@@ -21,7 +21,7 @@ losses are float32 in the decoder and the loss whatever the compute dtype.
 
 Micro-batches: with `settings.micro_batch_size` m > 0 every phase runs over micro-batches of m
 rows in a `lax.scan` (the old pass over B rows, the teacher pass over the B*C candidate rows, or
-over the B samples' prefix + suffix rows with a shared prefix, the train step accumulating float32
+over the B sample rows with the shared-prefix teacher, the train step accumulating float32
 gradients), so activations are bounded by m rows whatever B is.
 Micro-batch i holds rows i, i + n, i + 2n, ... (n = B / m): with the batch sharded in contiguous
 blocks over the devices, every micro-batch stays spread over all of them. The loss of each
@@ -36,7 +36,10 @@ holding several sequences, each with its own segment id and positions from 0 (at
 crosses a segment); sequence b starts at `offset[b]` of row `row[b]`, so response token t is
 predicted at `row[b], offset[b] + response_start[b] - 1 + t`. The hidden states are gathered back
 to the per-sample `[B, T, H]` layout at once, so everything after the forward is unchanged.
-Under micro-batching `row` indexes the rows of the sequence's own micro-batch.
+Under micro-batching `row` indexes the rows of the sequence's own micro-batch. A prompt prefix
+shared by several sequences of a row (the batch's system prompt; a sample's prompt before its
+hints) sits once at the row's start as segment `SHARED_SEGMENT`, which every segment of the row
+attends to (batcher.py); each sequence's own tokens follow at positions continuing after it.
 """
 
 from __future__ import annotations
@@ -253,6 +256,36 @@ def reference_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: StudentInpu
     return jax.lax.stop_gradient(_map_rows(rows, inputs, settings.micro_batch_size, inputs.response_ids.shape[0]))
 
 
+def _shared_prefix_stats(model, inputs: TeacherInputs, response_ids: jax.Array, at_ids: jax.Array, stats_of,
+                         settings: StepSettings):
+    """The shared-prefix teacher layout (one row per sample): `stats_of` every candidate's response
+    hidden states `[B*C, ...]`, and the reference log-probs `[B, T]` when the inputs place the
+    un-hinted prompt (else None); micro-batched over the B rows."""
+    b, c = inputs.candidate_mask.shape
+    t = response_ids.shape[1]
+
+    def sample_rows(x):
+        ids, positions, segment_ids, row, offset, start, at, ref = x
+        m = ids.shape[0]
+        hidden = model.hidden_states(ids, positions=positions, segment_ids=segment_ids)     # [m, Lt, H]
+        stats = stats_of(gather_response(hidden, (offset + start).reshape(m * c), t, row.reshape(m * c)),
+                         at.reshape((m * c,) + at.shape[2:]))
+        stats = jax.tree.map(lambda x: x.reshape((m, c) + x.shape[1:]), stats)
+        if ref is None:
+            return stats, None
+        ref_offset, ref_start, ref_ids = ref
+        ref_hidden = gather_response(hidden, ref_offset + ref_start, t, row[:, 0])
+        return stats, ops.logprobs_at_ids(ref_hidden, model.lm_head_kernel(), ref_ids[..., None],
+                                           temperature=settings.temperature, chunk_size=settings.chunk_size)[..., 0]
+
+    ref_inputs = None if inputs.reference_offset is None else (inputs.reference_offset, inputs.reference_start,
+                                                                response_ids)
+    stats, reference = _map_rows(sample_rows, (inputs.input_ids, inputs.positions, inputs.segment_ids, inputs.row,
+                                               inputs.offset, inputs.response_start, at_ids, ref_inputs),
+                                 settings.micro_batch_size, b)
+    return jax.tree.map(lambda x: x.reshape((b * c,) + x.shape[2:]), stats), reference
+
+
 def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs, response_ids: jax.Array,
                  student_topk_ids: jax.Array, settings: StepSettings) -> TeacherPassOutput:
     """Phase 2: the frozen teacher over all candidates as one batched [B*C, Lt] forward, no gradient
@@ -275,26 +308,7 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
 
     reference = None
     if inputs.prefix_len is not None:  # shared prefix: row b is sample b's, micro-batched over the B samples
-        def sample_rows(x):
-            ids, positions, segment_ids, row, offset, start, at, ref = x
-            m = ids.shape[0]
-            hidden = model.hidden_states(ids, positions=positions, segment_ids=segment_ids)     # [m, Lt, H]
-            stats = stats_of(gather_response(hidden, (offset + start).reshape(m * c), t, row.reshape(m * c)),
-                             at.reshape(m * c, t, 1 + k))
-            stats = jax.tree.map(lambda x: x.reshape((m, c) + x.shape[1:]), stats)
-            if ref is None:
-                return stats, None
-            ref_offset, ref_start, ref_ids = ref
-            ref_hidden = gather_response(hidden, ref_offset + ref_start, t, row[:, 0])
-            return stats, ops.logprobs_at_ids(ref_hidden, model.lm_head_kernel(), ref_ids[..., None],
-                                               temperature=settings.temperature, chunk_size=settings.chunk_size)[..., 0]
-
-        ref_inputs = None if inputs.reference_offset is None else (inputs.reference_offset, inputs.reference_start,
-                                                                    response_ids)
-        stats, reference = _map_rows(sample_rows, (inputs.input_ids, inputs.positions, inputs.segment_ids, inputs.row,
-                                                   inputs.offset, inputs.response_start, at_ids, ref_inputs),
-                                     settings.micro_batch_size, b)
-        stats = jax.tree.map(lambda x: x.reshape((b * c,) + x.shape[2:]), stats)
+        stats, reference = _shared_prefix_stats(model, inputs, response_ids, at_ids, stats_of, settings)
     else:
         packed = inputs.segment_ids is not None
         flat_ids = inputs.input_ids if packed else inputs.input_ids.reshape(b * c, -1)
