@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import threading
 import time
@@ -719,3 +720,24 @@ def test_api_key_and_unknown_routes(tiny_qwen3_dir):
         assert r.status_code == 405 and r.json() == {"detail": "Method Not Allowed"}
     finally:
         thread.stop()
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/generate", {"input_ids": [5, 6, 7], "stream": True,
+                   "sampling_params": {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}}),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                              "max_tokens": 200, "temperature": 0}),
+])
+def test_a_client_gone_mid_stream_cancels_its_sequence_quietly(srv, caplog, path, body):
+    """A client that closes a streamed response early (the gateway's request timeout): the engine stops
+    decoding for it, and the server logs no unhandled error (no aiohttp traceback)."""
+    caplog.set_level(logging.INFO)
+    with requests.post(srv.url + path, json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the stream is running
+    deadline = time.monotonic() + 30
+    while srv.engine.num_running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.engine.num_running() == 0
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], \
+        [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR]

@@ -103,41 +103,42 @@ class OpenAIRoutes:
             return O.sse_event(O.chat_chunk(completion_id=request_id, model=req.model, created=created,
                                             delta=O.full_delta(delta), **kw))
 
-        for i in range(len(specs)):
-            await resp.write(chunk(index=i, delta={"role": "assistant", "content": ""}))
-            sent_text[i] = sent_tokens[i] = completion[i] = 0
-        async for i, out in self._stream_all(specs):
-            completion[i] = len(out.output_ids)
-            logprobs = None
-            if req.logprobs and len(out.output_ids) > sent_tokens[i]:
-                a = sent_tokens[i]
-                logprobs = self._chat_logprobs(out.output_ids[a:], out.output_logprobs[a:],
-                                               out.output_top_logprobs[a:] if out.output_top_logprobs else None)
-                sent_tokens[i] = len(out.output_ids)
-            usage = O.usage(len(ids), completion[i], details=True) if req.continuous_usage_stats else None
-            if not out.finished:
-                safe = TC.safe_stream_prefix(out.text) if use_tools else len(out.text)
-                delta_text = out.text[sent_text[i]:safe] if safe > sent_text[i] else ""
-                if delta_text or logprobs:
-                    await resp.write(chunk(index=i, delta={"content": delta_text}, logprobs=logprobs, usage=usage))
-                    sent_text[i] = max(sent_text[i], safe)
-                continue
-            content, calls = self._split_tool_calls(req, out.text)
-            finish, matched = openai_finish(out.finish_reason, has_tool_calls=bool(calls))
-            delta: dict[str, Any] = {}
-            if calls:
-                remaining = content[sent_text[i]:] if len(content) > sent_text[i] else ""
-                if remaining:
-                    delta["content"] = remaining
-                delta["tool_calls"] = calls
-            else:
-                delta["content"] = out.text[sent_text[i]:]
-            await resp.write(chunk(index=i, delta=delta, finish_reason=finish, matched_stop=matched,
-                                   logprobs=logprobs, usage=usage))
-        if req.include_usage:
-            await resp.write(chunk(usage=O.usage(len(ids), sum(completion.values()), details=True), no_choices=True))
-        await resp.write(O.SSE_DONE)
-        await resp.write_eof()
+        async with self._client_stream(specs) as outputs:
+            for i in range(len(specs)):
+                await resp.write(chunk(index=i, delta={"role": "assistant", "content": ""}))
+                sent_text[i] = sent_tokens[i] = completion[i] = 0
+            async for i, out in outputs:
+                completion[i] = len(out.output_ids)
+                logprobs = None
+                if req.logprobs and len(out.output_ids) > sent_tokens[i]:
+                    a = sent_tokens[i]
+                    logprobs = self._chat_logprobs(out.output_ids[a:], out.output_logprobs[a:],
+                                                   out.output_top_logprobs[a:] if out.output_top_logprobs else None)
+                    sent_tokens[i] = len(out.output_ids)
+                usage = O.usage(len(ids), completion[i], details=True) if req.continuous_usage_stats else None
+                if not out.finished:
+                    safe = TC.safe_stream_prefix(out.text) if use_tools else len(out.text)
+                    delta_text = out.text[sent_text[i]:safe] if safe > sent_text[i] else ""
+                    if delta_text or logprobs:
+                        await resp.write(chunk(index=i, delta={"content": delta_text}, logprobs=logprobs, usage=usage))
+                        sent_text[i] = max(sent_text[i], safe)
+                    continue
+                content, calls = self._split_tool_calls(req, out.text)
+                finish, matched = openai_finish(out.finish_reason, has_tool_calls=bool(calls))
+                delta: dict[str, Any] = {}
+                if calls:
+                    remaining = content[sent_text[i]:] if len(content) > sent_text[i] else ""
+                    if remaining:
+                        delta["content"] = remaining
+                    delta["tool_calls"] = calls
+                else:
+                    delta["content"] = out.text[sent_text[i]:]
+                await resp.write(chunk(index=i, delta=delta, finish_reason=finish, matched_stop=matched,
+                                       logprobs=logprobs, usage=usage))
+            if req.include_usage:
+                await resp.write(chunk(usage=O.usage(len(ids), sum(completion.values()), details=True), no_choices=True))
+            await resp.write(O.SSE_DONE)
+            await resp.write_eof()
         return resp
 
     # ------------------------------------------------------------------ /v1/completions
@@ -195,35 +196,36 @@ class OpenAIRoutes:
         sent_tokens = {k: 0 for k in range(len(specs))}
         completion = {k: 0 for k in range(len(specs))}
         first = {k: True for k in range(len(specs))}
-        async for k, out in self._stream_all(specs):
-            completion[k] = len(out.output_ids)
-            text = out.text[sent_text[k]:]
-            if req.echo and first[k]:
-                text = prompt_texts[k // n] + text
-            sent_text[k] = len(out.text)
-            lp = None
-            if want_lp:
-                a = sent_tokens[k]
-                partial = SequenceOutput(rid=out.rid, prompt_ids=out.prompt_ids, output_ids=out.output_ids[a:],
-                                         output_logprobs=out.output_logprobs[a:],
-                                         output_top_logprobs=out.output_top_logprobs[a:],
-                                         input_logprobs=out.input_logprobs,
-                                         input_top_logprobs=out.input_top_logprobs)
-                lp = logprobs_of(partial, first[k])
-                sent_tokens[k] = len(out.output_ids)
-            finish, matched = openai_finish(out.finish_reason)
-            if text or lp or finish:
-                usage = (O.usage(len(prompts_ids[k // n]), completion[k], details=True) if req.continuous_usage_stats
-                         else None)
-                await resp.write(O.sse_event(O.text_completion(
-                    completion_id=request_id, model=req.model, created=created, usage=usage,
-                    choices=[O.completion_choice(k, text, finish_reason=finish, matched_stop=matched, logprobs=lp)])))
-            first[k] = False
-        if req.include_usage:
-            usage = O.usage(sum(len(i) for i in prompts_ids), sum(completion.values()), details=True)
-            await resp.write(O.sse_event(O.text_completion(completion_id=request_id, model=req.model,
-                                                           created=created, choices=[], usage=usage)))
-        await resp.write(O.SSE_DONE)
-        await resp.write_eof()
+        async with self._client_stream(specs) as outputs:
+            async for k, out in outputs:
+                completion[k] = len(out.output_ids)
+                text = out.text[sent_text[k]:]
+                if req.echo and first[k]:
+                    text = prompt_texts[k // n] + text
+                sent_text[k] = len(out.text)
+                lp = None
+                if want_lp:
+                    a = sent_tokens[k]
+                    partial = SequenceOutput(rid=out.rid, prompt_ids=out.prompt_ids, output_ids=out.output_ids[a:],
+                                             output_logprobs=out.output_logprobs[a:],
+                                             output_top_logprobs=out.output_top_logprobs[a:],
+                                             input_logprobs=out.input_logprobs,
+                                             input_top_logprobs=out.input_top_logprobs)
+                    lp = logprobs_of(partial, first[k])
+                    sent_tokens[k] = len(out.output_ids)
+                finish, matched = openai_finish(out.finish_reason)
+                if text or lp or finish:
+                    usage = (O.usage(len(prompts_ids[k // n]), completion[k], details=True) if req.continuous_usage_stats
+                             else None)
+                    await resp.write(O.sse_event(O.text_completion(
+                        completion_id=request_id, model=req.model, created=created, usage=usage,
+                        choices=[O.completion_choice(k, text, finish_reason=finish, matched_stop=matched, logprobs=lp)])))
+                first[k] = False
+            if req.include_usage:
+                usage = O.usage(sum(len(i) for i in prompts_ids), sum(completion.values()), details=True)
+                await resp.write(O.sse_event(O.text_completion(completion_id=request_id, model=req.model,
+                                                               created=created, choices=[], usage=usage)))
+            await resp.write(O.SSE_DONE)
+            await resp.write_eof()
         return resp
 

@@ -24,6 +24,7 @@ are :mod:`openclaw_jax.wire`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -209,6 +210,18 @@ class InferenceServer(OpenAIRoutes):
             for h in handles:
                 h.cancel()  # no-op for finished sequences; aborts the rest if the client went away
 
+    @contextlib.asynccontextmanager
+    async def _client_stream(self, specs: Sequence[GenerationSpec]) -> AsyncIterator[AsyncIterator[tuple[int, SequenceOutput]]]:
+        """`_stream_all(specs)` for a streamed response: a client that goes away mid-stream ends it
+        quietly (its sequences are cancelled at once, not when the generator is collected)."""
+        outputs = self._stream_all(specs)
+        try:
+            yield outputs
+        except ConnectionResetError:
+            logger.info("the client closed a streamed response early; its %d sequence(s) cancelled", len(specs))
+        finally:
+            await outputs.aclose()
+
     async def _stream_all(self, specs: Sequence[GenerationSpec]) -> AsyncIterator[tuple[int, SequenceOutput]]:
         """Cumulative outputs of several streamed sequences as they come: (index, output)."""
         handles = [self._submit_checked(s, stream=True) for s in specs]
@@ -277,11 +290,12 @@ class InferenceServer(OpenAIRoutes):
             results = [build(o, s) for o, s in zip(outs, specs)]
             return json_response(results[0] if single else results)
         resp = await self._start_sse(request)
-        async for i, out in self._stream_all(specs):
-            chunk = build(out, specs[i], index=None if single else i)
-            await resp.write(O.sse_event(chunk))
-        await resp.write(O.SSE_DONE)
-        await resp.write_eof()
+        async with self._client_stream(specs) as outputs:
+            async for i, out in outputs:
+                chunk = build(out, specs[i], index=None if single else i)
+                await resp.write(O.sse_event(chunk))
+            await resp.write(O.SSE_DONE)
+            await resp.write_eof()
         return resp
 
     # ------------------------------------------------------------------ info / health
