@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import queue
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -172,13 +172,13 @@ def plan_batch(pending: Iterable[Seq], config: EngineConfig, kv_bytes_per_token:
     return max(size, chosen), cache_len
 
 
-def prefill_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
-    """Consecutive groups whose padded prefill (rows x prompt bucket) stays within max_prefill_tokens."""
+def _groups_within(seqs: list[Seq], config: EngineConfig, tokens: Callable[[Seq], int]) -> list[list[Seq]]:
+    """Consecutive groups whose padded work (rows x bucketed `tokens`) stays within max_prefill_tokens."""
     groups, current = [], []
     for seq in seqs:
         trial = current + [seq]
-        lp = bucket(max(s.prompt_len for s in trial), config.min_prompt_bucket)
-        if current and bucket(len(trial)) * lp > config.max_prefill_tokens:
+        length = bucket(max(tokens(s) for s in trial), config.min_prompt_bucket)
+        if current and bucket(len(trial)) * length > config.max_prefill_tokens:
             groups.append(current)
             current = [seq]
         else:
@@ -186,23 +186,17 @@ def prefill_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
     if current:
         groups.append(current)
     return groups
+
+
+def prefill_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
+    """Consecutive groups whose padded prefill (rows x prompt bucket) stays within max_prefill_tokens."""
+    return _groups_within(seqs, config, lambda s: s.prompt_len)
 
 
 def extend_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
     """Consecutive groups of prefix-cache hits whose padded new tokens (rows x new-token bucket)
     stay within max_prefill_tokens; the cached prefixes cost a gather, not a prefill."""
-    groups, current = [], []
-    for seq in seqs:
-        trial = current + [seq]
-        ln = bucket(max(s.prompt_len - s.cached for s in trial), config.min_prompt_bucket)
-        if current and bucket(len(trial)) * ln > config.max_prefill_tokens:
-            groups.append(current)
-            current = [seq]
-        else:
-            current = trial
-    if current:
-        groups.append(current)
-    return groups
+    return _groups_within(seqs, config, lambda s: s.prompt_len - s.cached)
 
 
 def sampling_arrays(seqs: Sequence[Seq | None], size: int, config: EngineConfig, vocab_size: int,
