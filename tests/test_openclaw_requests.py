@@ -22,13 +22,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _scripted_pool import LoopThread, Reply
-from test_gateway import Env
+from _scripted_pool import Reply
+from test_gateway import Env, loop_thread, make_env, tokenizer  # noqa: F401 (fixtures)
 from openclaw_jax.gateway.judge import HINT_SEPARATOR, NextState, RuleJudge, eval_vote_messages, \
     hint_vote_messages
 from openclaw_jax.gateway.openclaw_text import INBOUND_CONTEXT_MARKER, person_words
 from openclaw_jax.gateway.sessions import SessionTracker, TurnRecord, next_state_from_messages
-from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 from openclaw_jax.wire import openai as O
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openclaw"
@@ -231,26 +230,6 @@ def test_idle_session_ends_its_last_turn_is_dropped_and_its_memory_freed():
 
 # ----------------------------------------------------------------------------- through the gateway
 
-@pytest.fixture(scope="module")
-def loop_thread():
-    lt = LoopThread()
-    yield lt
-    lt.stop()
-
-
-@pytest.fixture
-def make_env(loop_thread, tmp_path):
-    envs = []
-    tokenizer = tiny_test_tokenizer()
-
-    def make(**kw):
-        env = Env(loop_thread, tokenizer, tmp_path / f"env{len(envs)}", **kw)
-        envs.append(env)
-        return env
-
-    yield make
-    for env in envs:
-        env.close()
 
 
 def post(env, body, session=None, turn="main", **headers):
