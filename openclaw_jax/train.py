@@ -208,7 +208,7 @@ async def _start_embedded_pool(r: _Run):
     """Process 0 serves the student with the JAX engine; returns (policy urls, weight push)."""
     from aiohttp import web
 
-    from openclaw_jax.rollout.weight_sync import InProcessWeightSync
+    from openclaw_jax.pool.weight_sync import InProcessWeightSync
 
     # With several processes every one takes part in gathering the weights.
     serving = await asyncio.to_thread(_process_local_copy, r.trainer.serving_model())
@@ -241,8 +241,8 @@ async def _start_embedded_pool(r: _Run):
 
 async def _connect_external_pool(r: _Run, resumed: bool):
     """A client to external SGLang workers and a disk weight push; returns (policy urls, weight push)."""
-    from openclaw_jax.rollout.client import PoolClient
-    from openclaw_jax.rollout.weight_sync import DiskWeightSync, worker_urls
+    from openclaw_jax.pool.client import PoolClient
+    from openclaw_jax.pool.weight_sync import DiskWeightSync, worker_urls
 
     cfg, base = r.cfg, r.base
     client = None

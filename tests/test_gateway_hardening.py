@@ -235,7 +235,7 @@ def test_full_store_is_degraded_queues_samples_and_writes_them_when_space_return
 
 def test_slow_header_connections_hit_the_timeout_and_the_cap(make_env, caplog):
     env = make_env(max_connections=20, header_timeout_s=1.0)
-    caplog.set_level(logging.WARNING, logger="openclaw_jax.serving.http_guard")
+    caplog.set_level(logging.WARNING, logger="openclaw_jax.http.http_guard")
     slow = SlowClients(env.url, 50, interval_s=0.1).open()
     try:
         time.sleep(0.3)

@@ -16,7 +16,7 @@ import requests
 from aiohttp import web
 
 from _server_utils import ServerProcess, ServerThread
-from openclaw_jax.rollout.client import (
+from openclaw_jax.pool.client import (
     MalformedResponseError,
     NoHealthyWorkerError,
     PoolClient,

@@ -706,7 +706,7 @@ def test_api_key_and_unknown_routes(tiny_qwen3_dir):
                            timeout=30)
         assert ok.status_code == 200 and ok.json()["text"] == "hello"
 
-        from openclaw_jax.rollout.client import PoolClient
+        from openclaw_jax.pool.client import PoolClient
 
         async def via_client():
             async with PoolClient([thread.url], api_key="s3cret", health_interval_s=0) as pool:

@@ -24,7 +24,7 @@ from openclaw_jax.gateway.judge import (
     NextState,
 )
 from openclaw_jax.models.tokenizer import load_tokenizer
-from openclaw_jax.rollout.client import PoolClient
+from openclaw_jax.pool.client import PoolClient
 from test_gateway import SYSTEM, check_samples, loop_thread, make_env, scripted_conversation, tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.sglang

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from _sglang import SGLangProcess
-from openclaw_jax.rollout.client import NoHealthyWorkerError, PoolClient, RequestRejectedError, WorkerUnavailableError
+from openclaw_jax.pool.client import NoHealthyWorkerError, PoolClient, RequestRejectedError, WorkerUnavailableError
 
 pytestmark = pytest.mark.sglang
 

@@ -18,8 +18,8 @@ import requests
 from flax import nnx
 
 from openclaw_jax.models.weights import load_hf_checkpoint
-from openclaw_jax.rollout.client import PoolClient
-from openclaw_jax.rollout.weight_sync import DiskWeightSync, WeightSyncError
+from openclaw_jax.pool.client import PoolClient
+from openclaw_jax.pool.weight_sync import DiskWeightSync, WeightSyncError
 
 pytestmark = pytest.mark.sglang
 

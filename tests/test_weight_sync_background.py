@@ -9,7 +9,7 @@ import time
 import pytest
 from flax import nnx
 
-from openclaw_jax.rollout.weight_sync import BackgroundWeightSync, InProcessWeightSync
+from openclaw_jax.pool.weight_sync import BackgroundWeightSync, InProcessWeightSync
 
 
 class RecordingPush:

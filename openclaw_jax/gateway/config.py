@@ -13,7 +13,7 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from openclaw_jax.configlib import ConfigError
-from openclaw_jax.serving.http_guard import GuardConfig
+from openclaw_jax.http.http_guard import GuardConfig
 
 
 def _require(cond: bool, message: str) -> None:

@@ -2,7 +2,7 @@
 
 DESIGN section 9. Pure parts (prompts, parsing, voting, hint selection, hint-augmented
 prompts, sample kind) are plain functions; :class:`ModelJudge` runs the 2*m votes of one
-turn concurrently on a judge pool (a :class:`~openclaw_jax.rollout.client.PoolClient`);
+turn concurrently on a judge pool (a :class:`~openclaw_jax.pool.client.PoolClient`);
 :class:`RuleJudge` needs no model (offline use and tests).
 
 Eval vote: the judge sees the assistant's reply and the next state (with its role) and

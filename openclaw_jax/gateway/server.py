@@ -19,7 +19,7 @@ What is durable and what is not:
     ``shutdown_grace_s`` for queued judgements to finish and be stored.
 
 Errors: bad input -> 400/401/404/405/408/413/415 with an OpenAI-shaped JSON body (one error
-boundary, openclaw_jax.serving.http_guard); pool trouble -> 502 (worker error), 503 (no healthy
+boundary, openclaw_jax.http.http_guard); pool trouble -> 502 (worker error), 503 (no healthy
 worker), 504 (timed out), with no turn recorded; a judge failure is no vote. A 500 would be a
 bug (logged with its traceback and a trace id that the response carries). Bodies are size-
 checked before reading, conversations before rendering; large ones are decoded and rendered on
@@ -46,10 +46,10 @@ from openclaw_jax.gateway.protocol import ChatCompletionRequest, GatewayHTTPErro
 from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
-from openclaw_jax.serving import http_guard as G
-from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
-from openclaw_jax.serving.text_budget import TextBudget, message_chars
-from openclaw_jax.rollout.client import (
+from openclaw_jax.http import http_guard as G
+from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
+from openclaw_jax.http.text_budget import TextBudget, message_chars
+from openclaw_jax.pool.client import (
     NoHealthyWorkerError,
     PoolClient,
     PoolError,

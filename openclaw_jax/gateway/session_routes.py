@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from openclaw_jax.gateway.protocol import GatewayHTTPError, bad_request, parse_session_info
-from openclaw_jax.serving import http_guard as G
+from openclaw_jax.http import http_guard as G
 from openclaw_jax.wire.errors import with_context_advice
 from openclaw_jax.wire.sglang import SamplingParams
 

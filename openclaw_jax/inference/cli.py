@@ -17,8 +17,8 @@ from aiohttp import web
 from openclaw_jax.inference.engine import Engine, EngineConfig
 from openclaw_jax.inference.loading import context_length_from, load_for_serving
 from openclaw_jax.inference.server import InferenceServer
-from openclaw_jax.serving import http_guard as G
-from openclaw_jax.serving.offload import freeze_startup_heap, return_large_blocks_to_the_os
+from openclaw_jax.http import http_guard as G
+from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.logs import configure_logging
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from openclaw_jax.inference import protocol as P
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
-from openclaw_jax.serving import http_guard as G
-from openclaw_jax.serving.text_budget import message_chars
+from openclaw_jax.http import http_guard as G
+from openclaw_jax.http.text_budget import message_chars
 from openclaw_jax.wire import json_safe
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire import tool_calls as TC

@@ -9,7 +9,7 @@ bodies): `/generate` (single, batch lists, n > 1, streaming), `/v1/chat/completi
 `/continue_generation`, `/flush_cache`.
 
 Every request-shaped problem is a 4xx with an SGLang body (one error boundary: see
-`openclaw_jax.serving.http_guard`; a 500 is a bug and carries a trace id). Bodies, texts and
+`openclaw_jax.http.http_guard`; a 500 is a bug and carries a trace id). Bodies, texts and
 prompts are size-checked before any work; large bodies are decoded and large texts tokenized
 on worker threads, so one huge request does not stall the others; all JAX work happens on
 the engine thread. Connections are capped and must send their headers within a timeout.
@@ -39,8 +39,8 @@ from openclaw_jax.inference.engine import Engine, EngineError
 from openclaw_jax.inference.loading import WeightLoader, default_weight_loader
 from openclaw_jax.inference.openai_routes import OpenAIRoutes, json_response
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
-from openclaw_jax.serving import http_guard as G
-from openclaw_jax.serving.text_budget import TextBudget
+from openclaw_jax.http import http_guard as G
+from openclaw_jax.http.text_budget import TextBudget
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire import sglang as S
 from openclaw_jax.wire.sglang_results import build_generate_response

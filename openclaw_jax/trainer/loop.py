@@ -26,7 +26,7 @@ from openclaw_jax.samples import SampleTail
 from openclaw_jax.losses import overlap_counts, select_hint
 from openclaw_jax.models.lora import LoRAParam
 from openclaw_jax.parallel import multihost
-from openclaw_jax.rollout.weight_sync import BackgroundWeightSync
+from openclaw_jax.pool.weight_sync import BackgroundWeightSync
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.advantages import apply_reward_baseline
 from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher, shape_ladder
@@ -35,7 +35,7 @@ from openclaw_jax.trainer.metrics import MetricsWriter
 
 log = logging.getLogger(__name__)
 
-# A weight push: (plain-model state, version) -> awaitable; see rollout/weight_sync.py.
+# A weight push: (plain-model state, version) -> awaitable; see pool/weight_sync.py.
 WeightPush = Callable[[nnx.GraphDef, nnx.State, str], Awaitable[None]]
 
 

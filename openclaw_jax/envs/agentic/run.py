@@ -131,7 +131,7 @@ class AgenticDriver:
 
     async def start(self) -> "AgenticDriver":
         from openclaw_jax.samples import SampleStore
-        from openclaw_jax.rollout.client import PoolClient
+        from openclaw_jax.pool.client import PoolClient
 
         a = self.cfg.agentic
         self.client = await PoolClient(self.policy_urls, request_timeout_s=self.cfg.policy.request_timeout_s).start()

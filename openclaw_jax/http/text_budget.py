@@ -20,7 +20,7 @@ import functools
 import json
 from typing import Any, Mapping, Sequence
 
-from openclaw_jax.serving.offload import run_heavy
+from openclaw_jax.http.offload import run_heavy
 
 # Below this many characters, tokenizing/rendering inline costs less than a thread hand-off.
 OFFLOAD_CHARS = 16_384

@@ -39,7 +39,7 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from openclaw_jax.counters import counters
 from openclaw_jax.wire import json_safe
-from openclaw_jax.serving.offload import run_heavy
+from openclaw_jax.http.offload import run_heavy
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 import aiohttp
 
-from openclaw_jax.rollout.types import (
+from openclaw_jax.pool.types import (
     MalformedResponseError,
     NoHealthyWorkerError,
     PoolError,

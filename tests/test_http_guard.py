@@ -13,8 +13,8 @@ import pytest
 
 from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 from openclaw_jax.wire import json_safe
-from openclaw_jax.serving.http_guard import GuardConfig, bearer_matches
-from openclaw_jax.serving.text_budget import TextBudget
+from openclaw_jax.http.http_guard import GuardConfig, bearer_matches
+from openclaw_jax.http.text_budget import TextBudget
 
 
 def reference_depth(value) -> int:

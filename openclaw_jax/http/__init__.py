@@ -1,4 +1,4 @@
-"""HTTP serving plumbing shared by the inference server and the gateway (imports nothing of ours but
+"""HTTP plumbing shared by the inference server and the gateway (imports nothing of ours but
 :mod:`openclaw_jax.wire`, whose `json_safe` decodes untrusted JSON, and the leaf :mod:`openclaw_jax.counters`).
 
 * `text_budget` — length checks before tokenizing; tokenizing/rendering off the event loop.
