@@ -30,6 +30,12 @@ class ConfigError(ValueError):
     """A configuration key or value is invalid. The message names key, value and what is allowed."""
 
 
+def require(cond: bool, message: str) -> None:
+    """Raise `ConfigError(message)` unless `cond`: the config sections' `__post_init__` checks."""
+    if not cond:
+        raise ConfigError(message)
+
+
 # ----------------------------------------------------------------------------- type checking
 
 

@@ -279,7 +279,7 @@ async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
 
 async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
     """Group rollouts of an environment feed the store; returns (evaluate, driver, drive task)."""
-    from openclaw_jax.envs.agentic.run import AgenticDriver
+    from openclaw_jax.runs.agentic import AgenticDriver
 
     trainer = r.trainer
     agentic = await AgenticDriver(r.cfg, policy_urls, r.base.tokenizer, store_dir=str(r.run_dir / "samples"),
@@ -301,11 +301,10 @@ async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
 
 async def _start_users(r: _Run, gateway_url: str, stop: asyncio.Event):
     """Simulated users talk to the gateway; returns (evaluate, drive task)."""
-    from openclaw_jax.envs.runner import EnvRunner
+    from openclaw_jax.runs.users import env_runner
 
     trainer = r.trainer
-    env = EnvRunner(r.cfg, gateway_url, store_dir=str(r.run_dir / "samples"), api_key=r.cfg.gateway.api_key,
-                    offset_fn=lambda: trainer.sample_offset)
+    env = env_runner(r.cfg, gateway_url, store_dir=str(r.run_dir / "samples"), offset_fn=lambda: trainer.sample_offset)
     r.cleanups.append(env.close)
     await env.start()
 
@@ -352,7 +351,7 @@ async def _prepare(cfg: ExperimentConfig, run_dir: Path, t_start: float) -> tupl
 
     base = await asyncio.to_thread(load_base_model, cfg)
     if cfg.agentic.enabled and cfg.agentic.warmup_steps:  # SFT warm-up on demonstrations (cached in the run)
-        from openclaw_jax.envs.agentic.run import warm_up
+        from openclaw_jax.runs.agentic import warm_up
 
         base = await asyncio.to_thread(warm_up, cfg, base, run_dir)
     trainer = await asyncio.to_thread(build_trainer, cfg, base)

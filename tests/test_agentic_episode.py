@@ -139,7 +139,7 @@ def test_prm_step_advantages_and_samples_reach_the_batch(tok, tmp_path):
         store.append(Sample(session_id="old", turn_index=0, kind="rl", reward=-1.0, prompt_ids=[1, 2],
                             response_ids=[3, 4], rollout_logprobs=[-0.1, -0.2]))
         back = store.read(0)
-    assert back[0].loss_mask == ep.loss_mask and back[0].token_advantages == advs
+    assert back[0].response_mask == ep.loss_mask and back[0].token_advantages == advs
     packed = pack(back, BatchSpec(batch_size=2, max_seq_len=1024, max_candidates=1))
     r = len(ep.response_ids)
     np.testing.assert_array_equal(packed.student["response_mask"][0, :r], np.asarray(ep.loss_mask, np.float32))
@@ -156,11 +156,11 @@ def test_demonstrations_fit_the_cpu_configs_limits(tok, config):
     from pathlib import Path
 
     from openclaw_jax.config import load_experiment_config
-    from openclaw_jax.envs.agentic.run import episode_runner
+    from openclaw_jax.envs.agentic import episode_runner
 
     cfg = load_experiment_config([str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml")])
     env = make_env(cfg.agentic)
-    runner = episode_runner(cfg, env, tok)
+    runner = episode_runner(cfg.agentic, env, tok)
     for task in env.tasks("train", 12, seed=1) + env.tasks("heldout", 3, seed=0):
         ep = asyncio.run(runner.run(task, ScriptedPolicy(tok, env.demonstration(task)), temperature=0.0))
         assert ep.success, (task.task_id, ep.end_reason)
@@ -172,11 +172,12 @@ def test_prm_step_votes_from_the_judge(tok):
     judge: an error observation is -1, a passing test run +1); the final answer step gets 0."""
     from openclaw_jax.envs.agentic.rollout import step_votes
     from openclaw_jax.gateway.judge import RuleJudge
+    from openclaw_jax.runs.agentic import judge_step_vote
 
     env = make_env(AgenticConfig(env="swe"))
     task = env.tasks("train", 1, seed=0)[0]
     turns = [format_tool_call("read_file", {"path": "nope.py"})] + env.demonstration(task)
     ep = _run(env, tok, task, turns, EpisodeLimits(max_turns=6))
     assert ep.success and ep.num_turns == 5
-    votes = asyncio.run(step_votes(RuleJudge(), ep))
+    votes = asyncio.run(step_votes(judge_step_vote(RuleJudge()), ep))
     assert votes[0] == -1 and votes[3] == 1 and votes[4] == 0, (votes, ep.observations)

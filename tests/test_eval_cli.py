@@ -156,7 +156,7 @@ def test_cli_argument_errors(tmp_path):
         main(["--out", str(tmp_path), "--source", "arithmetic"])
     with pytest.raises(SystemExit, match="--judge-url"):
         main(["--out", str(tmp_path), "--server-url", "http://127.0.0.1:9", "--evaluator", "judge"])
-    with pytest.raises(KeyError, match="unknown persona"):
+    with pytest.raises(ValueError, match="unknown persona"):
         main(["--out", str(tmp_path), "--server-url", "http://127.0.0.1:9", "--persona", "pirate"])
     with pytest.raises(FileNotFoundError, match="no export/step_"):
         expand_checkpoints([str(tmp_path)])

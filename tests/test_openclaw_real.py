@@ -291,8 +291,9 @@ def person_through_openclaw(played, stack, tmp_path_factory):
     """`EnvRunner` as `python -m openclaw_jax.train` builds it with `env.client: openclaw`: a simulated
     person holds a session through OpenClaw's daemon and its OpenAI endpoint, then the held-out
     evaluation asks one question the same way. Runs after `played` (its samples are counted apart)."""
-    from openclaw_jax.config import EnvConfig, ExperimentConfig
-    from openclaw_jax.envs.runner import EnvRunner
+    from openclaw_jax.config import ExperimentConfig
+    from openclaw_jax.envs.config import EnvConfig
+    from openclaw_jax.runs.users import env_runner
 
     before = {s.session_id for s in stack.samples()}
     stats_before = stack.stats()
@@ -303,7 +304,7 @@ def person_through_openclaw(played, stack, tmp_path_factory):
                       concurrency=1, turns_per_session=2, max_tokens=MAX_TOKENS, heldout_questions=1))
 
     async def play() -> dict[str, Any]:
-        runner = EnvRunner(cfg, stack.url, store_dir=str(stack.store_dir), api_key=None, offset_fn=lambda: 0)
+        runner = env_runner(cfg, stack.url, store_dir=str(stack.store_dir), offset_fn=lambda: 0)
         await runner.start()
         try:
             user_stats = await runner.user.run(1)

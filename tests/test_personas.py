@@ -181,7 +181,7 @@ def test_registry_and_specs():
     assert isinstance(p, P.Concise) and p.max_chars == 12
     p = P.persona_from_spec("starts_with:prefix=Hello,case_sensitive=false")
     assert p.prefix == "Hello" and p.case_sensitive is False
-    with pytest.raises(KeyError, match="unknown persona 'nope'.*student_prose"):
+    with pytest.raises(ValueError, match="unknown persona 'nope'.*student_prose"):
         P.make_persona("nope")
     with pytest.raises(TypeError, match="bad options"):
         P.make_persona("concise", max_tokens=3)

@@ -24,6 +24,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from openclaw_jax.envs.grading import final_number, format_number, is_correct, parse_reference
+from openclaw_jax.registry import Registry
 
 RUBRIC_LEVELS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -153,6 +154,15 @@ _RETRY_CLOSERS = (
 )
 
 
+PersonaFactory = Callable[..., "Persona"]
+PERSONAS: Registry[PersonaFactory] = Registry("persona")
+
+
+def register_persona(name: str, *, overwrite: bool = False) -> Callable[[PersonaFactory], PersonaFactory]:
+    """Decorator: register a `Persona` subclass (or a `factory(**kwargs) -> Persona`) under `name`."""
+    return PERSONAS.register(name, overwrite=overwrite)
+
+
 class Persona:
     """A simulated user's stable preference.
 
@@ -228,6 +238,7 @@ _LIST_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 _TERMINAL_PUNCT_RE = re.compile(r"[.!?:][\"')\]]*$")
 
 
+@register_persona("student_prose")
 class StudentProse(Persona):
     """A student who wants natural prose with every step, and no markdown.
 
@@ -330,6 +341,7 @@ DEFAULT_FRIENDLY_MARKERS: tuple[str, ...] = (
 )
 
 
+@register_persona("teacher_friendly")
 class TeacherFriendly(Persona):
     """A teacher who wants specific, friendly comments.
 
@@ -414,6 +426,7 @@ class TeacherFriendly(Persona):
 # single, local property of the text that a policy gradient can find.
 
 
+@register_persona("starts_with")
 class StartsWith(Persona):
     """The answer must begin with `prefix` (after leading whitespace)."""
 
@@ -452,6 +465,7 @@ _ASKED_EXPRESSION = re.compile(r"^\s*What is (-?\d+ [-+*] -?\d+)\?\s*$")
 _WRONG_CLOSERS = ("Can you redo it?", "Could you try again?", "Can you fix that?")
 
 
+@register_persona("concise")
 class Concise(Persona):
     """The answer must be at most `max_chars` characters and complete (finished with EOS); with
     `correct=True` it must also be right.
@@ -532,6 +546,7 @@ class Concise(Persona):
         return " ".join([rng.choice(_WRONG_OPENERS), *instructions, rng.choice(_WRONG_CLOSERS)])
 
 
+@register_persona("keyword")
 class Keyword(Persona):
     """The answer must contain `word` (case-insensitive; as a whole word when `whole_word`)."""
 
@@ -560,29 +575,16 @@ class Keyword(Persona):
         ]
 
 
-# ----------------------------------------------------------------------------- registry
-
-PersonaFactory = Callable[..., Persona]
-_REGISTRY: dict[str, PersonaFactory] = {}
-
-
-def register_persona(name: str, factory: PersonaFactory) -> None:
-    """Register `factory(**kwargs) -> Persona` under `name` (names are unique)."""
-    if name in _REGISTRY:
-        raise ValueError(f"persona {name!r} is already registered")
-    _REGISTRY[name] = factory
+# ----------------------------------------------------------------------------- lookup
 
 
 def persona_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return list(PERSONAS.names())
 
 
 def make_persona(name: str, **kwargs: Any) -> Persona:
     """Build the persona registered under `name` with keyword options (e.g. prefix="Sure")."""
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown persona {name!r}; known personas: {', '.join(persona_names())}") from None
+    factory = PERSONAS.get(name)
     try:
         return factory(**kwargs)
     except TypeError as e:
@@ -613,9 +615,3 @@ def persona_from_spec(spec: str) -> Persona:
             kwargs[key.strip()] = _parse_option_value(value)
     return make_persona(name.strip(), **kwargs)
 
-
-register_persona("student_prose", StudentProse)
-register_persona("teacher_friendly", TeacherFriendly)
-register_persona("starts_with", StartsWith)
-register_persona("concise", Concise)
-register_persona("keyword", Keyword)

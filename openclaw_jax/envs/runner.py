@@ -14,7 +14,7 @@ import os
 import uuid
 from typing import Any, Callable
 
-from openclaw_jax.config import ExperimentConfig
+from openclaw_jax.envs.config import EnvConfig
 from openclaw_jax.envs.openclaw_agent import AGENT_MODEL, OpenClawAgent, OpenClawDaemon
 from openclaw_jax.envs.personas import persona_from_spec
 from openclaw_jax.envs.questions import heldout_questions, train_questions
@@ -31,20 +31,27 @@ HELDOUT_PREFIX = "heldout"
 
 class EnvRunner:
     """Simulated users on a gateway; with `env.client: openclaw`, through a real OpenClaw gateway
-    (`OpenClawDaemon`, started here, stopped by `close`)."""
+    (`OpenClawDaemon`, started here, stopped by `close`).
 
-    def __init__(self, cfg: ExperimentConfig, gateway_url: str, *, store_dir: str, api_key: str | None,
-                 offset_fn: Callable[[], int], backlog: int | None = None):
-        env = cfg.env
-        self.cfg = cfg
+    Besides its `env:` section it takes what it needs of the rest of the run explicitly: the
+    sampling `temperature` (the gateway's), `backlog` (samples waiting for the trainer before no new
+    session starts), the gateway's `served_model_name` and `min_main_turn_tokens` (what OpenClaw is
+    told, and what a plain closing turn must ask for), `openclaw_dir` (OpenClaw's state) and
+    `policy_batch_size` (the held-out evaluation's default concurrency)."""
+
+    def __init__(self, env: EnvConfig, gateway_url: str, *, store_dir: str, api_key: str | None,
+                 offset_fn: Callable[[], int], backlog: int, temperature: float, served_model_name: str,
+                 min_main_turn_tokens: int, openclaw_dir: str, policy_batch_size: int):
+        self.env = env
+        self.policy_batch_size = policy_batch_size
         self.base_url = gateway_url.rstrip("/") + "/v1"
         self.api_key = api_key
         self.daemon: OpenClawDaemon | None = None
         model = None
         if env.client == "openclaw":
             # OpenClaw calls our gateway; the person (and the held-out evaluation) calls OpenClaw.
-            agent = OpenClawAgent(gateway_url, os.path.abspath(os.path.join(cfg.run_dir, "openclaw")),
-                                  model_id=cfg.gateway.served_model_name, context_window=env.openclaw_context_window,
+            agent = OpenClawAgent(gateway_url, os.path.abspath(openclaw_dir),
+                                  model_id=served_model_name, context_window=env.openclaw_context_window,
                                   max_tokens=env.max_tokens, api_key=api_key or "none",
                                   side_session_prefixes=(HELDOUT_PREFIX,))
             self.daemon = OpenClawDaemon(agent)
@@ -54,16 +61,16 @@ class EnvRunner:
         self.heldout = heldout_questions(env.questions, env.heldout_questions, seed=env.seed)
         self.store_dir = store_dir
         self.offset_fn = offset_fn
-        self.backlog = backlog if backlog is not None else 2 * cfg.trainer.rollout_batch_size
+        self.backlog = backlog
         self.user = SimulatedUser(
             self.persona, train_questions(env.questions, seed=env.seed), base_url=self.base_url, api_key=self.api_key,
             config=SimulatedUserConfig(turns_per_session=env.turns_per_session, concurrency=env.concurrency,
-                                       max_tokens=env.max_tokens, temperature=cfg.gateway.temperature,
+                                       max_tokens=env.max_tokens, temperature=temperature,
                                        seed=env.seed, model=model, agent_keeps_history=self.daemon is not None,
                                        timeout_s=env.request_timeout_s,
                                        # Through OpenClaw the closing request is a plain main turn (no
                                        # X-Session-Done), so it must ask for what the gateway serves one.
-                                       close_max_tokens=cfg.gateway.min_main_turn_tokens if self.daemon else 1))
+                                       close_max_tokens=min_main_turn_tokens if self.daemon else 1))
 
     async def start(self) -> "EnvRunner":
         """Start the OpenClaw gateway when the person talks through one (off the event loop: the
@@ -87,7 +94,7 @@ class EnvRunner:
                         pass
                     continue
                 try:
-                    stats = await self.user.run(self.cfg.env.concurrency)
+                    stats = await self.user.run(self.env.concurrency)
                     log.debug("simulated sessions: %s", stats.metrics())
                 except asyncio.CancelledError:
                     raise
@@ -108,10 +115,10 @@ class EnvRunner:
         # By default as many held-out questions in flight as the policy batches at once: greedy decoding
         # on CPU is memory-bound, so a full batch costs about as much as one sequence. OpenClaw's
         # 2.5 k-token prompts make prefill the cost instead (env.eval_concurrency).
-        env = self.cfg.env
+        env = self.env
         result = await preference_score(self.base_url, self.persona, self.heldout, max_tokens=env.max_tokens,
                                         api_key=self.api_key, timeout_s=env.request_timeout_s,
-                                        concurrency=env.eval_concurrency or max(4, self.cfg.policy.max_batch_size),
+                                        concurrency=env.eval_concurrency or max(4, self.policy_batch_size),
                                         model=self.model, agent_keeps_history=self.daemon is not None,
                                         session_prefix=f"{HELDOUT_PREFIX}-{uuid.uuid4().hex[:8]}")
         record = {"preference_score": float(result.score), "accuracy": float(result.accuracy),

@@ -12,18 +12,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from openclaw_jax.configlib import ConfigError
+from openclaw_jax.configlib import ConfigError, require
 from openclaw_jax.http.http_guard import GuardConfig
-
-
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
 
 
 def _check_url(key: str, url: str) -> None:
     parsed = urlparse(url)
-    _require(parsed.scheme in ("http", "https") and bool(parsed.netloc),
+    require(parsed.scheme in ("http", "https") and bool(parsed.netloc),
              f"{key}={url!r} must be an http(s) URL such as http://127.0.0.1:30000")
 
 
@@ -94,57 +89,57 @@ class GatewayConfig:
     store_degraded_after_s: float = 1.0
 
     def __post_init__(self) -> None:
-        _require(bool(self.host), "gateway.host must be a bind address such as 127.0.0.1")
-        _require(0 <= self.port < 65536, f"gateway.port={self.port} must be in [0, 65535] (0 = ephemeral)")
-        _require(self.max_body_bytes >= 1024,
+        require(bool(self.host), "gateway.host must be a bind address such as 127.0.0.1")
+        require(0 <= self.port < 65536, f"gateway.port={self.port} must be in [0, 65535] (0 = ephemeral)")
+        require(self.max_body_bytes >= 1024,
                  f"gateway.max_body_bytes={self.max_body_bytes} must be >= 1024 (a chat request needs room)")
         try:
             self.guard
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        _require(self.max_prompt_tokens >= 16, f"gateway.max_prompt_tokens={self.max_prompt_tokens} must be >= 16")
-        _require(self.store_queue_max >= 1, f"gateway.store_queue_max={self.store_queue_max} must be >= 1")
-        _require(self.store_retry_max_backoff_s > 0,
+        require(self.max_prompt_tokens >= 16, f"gateway.max_prompt_tokens={self.max_prompt_tokens} must be >= 16")
+        require(self.store_queue_max >= 1, f"gateway.store_queue_max={self.store_queue_max} must be >= 1")
+        require(self.store_retry_max_backoff_s > 0,
                  f"gateway.store_retry_max_backoff_s={self.store_retry_max_backoff_s} must be > 0")
-        _require(self.store_degraded_after_s >= 0,
+        require(self.store_degraded_after_s >= 0,
                  f"gateway.store_degraded_after_s={self.store_degraded_after_s} must be >= 0")
-        _require(bool(self.model), "gateway.model must name an HF model directory or 'smollm2'")
+        require(bool(self.model), "gateway.model must name an HF model directory or 'smollm2'")
         for i, url in enumerate(self.policy_urls):
             _check_url(f"gateway.policy_urls[{i}]", url)
         for i, url in enumerate(self.judge_urls):
             _check_url(f"gateway.judge_urls[{i}]", url)
-        _require(self.request_timeout_s > 0, f"gateway.request_timeout_s={self.request_timeout_s} must be > 0")
-        _require(self.pool_max_concurrency > 0,
+        require(self.request_timeout_s > 0, f"gateway.request_timeout_s={self.request_timeout_s} must be > 0")
+        require(self.pool_max_concurrency > 0,
                  f"gateway.pool_max_concurrency={self.pool_max_concurrency} must be > 0")
-        _require(self.pool_max_retries >= 0, f"gateway.pool_max_retries={self.pool_max_retries} must be >= 0")
-        _require(self.default_max_tokens > 0, f"gateway.default_max_tokens={self.default_max_tokens} must be > 0")
-        _require(self.max_tokens_limit >= self.default_max_tokens,
+        require(self.pool_max_retries >= 0, f"gateway.pool_max_retries={self.pool_max_retries} must be >= 0")
+        require(self.default_max_tokens > 0, f"gateway.default_max_tokens={self.default_max_tokens} must be > 0")
+        require(self.max_tokens_limit >= self.default_max_tokens,
                  f"gateway.max_tokens_limit={self.max_tokens_limit} must be >= gateway.default_max_tokens="
                  f"{self.default_max_tokens}")
-        _require(1 <= self.min_main_turn_tokens <= self.default_max_tokens,
+        require(1 <= self.min_main_turn_tokens <= self.default_max_tokens,
                  f"gateway.min_main_turn_tokens={self.min_main_turn_tokens} must be in [1, gateway.default_max_tokens="
                  f"{self.default_max_tokens}] (1 = no check)")
-        _require(0 <= self.temperature <= 2, f"gateway.temperature={self.temperature} must be in [0, 2]")
-        _require(0 < self.top_p <= 1, f"gateway.top_p={self.top_p} must be in (0, 1]")
-        _require(self.top_k == -1 or self.top_k > 0, f"gateway.top_k={self.top_k} must be -1 (all) or > 0")
-        _require(self.judge in ("model", "rule"), f"gateway.judge={self.judge!r} must be 'model' or 'rule'")
-        _require(self.judge_votes > 0, f"gateway.judge_votes={self.judge_votes} must be > 0")
-        _require(0 <= self.judge_temperature <= 2,
+        require(0 <= self.temperature <= 2, f"gateway.temperature={self.temperature} must be in [0, 2]")
+        require(0 < self.top_p <= 1, f"gateway.top_p={self.top_p} must be in (0, 1]")
+        require(self.top_k == -1 or self.top_k > 0, f"gateway.top_k={self.top_k} must be -1 (all) or > 0")
+        require(self.judge in ("model", "rule"), f"gateway.judge={self.judge!r} must be 'model' or 'rule'")
+        require(self.judge_votes > 0, f"gateway.judge_votes={self.judge_votes} must be > 0")
+        require(0 <= self.judge_temperature <= 2,
                  f"gateway.judge_temperature={self.judge_temperature} must be in [0, 2]")
-        _require(self.judge_max_new_tokens > 0,
+        require(self.judge_max_new_tokens > 0,
                  f"gateway.judge_max_new_tokens={self.judge_max_new_tokens} must be > 0")
-        _require(self.judge_timeout_s > 0, f"gateway.judge_timeout_s={self.judge_timeout_s} must be > 0")
-        _require(self.judge_concurrency > 0, f"gateway.judge_concurrency={self.judge_concurrency} must be > 0")
-        _require(self.max_pending_judgements > 0,
+        require(self.judge_timeout_s > 0, f"gateway.judge_timeout_s={self.judge_timeout_s} must be > 0")
+        require(self.judge_concurrency > 0, f"gateway.judge_concurrency={self.judge_concurrency} must be > 0")
+        require(self.max_pending_judgements > 0,
                  f"gateway.max_pending_judgements={self.max_pending_judgements} must be > 0")
-        _require(self.max_candidates > 0, f"gateway.max_candidates={self.max_candidates} must be > 0")
-        _require(self.hint_min_chars >= 0, f"gateway.hint_min_chars={self.hint_min_chars} must be >= 0")
-        _require(bool(self.store_dir), "gateway.store_dir must name a directory for the sample store")
-        _require(self.session_idle_timeout_s > 0,
+        require(self.max_candidates > 0, f"gateway.max_candidates={self.max_candidates} must be > 0")
+        require(self.hint_min_chars >= 0, f"gateway.hint_min_chars={self.hint_min_chars} must be >= 0")
+        require(bool(self.store_dir), "gateway.store_dir must name a directory for the sample store")
+        require(self.session_idle_timeout_s > 0,
                  f"gateway.session_idle_timeout_s={self.session_idle_timeout_s} must be > 0")
-        _require(self.max_sessions > 0, f"gateway.max_sessions={self.max_sessions} must be > 0")
-        _require(self.shutdown_grace_s >= 0, f"gateway.shutdown_grace_s={self.shutdown_grace_s} must be >= 0")
-        _require(self.segment_max_bytes >= 1 << 16,
+        require(self.max_sessions > 0, f"gateway.max_sessions={self.max_sessions} must be > 0")
+        require(self.shutdown_grace_s >= 0, f"gateway.shutdown_grace_s={self.shutdown_grace_s} must be >= 0")
+        require(self.segment_max_bytes >= 1 << 16,
                  f"gateway.segment_max_bytes={self.segment_max_bytes} must be >= 65536")
 
     @property

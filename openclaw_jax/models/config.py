@@ -180,6 +180,9 @@ class ModelConfig:
     attention_block_size: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
+    # multimodal RoPE (Qwen2.5-VL): the rotary frequency pairs split into (temporal, height, width)
+    # sections, each rotated by its own row of positions `[3, B, L]` (models/rope.py); None: 1-D RoPE.
+    mrope_section: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -205,6 +208,14 @@ class ModelConfig:
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ModelConfigError(f"model.rope_scaling={self.rope_scaling!r} must be a RopeScaling or None; "
                                    "parse HF dicts with RopeScaling.from_hf")
+        if self.mrope_section is not None:
+            section = tuple(int(s) for s in self.mrope_section)
+            if len(section) != 3 or min(section) < 0 or 2 * sum(section) != self.head_dim:
+                raise ModelConfigError(f"model.mrope_section={self.mrope_section!r} must be 3 non-negative sizes "
+                                       f"summing to head_dim / 2 = {self.head_dim // 2}")
+            if self.rope_scaling is not None:
+                raise ModelConfigError("model.mrope_section with rope scaling is not supported")
+            object.__setattr__(self, "mrope_section", section)
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -290,6 +301,8 @@ class ModelConfig:
         }
         if self.rope_scaling is not None:
             hf["rope_scaling"] = self.rope_scaling.to_hf()
+        if self.mrope_section is not None:
+            hf["rope_scaling"] = {"type": "mrope", "mrope_section": list(self.mrope_section)}
         if self.family in ("llama", "qwen3"):
             hf["attention_bias"] = self.attention_bias
         if self.family == "llama":

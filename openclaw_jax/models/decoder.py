@@ -241,13 +241,27 @@ class Decoder(nnx.Module):
         every query; with `segment_ids` `[B, L]` (packing) a query sees only keys of its own
         segment. No `[B, L, L]` mask is built: `cfg.attention` computes it per block from indices.
         """
-        B, L = input_ids.shape
+        return self.hidden_states_from_embeds(self.embed(input_ids), positions, attention_mask, segment_ids)
+
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        """Token embeddings `[B, L, H]` in cfg.dtype."""
+        return jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(jnp.dtype(self.cfg.dtype))
+
+    def hidden_states_from_embeds(self, embeds: jax.Array, positions: jax.Array | None = None,
+                                  attention_mask: jax.Array | None = None,
+                                  segment_ids: jax.Array | None = None) -> jax.Array:
+        """`hidden_states` from input embeddings `[B, L, H]` (e.g. with image features placed in them).
+
+        positions `[B, L]`, or `[3, B, L]` (temporal, height, width) for M-RoPE (`cfg.mrope_section`);
+        attention stays causal over the sequence index either way.
+        """
+        B, L = embeds.shape[:2]
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
         mask = AttentionMask(None if attention_mask is None else attention_mask.astype(bool),
                              None if segment_ids is None else segment_ids.astype(jnp.int32),
                              self.cfg.attention, self.cfg.attention_block_size)
-        h, _ = self._run(input_ids, positions, mask, None)
+        h, _ = self._run(embeds, positions, mask, None)
         return h
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -285,7 +299,7 @@ class Decoder(nnx.Module):
         returned cache is then meaningless (their k/v share slots), only the hidden states count.
         """
         mask = None if segment_ids is None else AttentionMask(segment_ids=segment_ids)
-        return self._run(input_ids, positions.astype(jnp.int32), mask, cache)
+        return self._run(self.embed(input_ids), positions.astype(jnp.int32), mask, cache)
 
     def prefill_hidden(self, input_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """`decode_hidden` of tokens at positions 0..L-1 into an *empty* cache (a prompt prefill).
@@ -297,16 +311,20 @@ class Decoder(nnx.Module):
         B, L = input_ids.shape
         positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
         mask = AttentionMask(None, None, self.cfg.attention, self.cfg.attention_block_size, return_kv=True)
-        return self._run(input_ids, positions, mask, cache)
+        return self._run(self.embed(input_ids), positions, mask, cache)
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _run(self, input_ids, positions, mask, cache: KVCache | None):
+    def _run(self, h, positions, mask, cache: KVCache | None):
+        """The layer scan from input embeddings h `[B, L, H]`; positions `[B, L]` (or `[3, B, L]`
+        M-RoPE rows, full forward only: the cache is written at sequence positions)."""
         cfg = self.cfg
-        dt = jnp.dtype(cfg.dtype)
-        h = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dt)
-        h = constrain(h, ("batch", "seq", "act_embed"), cfg.family)
-        cos, sin = rope_sin_cos(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        h = constrain(h.astype(jnp.dtype(cfg.dtype)), ("batch", "seq", "act_embed"), cfg.family)
+        cos, sin = rope_sin_cos(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.mrope_section)
+        if positions.ndim == 3:
+            if cache is not None:
+                raise ValueError("M-RoPE positions [3, B, L] are supported in the full forward only (no KV cache)")
+            positions = None  # only the cache path reads write positions
         graphdef, stacked = nnx.split(self.layers)
 
         def layer(h, xs):
@@ -330,7 +348,7 @@ class Decoder(nnx.Module):
             cache_xs = (None, None) if mask is not None and mask.return_kv else (ck, cv)
             h, (new_k, new_v) = jax.lax.scan(layer, h, (stacked,) + cache_xs)
             new_k, new_v = new_k.astype(ck.dtype), new_v.astype(cv.dtype)
-            rows = jnp.broadcast_to(jnp.arange(input_ids.shape[0])[:, None], positions.shape)
+            rows = jnp.broadcast_to(jnp.arange(h.shape[0])[:, None], positions.shape)
             # mode="drop": slots past the cache end (padding beyond max_len) are ignored.
             ck = ck.at[:, rows, positions].set(new_k, mode="drop")
             cv = cv.at[:, rows, positions].set(new_v, mode="drop")

@@ -9,6 +9,10 @@ float32. The scaling rules follow the published methods as HF `transformers` imp
   frequencies with a linear ramp between the correction dims of beta_fast and beta_slow rotations
   over the original context, and cos/sin multiplied by the attention factor
   (0.1 ln(factor) + 1 unless given).
+
+Multimodal RoPE (M-RoPE, Qwen2-VL / Qwen2.5-VL): positions `[3, B, L]` (temporal, height, width)
+and `mrope_section` (three sizes summing to head_dim / 2): frequency pair j takes its angle from
+the position row of the section it falls in. Text tokens carry three equal rows, which is plain RoPE.
 """
 
 from __future__ import annotations
@@ -72,10 +76,20 @@ def _yarn(inv_freq: np.ndarray, head_dim: int, theta: float, s: RopeScaling) -> 
 
 
 def rope_sin_cos(positions: jax.Array, head_dim: int, theta: float,
-                 scaling: RopeScaling | None = None) -> tuple[jax.Array, jax.Array]:
-    """cos, sin `[B, L, head_dim]` in float32 for rotate-half RoPE."""
+                 scaling: RopeScaling | None = None,
+                 mrope_section: tuple[int, ...] | None = None) -> tuple[jax.Array, jax.Array]:
+    """cos, sin `[B, L, head_dim]` in float32 for rotate-half RoPE.
+
+    positions `[B, L]`, or `[3, B, L]` with `mrope_section` (M-RoPE, see the module docstring).
+    """
     inv_freq, factor = rope_frequencies(head_dim, theta, scaling)
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    if positions.ndim == 3:
+        if mrope_section is None or positions.shape[0] != 3:
+            raise ValueError(f"positions of shape {positions.shape} need M-RoPE (mrope_section and 3 rows)")
+        bounds = np.cumsum((0,) + tuple(mrope_section))
+        # frequency pairs [bounds[i], bounds[i+1]) rotate with position row i (3 static slices)
+        angles = jnp.concatenate([angles[i, ..., bounds[i]:bounds[i + 1]] for i in range(3)], axis=-1)
     angles = jnp.concatenate([angles, angles], axis=-1)
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     if factor != 1.0:

@@ -2,7 +2,9 @@
 
 Environments: `toolcall` (python interpreter; math), `terminal` (bash in a prepared directory),
 `swe` (fix a small repository until its tests pass) and `easy` (a one-turn environment a tiny
-random model can learn, for tests). `make_env(cfg)` builds one from the `agentic:` config.
+random model can learn, for tests), each registered with `@register_environment(name)`.
+`make_env(cfg)` builds one from the `agentic:` config, `episode_runner(cfg, env, tokenizer)` the
+runner of its episodes.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from openclaw_jax.envs.agentic.config import ENVIRONMENTS, AgenticConfig
+from openclaw_jax.envs.agentic import swe, terminal, toolcall  # noqa: F401  (they register their environments)
+from openclaw_jax.envs.agentic.config import AgenticConfig
 from openclaw_jax.envs.agentic.episode import (
+    ENVIRONMENTS,
     Environment,
     Episode,
     EpisodeLimits,
@@ -20,16 +24,18 @@ from openclaw_jax.envs.agentic.episode import (
     ScriptedPolicy,
     Task,
     ToolError,
+    register_environment,
 )
+from openclaw_jax.envs.sandbox import SandboxLimits
 
 
+@register_environment("easy")
 class EasyEnv(Environment):
     """One turn, no tools: the reply is correct when its first character is in the task's letter set.
 
     About half of a random model's replies start with one of them, so group-normalised GRPO has a
     signal from the first step; a model that learned it starts every reply with such a letter."""
 
-    name = "easy"
     system_prompt = "Reply with one word."
     tools: list[dict[str, Any]] = []
     LETTERS = "abcdefghijklm"
@@ -53,26 +59,19 @@ class EasyEnv(Environment):
 
 
 def make_env(cfg: AgenticConfig) -> Environment:
-    from openclaw_jax.envs.sandbox import SandboxLimits
-
+    """The environment `cfg.env` names (a ValueError lists the registered ones)."""
     limits = SandboxLimits(timeout_s=cfg.sandbox_timeout_s, memory_mb=cfg.sandbox_memory_mb)
-    families = tuple(cfg.families)
-    if cfg.env == "toolcall":
-        from openclaw_jax.envs.agentic.toolcall import ToolCallEnv
-
-        return ToolCallEnv(families or ("product", "sum"), limits)
-    if cfg.env == "terminal":
-        from openclaw_jax.envs.agentic.terminal import FAMILIES, TerminalEnv
-
-        return TerminalEnv(families or FAMILIES, limits)
-    if cfg.env == "swe":
-        from openclaw_jax.envs.agentic.swe import SWEEnv
-
-        return SWEEnv(limits)
-    if cfg.env == "easy":
-        return EasyEnv()
-    raise ValueError(f"unknown agentic environment {cfg.env!r}; use one of {ENVIRONMENTS}")
+    return ENVIRONMENTS.get(cfg.env).from_config(tuple(cfg.families), limits)
 
 
-__all__ = ["AgenticConfig", "EasyEnv", "Environment", "Episode", "EpisodeLimits", "EpisodeRunner", "PoolPolicy",
-           "ScriptedPolicy", "Task", "ToolError", "make_env"]
+def episode_runner(cfg: AgenticConfig, env: Environment, tokenizer) -> EpisodeRunner:
+    """The runner of `env`'s episodes with the `agentic:` config's limits and tool prompt."""
+    limits = EpisodeLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                           max_response_tokens=cfg.max_response_tokens, max_observation_chars=cfg.max_observation_chars,
+                           timeout_s=cfg.episode_timeout_s)
+    native = None if cfg.tool_prompt == "auto" else cfg.tool_prompt == "native"
+    return EpisodeRunner(env, tokenizer, limits, native_tools=native)
+
+
+__all__ = ["ENVIRONMENTS", "AgenticConfig", "EasyEnv", "Environment", "Episode", "EpisodeLimits", "EpisodeRunner",
+           "PoolPolicy", "ScriptedPolicy", "Task", "ToolError", "episode_runner", "make_env", "register_environment"]

@@ -5,14 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from openclaw_jax.configlib import ConfigError
-
-ENVIRONMENTS = ("toolcall", "terminal", "swe", "easy")
-
-
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
+from openclaw_jax.configlib import require
 
 
 @dataclass(frozen=True)
@@ -20,7 +13,8 @@ class AgenticConfig:
     """Group rollouts of an environment feeding the trainer (instead of the gateway's conversations)."""
 
     enabled: bool = False
-    env: Literal["toolcall", "terminal", "swe", "easy"] = "toolcall"
+    # a registered environment (envs/agentic: toolcall | terminal | swe | easy); checked when it is built
+    env: str = "toolcall"
     families: tuple[str, ...] = ()       # task families of the environment (empty = its defaults)
     seed: int = 0
     train_tasks: int = 4096              # size of the generated training task set (cycled)
@@ -53,17 +47,17 @@ class AgenticConfig:
     warmup_examples: int = 256           # demonstrations generated for the warm-up
 
     def __post_init__(self):
-        _require(self.env in ENVIRONMENTS, f"agentic.env={self.env!r} must be one of {ENVIRONMENTS}")
+        require(bool(self.env), "agentic.env must name a registered environment (toolcall, terminal, swe, easy)")
         for name in ("train_tasks", "group_size", "groups_in_flight", "max_turns", "max_new_tokens",
                      "max_response_tokens", "max_observation_chars", "eval_concurrency", "warmup_batch_size",
                      "warmup_examples"):
-            _require(getattr(self, name) > 0, f"agentic.{name}={getattr(self, name)} must be > 0")
-        _require(self.group_size >= 2 or self.all_equal != "drop",
+            require(getattr(self, name) > 0, f"agentic.{name}={getattr(self, name)} must be > 0")
+        require(self.group_size >= 2 or self.all_equal != "drop",
                  f"agentic.group_size={self.group_size}: a group of one always has equal rewards and would always "
                  "be dropped; use group_size >= 2 or all_equal=zero|scale")
         for name in ("heldout_tasks", "backlog", "eval_every", "warmup_steps"):
-            _require(getattr(self, name) >= 0, f"agentic.{name}={getattr(self, name)} must be >= 0")
-        _require(self.episode_timeout_s > 0 and self.sandbox_timeout_s > 0,
+            require(getattr(self, name) >= 0, f"agentic.{name}={getattr(self, name)} must be >= 0")
+        require(self.episode_timeout_s > 0 and self.sandbox_timeout_s > 0,
                  "agentic.episode_timeout_s and agentic.sandbox_timeout_s must be > 0")
-        _require(self.sandbox_memory_mb >= 16, f"agentic.sandbox_memory_mb={self.sandbox_memory_mb} must be >= 16")
-        _require(self.warmup_lr > 0, f"agentic.warmup_lr={self.warmup_lr} must be > 0")
+        require(self.sandbox_memory_mb >= 16, f"agentic.sandbox_memory_mb={self.sandbox_memory_mb} must be >= 16")
+        require(self.warmup_lr > 0, f"agentic.warmup_lr={self.warmup_lr} must be > 0")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from openclaw_jax.registry import Registry
 from openclaw_jax.wire.tool_calls import has_tool_call, parse_tool_calls
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,12 @@ class Environment(abc.ABC):
     def demonstration(self, task: Task) -> list[str]:
         """Assistant turns that solve `task` (tool calls as text); used for the SFT warm-up."""
 
+    @classmethod
+    def from_config(cls, families: tuple[str, ...], sandbox: Any) -> "Environment":
+        """The environment for the `agentic:` config's task families (empty: its defaults) and
+        sandbox limits (a `SandboxLimits`); `make_env` calls it."""
+        return cls()
+
     @staticmethod
     def check_split(split: str) -> None:
         if split not in ("train", "heldout"):
@@ -83,6 +90,20 @@ class Environment(abc.ABC):
         if not families or any(f not in known for f in families):
             raise ValueError(f"{self.name} families {list(families)} must be a non-empty subset of {tuple(known)}")
         return tuple(families)
+
+
+ENVIRONMENTS: Registry[type[Environment]] = Registry("agentic environment")
+
+
+def register_environment(name: str):
+    """Class decorator: register an `Environment` subclass as `agentic.env: <name>` (sets its `name`)."""
+
+    def decorate(cls: type[Environment]) -> type[Environment]:
+        cls.name = name
+        ENVIRONMENTS.add(name, cls)
+        return cls
+
+    return decorate
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:

@@ -22,11 +22,11 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from openclaw_jax.envs.agentic.episode import Episode, EpisodeRunner, Policy, Task, oldest_version
+from openclaw_jax.envs.agentic.episode import Episode, EpisodeRunner, Policy, ScriptedPolicy, Task, oldest_version
 from openclaw_jax.samples import Sample, SampleStore
 
 log = logging.getLogger(__name__)
@@ -73,19 +73,22 @@ def episode_sample(episode: Episode, advantages: list[float], *, group_id: str, 
         eval_votes=list(step_scores or []), judge="agentic-prm" if step_scores else "agentic-outcome",
         next_state={"env_reward": episode.reward, "end_reason": episode.end_reason, "task_id": episode.task.task_id},
         response_text=episode.final_text, finish_reason=episode.end_reason,
-        loss_mask=list(episode.loss_mask), token_advantages=advantages)
+        response_mask=list(episode.loss_mask), token_advantages=advantages)
 
 
-async def step_votes(judge: Any, episode: Episode, *, seed: int = 0) -> list[int]:
-    """The judge's vote on every assistant step that a tool observation followed (the last: 0)."""
-    from openclaw_jax.gateway.judge import NextState
+# A process reward model's vote on one assistant step: (the step's text, the tool observation that
+# followed it, a seed) -> -1, 0 or +1. The run wiring builds it from the gateway's judge.
+StepVote = Callable[[str, str, int], Awaitable[int]]
+
+
+async def step_votes(vote: StepVote, episode: Episode, *, seed: int = 0) -> list[int]:
+    """`vote` on every assistant step that a tool observation followed (the last: 0)."""
 
     async def one(k: int) -> int:
         obs = episode.observations[k] if k < len(episode.observations) else ""
         if not obs:
             return 0
-        judgement = await judge.judge(_turn_text(episode, k), NextState("tool", obs), seed=seed + k)
-        return int(judgement.eval_score)
+        return int(await vote(_turn_text(episode, k), obs, seed + k))
 
     return list(await asyncio.gather(*(one(k) for k in range(len(episode.turns)))))
 
@@ -131,7 +134,8 @@ class GroupRollouts:
 
     def __init__(self, runner: EpisodeRunner, policy: Policy, store: SampleStore, tasks: Sequence[Task], *,
                  group_size: int, temperature: float, normalize_std: bool = True, all_equal: str = "drop",
-                 all_equal_scale: float = 0.1, judge: Any = None, prm_weight: float = 0.0):
+                 all_equal_scale: float = 0.1, step_vote: StepVote | None = None,
+                 prm_weight: float = 0.0):
         if not tasks:
             raise ValueError("group rollouts need at least one training task")
         self.runner, self.policy, self.store = runner, policy, store
@@ -139,7 +143,7 @@ class GroupRollouts:
         self.group_size = group_size
         self.temperature = temperature
         self.normalize_std, self.all_equal, self.all_equal_scale = normalize_std, all_equal, all_equal_scale
-        self.judge, self.prm_weight = judge, prm_weight
+        self.step_vote, self.prm_weight = step_vote, prm_weight
         self.stats = RolloutStats()
         self._groups = itertools.count()
 
@@ -159,8 +163,8 @@ class GroupRollouts:
             self.stats.groups_dropped += 1
             return episodes, None
         votes: list[list[int] | None] = [None] * len(episodes)
-        if self.judge is not None:
-            votes = list(await asyncio.gather(*(step_votes(self.judge, e) for e in episodes)))
+        if self.step_vote is not None:
+            votes = list(await asyncio.gather(*(step_votes(self.step_vote, e) for e in episodes)))
         samples = [episode_sample(e, token_advantages(e, a, v, self.prm_weight), group_id=gid, index=i,
                                   temperature=self.temperature, step_scores=v)
                    for i, (e, a, v) in enumerate(zip(episodes, advs, votes)) if e.response_ids]
@@ -226,3 +230,25 @@ async def evaluate(runner: EpisodeRunner, policy: Policy, tasks: Sequence[Task],
     return EvalResult(mean([e.success for e in eps]), len(eps), mean([e.num_turns for e in eps]),
                       mean([e.tool_calls for e in eps]), mean([e.tool_errors for e in eps]),
                       {k: mean(v) for k, v in sorted(fams.items())}, eps)
+
+
+async def demonstrations(runner: EpisodeRunner, tasks: Sequence[Task]) -> list[tuple[list[int], list[int]]]:
+    """(context ids, assistant-turn ids) per assistant turn of each task's demonstration, with the
+    observations produced by really running its tool calls (the SFT warm-up's examples)."""
+    sem = asyncio.Semaphore(8)
+
+    async def one(task):
+        async with sem:
+            episode = await runner.run(task, ScriptedPolicy(runner.tokenizer, runner.env.demonstration(task)),
+                                       temperature=0.0)
+        if not episode.success:
+            log.warning("demonstration of %s does not solve it (reward %s); skipped", task.task_id, episode.reward)
+            return []
+        ids = episode.prompt_ids + episode.response_ids
+        p = len(episode.prompt_ids)
+        return [(ids[:p + s], ids[p + s:p + e]) for s, e in episode.turns]
+
+    out = []
+    for pairs in await asyncio.gather(*(one(t) for t in tasks)):
+        out.extend(pairs)
+    return out

@@ -13,7 +13,7 @@ import asyncio
 import random
 from typing import Any
 
-from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call
+from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
 from openclaw_jax.envs.sandbox import Sandbox, SandboxLimits
 
 # (function name, correct source, tests, (correct line, buggy line))
@@ -60,8 +60,8 @@ def _repo_task(entry, split: str, i: int) -> Task:
                 None, {"files": files, "good": good.strip(), "bad": bad.strip(), "tests": test_src}, name)
 
 
+@register_environment("swe")
 class SWEEnv(Environment):
-    name = "swe"
     system_prompt = "You are a software engineer. Use the tools to inspect the repository, fix the bug, and run the tests."
     tools = [
         {"type": "function", "function": {"name": "list_files", "description": "List the repository's files.",
@@ -80,6 +80,10 @@ class SWEEnv(Environment):
 
     def __init__(self, sandbox: SandboxLimits | None = None):
         self.sandbox = sandbox or SandboxLimits(timeout_s=10.0, memory_mb=256)
+
+    @classmethod
+    def from_config(cls, families: tuple[str, ...], sandbox: SandboxLimits) -> "SWEEnv":
+        return cls(sandbox)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         self.check_split(split)

@@ -15,7 +15,7 @@ import asyncio
 import random
 from typing import Any
 
-from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call
+from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
 from openclaw_jax.envs.agentic.toolcall import last_number, numbers_match
 from openclaw_jax.envs.sandbox import Sandbox, SandboxLimits
 
@@ -53,8 +53,8 @@ def _task(family: str, rng: random.Random, task_id: str) -> Task:
     raise ValueError(f"unknown terminal family {family!r}; use one of {FAMILIES}")
 
 
+@register_environment("terminal")
 class TerminalEnv(Environment):
-    name = "terminal"
     system_prompt = ("You are an assistant working in a Linux shell. Use the bash tool to look at and change files "
                      "in the current directory. When the task is done, say so; when asked for a number, answer "
                      "with the number.")
@@ -65,6 +65,10 @@ class TerminalEnv(Environment):
     def __init__(self, families=FAMILIES, sandbox: SandboxLimits | None = None):
         self.families = self.check_families(families, FAMILIES)
         self.sandbox = sandbox or SandboxLimits(timeout_s=5.0, memory_mb=256)
+
+    @classmethod
+    def from_config(cls, families: tuple[str, ...], sandbox: SandboxLimits) -> "TerminalEnv":
+        return cls(families or FAMILIES, sandbox)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         self.check_split(split)

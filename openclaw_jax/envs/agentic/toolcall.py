@@ -17,7 +17,7 @@ import random
 import re
 from typing import Any, Sequence
 
-from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call
+from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
 from openclaw_jax.envs.sandbox import SandboxLimits, run_code
 
 FAMILIES = ("product", "sum", "gsm")
@@ -54,8 +54,8 @@ def _generated(family: str, rng: random.Random) -> tuple[str, int, str]:
     raise ValueError(f"unknown generated family {family!r}")
 
 
+@register_environment("toolcall")
 class ToolCallEnv(Environment):
-    name = "toolcall"
     system_prompt = "Solve the math problem: compute it with the python tool, then give the answer as a number."
     tools = [{"type": "function", "function": {
         "name": "python", "description": "Run Python code in a sandbox and return what it prints.",
@@ -65,6 +65,10 @@ class ToolCallEnv(Environment):
     def __init__(self, families: Sequence[str] = ("product", "sum"), sandbox: SandboxLimits | None = None):
         self.families = self.check_families(families, FAMILIES)
         self.sandbox = sandbox or SandboxLimits(timeout_s=5.0, memory_mb=256)
+
+    @classmethod
+    def from_config(cls, families: tuple[str, ...], sandbox: SandboxLimits) -> "ToolCallEnv":
+        return cls(families or ("product", "sum"), sandbox)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         self.check_split(split)

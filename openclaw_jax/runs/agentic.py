@@ -11,59 +11,30 @@ demonstrations, run before the trainer is built (the frozen teacher starts from 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from openclaw_jax.envs.agentic import EpisodeLimits, EpisodeRunner, PoolPolicy, ScriptedPolicy, make_env
-from openclaw_jax.envs.agentic.rollout import GroupRollouts, evaluate
+import numpy as np
+
+from openclaw_jax.config import ExperimentConfig
+from openclaw_jax.envs.agentic import PoolPolicy, episode_runner, make_env
+from openclaw_jax.envs.agentic.rollout import GroupRollouts, StepVote, demonstrations, evaluate
+from openclaw_jax.gateway.judge import ModelJudge, NextState, RuleJudge
+from openclaw_jax.models.hub import load_pretrained
+from openclaw_jax.models.weights import save_hf_checkpoint
+from openclaw_jax.pool.client import PoolClient
+from openclaw_jax.samples import SampleStore
+from openclaw_jax.trainer.sft import SFTTrainer
 
 log = logging.getLogger(__name__)
 
 
-def episode_runner(cfg, env, tokenizer) -> EpisodeRunner:
-    a = cfg.agentic
-    limits = EpisodeLimits(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
-                           max_response_tokens=a.max_response_tokens, max_observation_chars=a.max_observation_chars,
-                           timeout_s=a.episode_timeout_s)
-    native = None if a.tool_prompt == "auto" else a.tool_prompt == "native"
-    return EpisodeRunner(env, tokenizer, limits, native_tools=native)
-
-
-async def demonstrations(runner: EpisodeRunner, tasks) -> list[tuple[list[int], list[int]]]:
-    """(context ids, assistant-turn ids) per assistant turn of each task's demonstration, with the
-    observations produced by really running its tool calls."""
-    sem = asyncio.Semaphore(8)
-
-    async def one(task):
-        async with sem:
-            episode = await runner.run(task, ScriptedPolicy(runner.tokenizer, runner.env.demonstration(task)),
-                                       temperature=0.0)
-        if not episode.success:
-            log.warning("demonstration of %s does not solve it (reward %s); skipped", task.task_id, episode.reward)
-            return []
-        ids = episode.prompt_ids + episode.response_ids
-        p = len(episode.prompt_ids)
-        return [(ids[:p + s], ids[p + s:p + e]) for s, e in episode.turns]
-
-    out = []
-    for pairs in await asyncio.gather(*(one(t) for t in tasks)):
-        out.extend(pairs)
-    return out
-
-
-def warm_up(cfg, base, run_dir: Path):
+def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
     """SFT on generated demonstrations (cached in <run_dir>/warmup); returns `base` with the warmed model."""
-    import dataclasses
-
-    import numpy as np
-
-    from openclaw_jax.models.hub import load_pretrained
-    from openclaw_jax.models.weights import save_hf_checkpoint
-    from openclaw_jax.trainer.sft import SFTTrainer
-
     a = cfg.agentic
     out = run_dir / "warmup"
     if (out / "config.json").exists():
@@ -71,7 +42,7 @@ def warm_up(cfg, base, run_dir: Path):
         model = load_pretrained(str(out), dtype=cfg.model.param_dtype).model
         return dataclasses.replace(base, model=model)
     env = make_env(a)
-    runner = episode_runner(cfg, env, base.tokenizer)
+    runner = episode_runner(a, env, base.tokenizer)
     # demonstrations come from training tasks the RL stream reaches last (a different seed)
     tasks = env.tasks("train", a.warmup_examples, seed=a.seed + 7919)
     t0 = time.monotonic()
@@ -99,9 +70,18 @@ def warm_up(cfg, base, run_dir: Path):
     return dataclasses.replace(base, model=model)
 
 
-def _judge(cfg, client, tokenizer):
-    from openclaw_jax.gateway.judge import ModelJudge, RuleJudge
+def judge_step_vote(judge) -> StepVote:
+    """The PRM step vote of `envs.agentic.rollout` from a gateway judge: its evaluation of the step
+    given the tool observation that followed it."""
 
+    async def vote(text: str, observation: str, seed: int) -> int:
+        judgement = await judge.judge(text, NextState("tool", observation), seed=seed)
+        return int(judgement.eval_score)
+
+    return vote
+
+
+def _judge(cfg: ExperimentConfig, client, tokenizer):
     g = cfg.gateway
     if g.judge == "rule":
         return RuleJudge()
@@ -112,7 +92,8 @@ def _judge(cfg, client, tokenizer):
 class AgenticDriver:
     """Group rollouts into the store while the trainer trains; held-out evaluation; metrics."""
 
-    def __init__(self, cfg, policy_urls: list[str], tokenizer, *, store_dir: str, offset_fn: Callable[[], int]):
+    def __init__(self, cfg: ExperimentConfig, policy_urls: list[str], tokenizer, *, store_dir: str,
+                 offset_fn: Callable[[], int]):
         self.cfg = cfg
         self.policy_urls = policy_urls
         self.tokenizer = tokenizer
@@ -120,7 +101,7 @@ class AgenticDriver:
         self.offset_fn = offset_fn
         a = cfg.agentic
         self.env = make_env(a)
-        self.runner = episode_runner(cfg, self.env, tokenizer)
+        self.runner = episode_runner(a, self.env, tokenizer)
         self.heldout = self.env.tasks("heldout", a.heldout_tasks, seed=a.seed)
         self.train_tasks = self.env.tasks("train", a.train_tasks, seed=a.seed)
         self.backlog = a.backlog or 2 * cfg.trainer.rollout_batch_size
@@ -130,20 +111,17 @@ class AgenticDriver:
         self._reader = None
 
     async def start(self) -> "AgenticDriver":
-        from openclaw_jax.samples import SampleStore
-        from openclaw_jax.pool.client import PoolClient
-
         a = self.cfg.agentic
         self.client = await PoolClient(self.policy_urls, request_timeout_s=self.cfg.policy.request_timeout_s).start()
         self.store = SampleStore(self.store_dir)
         self._reader = SampleStore(self.store_dir, readonly=True)
-        judge = _judge(self.cfg, self.client, self.tokenizer) if a.prm else None
+        vote = judge_step_vote(_judge(self.cfg, self.client, self.tokenizer)) if a.prm else None
         # a resumed run continues the task stream where its samples reached (one group = group_size samples)
         start = (len(self.store) // a.group_size) % len(self.train_tasks)
         tasks = self.train_tasks[start:] + self.train_tasks[:start]
         self.rollouts = GroupRollouts(self.runner, PoolPolicy(self.client), self.store, tasks, group_size=a.group_size,
                                       temperature=self.cfg.trainer.temperature, normalize_std=a.normalize_std,
-                                      all_equal=a.all_equal, all_equal_scale=a.all_equal_scale, judge=judge,
+                                      all_equal=a.all_equal, all_equal_scale=a.all_equal_scale, step_vote=vote,
                                       prm_weight=a.prm_weight)
         return self
 

@@ -1,0 +1,40 @@
+"""`env:` section of the experiment config: the simulated users of `openclaw_jax.envs`. A leaf module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from openclaw_jax.configlib import require
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Simulated users driving live sessions through the gateway (`openclaw_jax.envs`)."""
+
+    enabled: bool = True
+    persona: str = "student_prose"
+    questions: str = "gsm"               # gsm (reasoning-gym) | arithmetic
+    concurrency: int = 2                 # simulated users at once
+    turns_per_session: int = 2
+    max_tokens: int = 256
+    seed: int = 0
+    heldout_questions: int = 16
+    eval_every: int = 5                  # trainer steps between held-out preference scores (0 = start/end only)
+    eval_concurrency: int = 0            # held-out questions in flight (0 = the policy's batch size, at least 4)
+    request_timeout_s: float = 300.0     # per request of a simulated user or the held-out evaluation
+    # How the simulated person reaches the gateway: `openai` (the openai client, the whole history in
+    # each request) or `openclaw` (through a real OpenClaw agent: `openclaw gateway run` from
+    # `scripts/openclaw.sh setup`, our plugin tagging sessions; held-out answers go through it too).
+    client: Literal["openai", "openclaw"] = "openai"
+    openclaw_context_window: int = 8192  # the contextWindow OpenClaw is told the model has
+
+    def __post_init__(self):
+        require(self.concurrency > 0, f"env.concurrency={self.concurrency} must be > 0")
+        require(self.eval_concurrency >= 0, f"env.eval_concurrency={self.eval_concurrency} must be >= 0")
+        require(self.request_timeout_s > 0, f"env.request_timeout_s={self.request_timeout_s} must be > 0")
+        require(self.openclaw_context_window > 0,
+                 f"env.openclaw_context_window={self.openclaw_context_window} must be > 0")
+        require(self.turns_per_session > 0, f"env.turns_per_session={self.turns_per_session} must be > 0")
+        require(self.max_tokens > 0, f"env.max_tokens={self.max_tokens} must be > 0")
+        require(self.heldout_questions >= 0, f"env.heldout_questions={self.heldout_questions} must be >= 0")

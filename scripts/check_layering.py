@@ -1,0 +1,198 @@
+"""Check the package's import layering with `ast` (no imports of the package itself).
+
+    python scripts/check_layering.py [--root openclaw_jax]
+
+Every `import` / `from ... import` of the package counts, wherever it is written: at module top,
+inside functions, in `if __name__ == "__main__":` blocks. Only imports under `if TYPE_CHECKING:`
+are left out of the cycle checks (they never run), but not out of the layer rules.
+
+Checks:
+  * no import cycle between files (modules) and none between packages (the first level under the
+    root: `envs`, `trainer`, ..., and the top-level modules `config`, `train`, ...);
+  * the layer rules in `FORBIDDEN`.
+
+Exits 1 and prints each problem when one is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# package (first level under the root) -> packages it must not import
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "envs": ("trainer", "gateway", "config"),   # environments take their own config section
+    "trainer": ("gateway", "pool"),              # samples/ is the only meeting point with serving
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str          # importing module, dotted
+    dst: str          # imported module, dotted
+    line: int
+    type_checking: bool
+
+
+def module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """(node, under TYPE_CHECKING) for every import statement, at any depth."""
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while stack:
+        node, tc = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, tc
+            continue
+        for child in ast.iter_child_nodes(node):
+            stack.append((child, tc or (isinstance(node, ast.If) and _is_type_checking(node.test)
+                                        and child in node.body)))
+
+
+def collect_edges(root: Path) -> tuple[set[str], list[Edge]]:
+    files = sorted(root.rglob("*.py"))
+    modules = {module_name(f, root): f for f in files}
+    top = root.name
+    edges: list[Edge] = []
+    for mod, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node, tc in _imports(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    prefix = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    prefix = node.module or ""
+                for alias in node.names:
+                    sub = f"{prefix}.{alias.name}"
+                    targets.append(sub if sub in modules else prefix)
+            for t in targets:
+                if t != top and not t.startswith(top + "."):
+                    continue
+                while t not in modules and "." in t:  # `import a.b.name` -> the deepest module
+                    t = t.rsplit(".", 1)[0]
+                if t in modules and t != mod:
+                    edges.append(Edge(mod, t, node.lineno, tc))
+    return set(modules), sorted(set(edges), key=lambda e: (e.src, e.line, e.dst))
+
+
+def package_of(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def cycles(nodes: set[str], graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(nodes):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def check(root: Path) -> list[str]:
+    modules, edges = collect_edges(root)
+    problems: list[str] = []
+    runtime = [e for e in edges if not e.type_checking]
+
+    file_graph: dict[str, set[str]] = {}
+    for e in runtime:
+        file_graph.setdefault(e.src, set()).add(e.dst)
+    for comp in cycles(modules, file_graph):
+        inside = [f"{e.src}:{e.line} -> {e.dst}" for e in runtime if e.src in comp and e.dst in comp]
+        problems.append("file-level import cycle: " + " <-> ".join(comp) + "\n    " + "\n    ".join(inside))
+
+    pkg_graph: dict[str, set[str]] = {}
+    for e in runtime:
+        a, b = package_of(e.src), package_of(e.dst)
+        if a != b:
+            pkg_graph.setdefault(a, set()).add(b)
+    packages = {package_of(m) for m in modules}
+    for comp in cycles(packages, pkg_graph):
+        inside = [f"{e.src}:{e.line} -> {e.dst}" for e in runtime
+                  if package_of(e.src) in comp and package_of(e.dst) in comp and package_of(e.src) != package_of(e.dst)]
+        problems.append("package-level import cycle: " + " <-> ".join(comp) + "\n    " + "\n    ".join(inside))
+
+    for e in edges:
+        banned = FORBIDDEN.get(package_of(e.src), ())
+        if package_of(e.dst) in banned and package_of(e.src) != package_of(e.dst):
+            problems.append(f"layer rule: {package_of(e.src)}/ must not import {package_of(e.dst)}: "
+                            f"{e.src}:{e.line} imports {e.dst}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent / "openclaw_jax"),
+                    help="the package directory (default: openclaw_jax beside scripts/)")
+    args = ap.parse_args(argv)
+    problems = check(Path(args.root).resolve())
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"{len(problems)} layering problem(s)")
+        return 1
+    print("layering ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Qwen2.5-VL (models/qwen_vl.py, models/vision.py) equals HF `transformers` (PyTorch CPU, float32)
+on a tiny random checkpoint that `transformers` itself creates and saves: logits and per-token
+log-probs for a text-only prompt and for prompts with images; the M-RoPE positions equal HF's
+`get_rope_index`; the shipped Qwen2.5-VL configs parse as HF parses them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from openclaw_jax.models.qwen_vl import QwenVLConfig, load_qwen_vl_checkpoint, mrope_positions
+from openclaw_jax.models.vision import vision_layout
+
+TOL = 1e-4
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE, VSTART, VEND = 250, 248, 249
+MERGE = 2
+
+
+def _hf_config() -> transformers.Qwen2_5_VLConfig:
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    # window 56 px = 2 x 2 merged blocks: the test images have several windows, some cut at the edge
+    vision = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=14,
+                  spatial_merge_size=MERGE, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
+                  hidden_act="silu", tokens_per_second=2)
+    return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE,
+                                         video_token_id=251, vision_start_token_id=VSTART, vision_end_token_id=VEND,
+                                         tie_word_embeddings=False, attn_implementation="eager")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(HF model, our model, our config): HF creates, randomises every weight and saves; we load the dir."""
+    torch.manual_seed(0)
+    hf = transformers.Qwen2_5_VLForConditionalGeneration(_hf_config()).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            param.copy_(1.0 + 0.3 * noise if "norm" in name or "ln_q" in name else 0.15 * noise)
+    out = tmp_path_factory.mktemp("qwen25vl")
+    hf.save_pretrained(out)
+    model, cfg = load_qwen_vl_checkpoint(out)
+    return hf, model, cfg
+
+
+def _patches(rng, grid) -> np.ndarray:
+    n = sum(t * h * w for t, h, w in grid)
+    return rng.standard_normal((n, 3 * 2 * 14 * 14)).astype(np.float32)
+
+
+def _prompt(rng, before: int, grid_row, after: int) -> list[int]:
+    t, h, w = grid_row
+    text = lambda n: rng.integers(0, 240, size=n).tolist()  # noqa: E731  (below the special ids)
+    return text(before) + [VSTART] + [IMAGE] * (t * h * w // MERGE ** 2) + [VEND] + text(after)
+
+
+def _hf_logits(hf, ids, pixel_values=None, grid=None, attention_mask=None) -> np.ndarray:
+    kwargs = {"input_ids": torch.tensor(ids, dtype=torch.long)}
+    if pixel_values is not None:
+        kwargs.update(pixel_values=torch.tensor(pixel_values), image_grid_thw=torch.tensor(grid, dtype=torch.long),
+                      mm_token_type_ids=torch.tensor((np.asarray(ids) == IMAGE).astype(np.int64)))
+    if attention_mask is not None:
+        kwargs["attention_mask"] = torch.tensor(attention_mask, dtype=torch.long)
+    with torch.no_grad():
+        return hf(**kwargs).logits.float().numpy()
+
+
+def _logprobs(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """log p(ids[t + 1] | ids[:t + 1]) `[B, L - 1]`."""
+    lp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    return np.asarray(jnp.take_along_axis(lp[:, :-1], jnp.asarray(ids)[:, 1:, None], axis=-1)[..., 0])
+
+
+def _compare(ours, ref, ids, mask=None):
+    assert ours.shape == ref.shape and ours.dtype == np.float32
+    keep = np.ones(ids.shape, bool) if mask is None else mask.astype(bool)
+    logit_diff = float(np.abs(ours - ref)[keep].max())
+    lp_diff = float(np.abs(_logprobs(ours, ids) - _logprobs(ref, ids))[keep[:, 1:] & keep[:, :-1]].max())
+    print(f"max |logit diff| {logit_diff:.2e}, max |log-prob diff| {lp_diff:.2e}")
+    assert logit_diff <= TOL, logit_diff
+    assert lp_diff <= TOL, lp_diff
+    # the logits are not trivially equal (e.g. all zero): the model does something
+    assert float(np.abs(ref).max()) > 1.0
+
+
+def test_config_round_trip(checkpoint):
+    hf, _, cfg = checkpoint
+    assert cfg.text.family == "qwen2" and cfg.text.attention_bias and cfg.text.mrope_section == (2, 3, 3)
+    assert cfg.text.head_dim == 16 and cfg.vision.fullatt_block_indexes == (1,) and cfg.vision.window_size == 56
+    assert cfg.image_token_id == IMAGE and not cfg.text.tie_word_embeddings
+    again = QwenVLConfig.from_hf_dict(json.loads(json.dumps(cfg.to_hf_dict())))
+    assert again == cfg
+    # transformers reads our public-layout dict into the same architecture
+    hf_again = transformers.Qwen2_5_VLConfig.from_dict(cfg.to_hf_dict())
+    assert hf_again.text_config.rope_parameters["mrope_section"] == [2, 3, 3]
+    assert hf_again.vision_config.fullatt_block_indexes == [1] and hf_again.text_config.num_hidden_layers == 2
+
+
+def test_text_only_prompt(checkpoint):
+    hf, model, _ = checkpoint
+    ids = np.random.default_rng(0).integers(0, 240, size=(2, 11)).astype(np.int32)
+    ours = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray(ids)))
+    _compare(ours, _hf_logits(hf, ids), ids)
+
+
+def test_one_image_prompt(checkpoint):
+    hf, model, _ = checkpoint
+    rng = np.random.default_rng(1)
+    grid = [(1, 6, 10)]  # 3 x 5 merged blocks: windows of 2 x 2 cut at the right and bottom edges
+    ids = np.asarray([_prompt(rng, 5, grid[0], 6)], np.int32)
+    pixels = _patches(rng, grid)
+    ref = _hf_logits(hf, ids, pixels, grid)
+    fwd = nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=grid))
+    ours = np.asarray(fwd(model, jnp.asarray(ids), jnp.asarray(pixels)))
+    _compare(ours, ref, ids)
+    # the image matters: other pixels change the text tokens after it (the test can fail)
+    other = np.asarray(fwd(model, jnp.asarray(ids), jnp.asarray(pixels[::-1].copy())))
+    assert np.abs(other[0, -3:] - ours[0, -3:]).max() > 1e-2
+
+
+def test_two_images_batch_with_padding(checkpoint):
+    """Two rows with one image each (different grids), both left-padded to one length: the images
+    fill the placeholders in row-major order and padding neither counts nor advances positions."""
+    hf, model, _ = checkpoint
+    rng = np.random.default_rng(2)
+    grid = [(1, 4, 4), (1, 8, 6)]
+    row0 = _prompt(rng, 3, grid[0], 12)
+    row1 = _prompt(rng, 2, grid[1], 2)
+    L = max(len(row0), len(row1))
+    ids = np.zeros((2, L), np.int32)
+    mask = np.zeros((2, L), np.int32)
+    ids[0, L - len(row0):], mask[0, L - len(row0):] = row0, 1
+    ids[1, L - len(row1):], mask[1, L - len(row1):] = row1, 1
+    pixels = _patches(rng, grid)
+    ref = _hf_logits(hf, ids, pixels, grid, mask)
+    ours = np.asarray(nnx.jit(lambda m, x, p, a: m(x, attention_mask=a, pixel_values=p, image_grid_thw=grid))(
+        model, jnp.asarray(ids), jnp.asarray(pixels), jnp.asarray(mask)))
+    _compare(ours, ref, ids, mask)
+
+
+def test_mrope_positions_match_get_rope_index(checkpoint):
+    hf, _, _ = checkpoint
+    rng = np.random.default_rng(3)
+    grid = [(1, 4, 6), (1, 6, 4), (2, 4, 4)]
+    ids = np.asarray([_prompt(rng, 2, grid[0], 3) + _prompt(rng, 1, grid[1], 0) + _prompt(rng, 0, grid[2], 4)],
+                     np.int32)
+    ref, ref_delta = hf.model.get_rope_index(torch.tensor(ids, dtype=torch.long),
+                                             mm_token_type_ids=torch.tensor((ids == IMAGE).astype(np.int64)),
+                                             image_grid_thw=torch.tensor(grid))
+    ours, delta = mrope_positions(jnp.asarray(ids), grid, IMAGE, MERGE)
+    np.testing.assert_array_equal(np.asarray(ours), ref.numpy())
+    np.testing.assert_array_equal(np.asarray(delta), ref_delta.numpy().reshape(-1))
+
+
+def test_vision_layout_matches_hf_window_index(checkpoint):
+    from transformers.vision_utils import get_vision_window_index
+
+    _, _, cfg = checkpoint
+    grid = [(1, 6, 10), (2, 8, 4)]
+    window_index, cu = get_vision_window_index(torch.tensor(grid), spatial_merge_size=MERGE, window_size=56,
+                                               patch_size=14)
+    layout = vision_layout(cfg.vision, grid)
+    np.testing.assert_array_equal(np.argsort(layout.merged_inverse), window_index.numpy())
+    bounds = np.flatnonzero(np.diff(layout.window_ids)) + 1
+    np.testing.assert_array_equal(bounds, cu.numpy()[1:-1])
+
+
+@pytest.mark.parametrize("name,layers,hidden,tied,vocab", [("qwen2.5-vl-3b-instruct", 36, 2048, True, 151936),
+                                                            ("qwen2.5-vl-7b-instruct", 28, 3584, False, 152064)])
+def test_shipped_configs_parse_like_transformers(name, layers, hidden, tied, vocab):
+    raw = json.loads((ROOT / "configs" / "models" / name / "config.json").read_text())
+    cfg = QwenVLConfig.from_hf_dict(raw)
+    ref = transformers.Qwen2_5_VLConfig.from_dict(raw)
+    t, v = cfg.text, cfg.vision
+    assert (t.num_layers, t.hidden_size, t.tie_word_embeddings, t.vocab_size) == (layers, hidden, tied, vocab)
+    rt = ref.text_config
+    assert (t.num_layers, t.hidden_size, t.intermediate_size, t.num_heads, t.num_kv_heads, t.vocab_size) == (
+        rt.num_hidden_layers, rt.hidden_size, rt.intermediate_size, rt.num_attention_heads, rt.num_key_value_heads,
+        rt.vocab_size)
+    assert t.rope_theta == rt.rope_parameters["rope_theta"]
+    assert list(t.mrope_section) == rt.rope_parameters["mrope_section"]
+    assert bool(ref.tie_word_embeddings) == t.tie_word_embeddings
+    rv = ref.vision_config
+    assert (v.depth, v.hidden_size, v.intermediate_size, v.num_heads, v.out_hidden_size, v.window_size) == (
+        rv.depth, rv.hidden_size, rv.intermediate_size, rv.num_heads, rv.out_hidden_size, rv.window_size)
+    assert list(v.fullatt_block_indexes) == list(rv.fullatt_block_indexes) and v.out_hidden_size == t.hidden_size
+    assert cfg.image_token_id == ref.image_token_id == 151655
