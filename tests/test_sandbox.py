@@ -198,3 +198,22 @@ def test_output_is_capped_and_bad_input_is_an_error_result():
     assert r.exit_code != 0 and "exceeds" in r.stderr
     with pytest.raises(ValueError):
         run_code("print(1)", "ruby")  # type: ignore[arg-type]
+
+
+def test_root_is_read_only_on_the_user_namespace_path():
+    """The path a non-root user takes (`unshare --user --map-root-user`): the code runs as the
+    namespace's root and owns the jail's root tmpfs, so only the read-only remount keeps it from
+    writing there (run as root, the code drops to an unprivileged uid and the tmpfs's mode already
+    refuses it, so that path cannot show this). A real unprivileged uid cannot run here: the
+    interpreter lives under /root (mode 0700), which a uid mapped into a user namespace cannot
+    traverse, so when the tests run as root the sandbox is told to take the non-root path."""
+    with Sandbox() as sb:
+        if sb.is_root:   # the non-root path: user namespace, no uid of its own, the directory ours
+            sb.is_root, sb.uid = False, None
+            os.chown(sb.directory, os.getuid(), os.getgid())
+        r = sb.run("id -u; touch /probe && echo wrote-root; mkdir /etc2 && echo made-dir; "
+                   "touch /sandbox/ok && echo wrote-sandbox; touch /tmp/ok && echo wrote-tmp", "bash")
+        assert r.stdout.splitlines()[0] == "0", r     # the namespace's root: the mode bits do not stop it
+        assert "wrote-root" not in r.stdout and "made-dir" not in r.stdout, r
+        assert "Read-only file system" in r.stderr, r
+        assert "wrote-sandbox" in r.stdout and "wrote-tmp" in r.stdout, r   # what stays writable does
