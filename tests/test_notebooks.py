@@ -114,7 +114,7 @@ def test_run_inspection_executes(tiny_run, tmp_path, monkeypatch):
     hints = {h for s in store for h in s.hints}
     assert hints and any(h.replace("|", "\\|")[:60] in tables for h in hints)
     assert "| step | tokens | mean k* | max k* |" in tables
-    from openclaw_jax.trainer.run_inspection import case_counts
+    from openclaw_jax.notebook.run_inspection import case_counts
 
     lines = tables.splitlines()
     for kind, counts in case_counts(list(store)).items():   # one row per case, ending in its total

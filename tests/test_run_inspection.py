@@ -1,4 +1,4 @@
-"""Run-directory helpers used by the notebooks (`openclaw_jax.trainer.run_inspection`)."""
+"""Run-directory helpers used by the notebooks (`openclaw_jax.notebook.run_inspection`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from openclaw_jax.samples import Sample, SampleStore
-from openclaw_jax.trainer import run_inspection as ri
+from openclaw_jax.notebook import run_inspection as ri
 
 REPO = Path(__file__).resolve().parents[1]
 

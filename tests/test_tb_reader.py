@@ -1,4 +1,4 @@
-"""TensorBoard event reading (`openclaw_jax.trainer.tb_reader`) against files tensorboardX writes.
+"""TensorBoard event reading (`openclaw_jax.notebook.tb_reader`) against files tensorboardX writes.
 
 The expected values are what each test hands to tensorboardX's own `SummaryWriter` /
 `RecordWriter`; the CRC check uses the published CRC-32C check value of b"123456789".
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from openclaw_jax.trainer import tb_reader
+from openclaw_jax.notebook import tb_reader
 
 
 def _write(logdir, fn, filename_suffix=""):

@@ -1,6 +1,6 @@
 """Read a run's TensorBoard event files without TensorBoard (tensorboardX's protobufs only).
 
-The trainer writes `<run_dir>/tb/events.out.tfevents.*` with tensorboardX (see `metrics.py`);
+The trainer writes `<run_dir>/tb/events.out.tfevents.*` with tensorboardX (see `trainer/metrics.py`);
 notebooks and scripts read them back here:
 
     read_scalars(logdir)     -> {tag: [(step, value), ...]}
