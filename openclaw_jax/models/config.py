@@ -232,6 +232,9 @@ class ModelConfig:
     def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> "ModelConfig":
         """Build from a parsed HF `config.json`."""
         model_type = hf.get("model_type")
+        if model_type == "qwen2_5_vl":
+            raise ModelConfigError("config.json model_type='qwen2_5_vl' is a vision-language model: parse it with "
+                                   "openclaw_jax.models.qwen_vl.QwenVLConfig.from_hf_dict (its .text is the decoder)")
         if model_type not in _HF_MODEL_TYPES:
             raise ModelConfigError(
                 f"config.json model_type={model_type!r} is not supported; use one of {sorted(_HF_MODEL_TYPES)}")
