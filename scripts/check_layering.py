@@ -70,7 +70,10 @@ def collect_edges(root: Path) -> tuple[set[str], list[Edge]]:
     edges: list[Edge] = []
     for mod, path in modules.items():
         is_pkg = path.name == "__init__.py"
-        tree = ast.parse(path.read_text(), filename=str(path))
+        try:
+            tree = ast.parse(path.read_text(), filename=str(path))
+        except SyntaxError as err:
+            raise SystemExit(f"cannot check the layering: {err}") from None
         for node, tc in _imports(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):

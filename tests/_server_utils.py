@@ -1,5 +1,5 @@
 """Helpers for tests that run the SGLang-compatible server: in-process (a background thread with
-its own event loop) or as a real `python -m openclaw_jax.inference.server` process."""
+its own event loop) or as a real `python -m openclaw_jax.inference` process."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def server_env(cache_dir: str | os.PathLike | None) -> dict[str, str]:
 
 
 class ServerProcess:
-    """`python -m openclaw_jax.inference.server` on 127.0.0.1; waits for its READY line."""
+    """`python -m openclaw_jax.inference` on 127.0.0.1; waits for its READY line."""
 
     def __init__(self, model_dir, *, port: int | None = None, cache_dir=None, extra_args=(), log_path=None):
         self.model_dir = str(model_dir)
@@ -85,7 +85,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 240.0) -> "ServerProcess":
-        cmd = [sys.executable, "-m", "openclaw_jax.inference.server", "--model", self.model_dir, "--host",
+        cmd = [sys.executable, "-m", "openclaw_jax.inference", "--model", self.model_dir, "--host",
                "127.0.0.1", "--port", str(self.port), "--log-level", "warning", *TINY_SERVER_ARGS, *self.extra_args]
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=server_env(self.cache_dir),

@@ -3,7 +3,7 @@
 Two policy back-ends:
   * a scripted SGLang-shaped worker (tests/_scripted_pool.py) whose outputs the test
     controls (tool calls, failures, delays) and records;
-  * the embedded JAX server (`python -m openclaw_jax.inference.server`) on a tiny random
+  * the embedded JAX server (`python -m openclaw_jax.inference`) on a tiny random
     model, as a real subprocess, for the main three-case conversation.
 """
 
@@ -211,10 +211,10 @@ def test_three_cases_interleaved_sessions_and_session_end_scripted_pool(make_env
 
 @pytest.fixture(scope="module")
 def embedded_server(tmp_path_factory):
-    """`python -m openclaw_jax.inference.server` on a tiny random Qwen3 (tiny tokenizer), as a subprocess."""
+    """`python -m openclaw_jax.inference` on a tiny random Qwen3 (tiny tokenizer), as a subprocess."""
     model_dir = make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("gw_model") / "model", seed=3,
                                            max_positions=2048)
-    proc = subprocess.Popen([sys.executable, "-m", "openclaw_jax.inference.server", "--model", str(model_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "openclaw_jax.inference", "--model", str(model_dir),
                              "--port", "0", "--weight-version", "v3", "--log-level", "warning",
                              # one prompt bucket and one cache bucket: few compilations on a small CPU
                              "--min-prompt-bucket", "1024", "--min-cache-bucket", "2048"],

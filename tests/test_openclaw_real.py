@@ -103,7 +103,7 @@ def stack(tmp_path_factory):
     start = time.monotonic()
     root = tmp_path_factory.mktemp("openclaw_real")
     model_dir = make_tiny_smollm2_checkpoint(root / "model")
-    proc = subprocess.Popen([sys.executable, "-m", "openclaw_jax.inference.server", "--model", str(model_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "openclaw_jax.inference", "--model", str(model_dir),
                              "--port", "0", "--weight-version", "v1", "--log-level", "warning",
                              # OpenClaw's prompts (2.2-2.6 k tokens) fit one prompt and one cache bucket
                              "--min-prompt-bucket", "4096", "--min-cache-bucket", "4096"],

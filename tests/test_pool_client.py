@@ -1,6 +1,6 @@
 """The asyncio pool client against real server processes (and a scripted stub worker for failures).
 
-Two `python -m openclaw_jax.inference.server` processes serve a tiny checkpoint on 127.0.0.1;
+Two `python -m openclaw_jax.inference` processes serve a tiny checkpoint on 127.0.0.1;
 one is killed and restarted to check that the pool takes it out and puts it back.
 """
 

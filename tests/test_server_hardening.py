@@ -2,7 +2,7 @@
 20 MB body does not stall a small request, memory does not pile up, slow-header connections hit
 the header timeout and the connection cap, and a seeded fuzz of 320 requests gets no 5xx.
 
-The server is a real `python -m openclaw_jax.inference.server` process on a tiny random model.
+The server is a real `python -m openclaw_jax.inference` process on a tiny random model.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Start the embedded inference server (`python -m openclaw_jax.inference.server`) as a child
+"""Start the embedded inference server (`python -m openclaw_jax.inference`) as a child
 process on an ephemeral 127.0.0.1 port, wait for `GET /health`, and stop it again.
 
 With no port given the child binds port 0 itself and announces the port it got on stdout
@@ -20,7 +20,7 @@ from typing import Sequence
 
 log = logging.getLogger(__name__)
 
-SERVER_MODULE = "openclaw_jax.inference.server"
+SERVER_MODULE = "openclaw_jax.inference"
 _READY_RE = re.compile(rb"READY (http://[^\s]+)")
 
 

@@ -1,4 +1,4 @@
-"""The embedded server's command line: ``python -m openclaw_jax.inference.server --help``."""
+"""The embedded server's command line: ``python -m openclaw_jax.inference --help``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import contextlib
 import logging
 import signal
 import socket
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -25,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m openclaw_jax.inference.server",
+    ap = argparse.ArgumentParser(prog="python -m openclaw_jax.inference",
                                  description="SGLang-compatible server around the JAX engine")
     ap.add_argument("--model", "--model-path", dest="model", required=True,
                     help="an HF checkpoint directory (config.json, safetensors, tokenizer.json) or 'smollm2'")
@@ -121,7 +120,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         engine.shutdown()
     return 0
-
-
-if __name__ == "__main__":  # python -m openclaw_jax.inference.cli
-    sys.exit(main())

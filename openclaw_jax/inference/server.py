@@ -1,6 +1,6 @@
 """SGLang-compatible HTTP server around the JAX engine (DESIGN section 8).
 
-    python -m openclaw_jax.inference.server --model <HF checkpoint dir | smollm2> --host 127.0.0.1 --port 30000
+    python -m openclaw_jax.inference --model <HF checkpoint dir | smollm2> --host 127.0.0.1 --port 30000
 
 Endpoints (the subset the project relies on, with SGLang's shapes, status codes and error
 bodies): `/generate` (single, batch lists, n > 1, streaming), `/v1/chat/completions`
@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
@@ -382,9 +381,3 @@ class InferenceServer(OpenAIRoutes):
         if isinstance(body, dict) and body.get("abort_all"):
             await asyncio.to_thread(self.engine.abort_all, "Aborted by /abort_request.")
         return web.Response(status=200)
-
-
-if __name__ == "__main__":  # python -m openclaw_jax.inference.server --help
-    from openclaw_jax.inference.cli import main
-
-    sys.exit(main())

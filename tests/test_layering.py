@@ -1,0 +1,68 @@
+"""The package's import layering (issue 25), checked by `scripts/check_layering.py`: no import cycle
+between files or packages (`__main__` blocks and imports inside functions included), `envs/` imports
+neither `trainer/`, `gateway/` nor the experiment config, `trainer/` neither `gateway/` nor `pool/`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "check_layering.py"
+
+
+def _check(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--root", str(root)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_package_is_layered():
+    proc = _check(ROOT / "openclaw_jax")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "openclaw_jax"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def test_the_checker_finds_cycles_and_forbidden_imports(tmp_path):
+    """The checker itself: a cycle through a `__main__` block, a function-level import that closes
+    a package cycle, and each layer rule are reported; TYPE_CHECKING imports break no cycle rule."""
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "inference/__init__.py": "",
+        "inference/server.py": 'if __name__ == "__main__":\n    from openclaw_jax.inference.cli import main\n',
+        "inference/cli.py": "from openclaw_jax.inference.server import *\n",
+        "envs/__init__.py": "",
+        "envs/run.py": "def f():\n    from openclaw_jax.trainer import sft\n    from openclaw_jax.gateway.judge import J\n",
+        "trainer/__init__.py": "",
+        "trainer/sft.py": "from openclaw_jax.envs import run\nfrom openclaw_jax.pool import client\n",
+        "gateway/__init__.py": "",
+        "gateway/judge.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from openclaw_jax.models import m\n",
+        "models/__init__.py": "",
+        "models/m.py": "from openclaw_jax.gateway import judge\n",
+        "pool/__init__.py": "",
+        "pool/client.py": "",
+    })
+    proc = _check(root)
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    assert "file-level import cycle: openclaw_jax.inference.cli <-> openclaw_jax.inference.server" in out
+    assert "package-level import cycle: envs <-> trainer" in out
+    assert "envs/ must not import trainer" in out and "envs/ must not import gateway" in out
+    assert "trainer/ must not import pool" in out
+    assert "gateway <-> models" not in out  # the TYPE_CHECKING import never runs
+
+
+def test_a_layered_package_passes(tmp_path):
+    root = _package(tmp_path, {"__init__.py": "", "envs/__init__.py": "from . import a\n", "envs/a.py": "import json\n",
+                               "trainer/__init__.py": "from openclaw_jax.envs import a\n"})
+    proc = _check(root)
+    assert proc.returncode == 0 and "layering ok" in proc.stdout, proc.stdout
