@@ -265,3 +265,18 @@ def test_text_config_parser_points_to_the_vl_parser():
     raw = json.loads((ROOT / "configs" / "models" / "qwen2.5-vl-3b-instruct" / "config.json").read_text())
     with pytest.raises(ModelConfigError, match="QwenVLConfig"):
         ModelConfig.from_hf_dict(raw)
+
+
+def test_vision_tower_matches_transformers_with_frames(checkpoint):
+    """The ViT + merger alone on a 2-frame grid and a cut-window image (frames are separate segments
+    in the full-attention blocks, windows in the others)."""
+    hf, model, _ = checkpoint
+    grid = [(2, 4, 6), (1, 6, 10)]
+    pixels = _patches(np.random.default_rng(5), grid)
+    with torch.no_grad():
+        ref = hf.model.visual(torch.tensor(pixels), grid_thw=torch.tensor(grid)).pooler_output.numpy()
+    ours = np.asarray(nnx.jit(lambda m, p: m.visual(p, grid))(model, jnp.asarray(pixels)))
+    assert ours.shape == ref.shape == (sum(t * h * w for t, h, w in grid) // MERGE ** 2, 64)
+    diff = float(np.abs(ours - ref).max())
+    print(f"vision max |diff| {diff:.2e}")
+    assert diff <= TOL, diff

@@ -22,14 +22,16 @@ The maths is Qwen2.5-VL's (HF `Qwen2_5_VisionTransformerPretrainedModel`):
 The layout (permutation, window and frame ids, rotary positions) depends only on `grid_thw`: it is
 computed on the host in numpy (`vision_layout`) and enters jit as constants, so shapes are static;
 windows and frames become segment ids of one masked attention call (no Python loop over windows).
-Blocks are stacked and scanned like the text decoder's; a per-layer flag picks window or frame ids.
+Blocks are stacked and scanned like the text decoder's; a per-layer flag picks (`lax.cond`) full
+attention (frames as segments) or window attention (the windows gathered into padded rows, so a
+window layer costs windows x window^2 scores instead of N^2).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -163,10 +165,13 @@ class VisionLayout:
 
     patch_order: np.ndarray     # [N] input patch row at each position of the window-ordered sequence
     merged_inverse: np.ndarray  # [N / m^2] window-ordered merged block of each block in input order
-    window_ids: np.ndarray      # [N] window segment of each window-ordered patch
+    window_ids: np.ndarray      # [N] window of each window-ordered patch (windows are contiguous runs)
     frame_ids: np.ndarray       # [N] frame segment (full attention) of each window-ordered patch
     rows: np.ndarray            # [N] patch row in its frame (rotary), window-ordered
     cols: np.ndarray            # [N] patch column in its frame (rotary), window-ordered
+    window_gather: np.ndarray   # [num_windows, W] sequence index of each window slot (W: largest window)
+    window_valid: np.ndarray    # [num_windows, W] the slot holds a patch (windows cut at an edge are short)
+    window_scatter: np.ndarray  # [N] flat slot (window * W + slot) of each window-ordered patch
 
 
 def _segments_from_bounds(bounds: np.ndarray, n: int) -> np.ndarray:
@@ -207,14 +212,22 @@ def vision_layout(cfg: VisionConfig, grid_thw: Any) -> VisionLayout:
     n = offset * unit
     patch_order = (window_index[:, None] * unit + np.arange(unit)[None, :]).reshape(-1)
     rows_in, cols_in = np.concatenate(rows), np.concatenate(cols)
-    # empty windows (cut padding) repeat a bound; duplicates do not change the segment ids
+    # empty windows (all padding) repeat a bound: drop them (HF `unique_consecutive`)
+    bounds = np.unique(np.asarray(window_bounds))
+    starts, sizes = bounds[:-1], np.diff(bounds)
+    width = int(sizes.max())
+    window_ids = _segments_from_bounds(bounds, n)
+    slots = np.arange(width)[None, :]
     return VisionLayout(
         patch_order=patch_order.astype(np.int32),
         merged_inverse=np.argsort(window_index).astype(np.int32),
-        window_ids=_segments_from_bounds(np.asarray(window_bounds), n),
+        window_ids=window_ids,
         frame_ids=_segments_from_bounds(np.asarray(frame_bounds), n),
         rows=rows_in[patch_order].astype(np.int32),
         cols=cols_in[patch_order].astype(np.int32),
+        window_gather=np.minimum(starts[:, None] + slots, n - 1).astype(np.int32),
+        window_valid=slots < sizes[:, None],
+        window_scatter=(window_ids * width + np.arange(n) - starts[window_ids]).astype(np.int32),
     )
 
 
@@ -246,13 +259,36 @@ class VisionAttention(nnx.Module):
         self.implementation = cfg.attention
         self.block_size = cfg.attention_block_size
 
-    def __call__(self, x, cos, sin, segment_ids):
+    def __call__(self, x, cos, sin, windows: "_Windows", is_full):
+        """Full attention within each frame when `is_full`, else within each window: the windows'
+        patches are gathered into `[num_windows, W]` rows (short windows masked), so a window layer
+        costs num_windows * W^2 scores, not N^2."""
         qkv = self.qkv(x)  # [1, N, 3, heads, head_dim]
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attention(q, k, v, causal=False, segment_ids=segment_ids, implementation=self.implementation,
-                        block_q=self.block_size, block_k=self.block_size)
+        kw = dict(causal=False, implementation=self.implementation, block_q=self.block_size,
+                  block_k=self.block_size)
+
+        def full(q, k, v):
+            return attention(q, k, v, segment_ids=windows.frame_ids, **kw)
+
+        def windowed(q, k, v):
+            rows = [jnp.take(t[0], windows.gather, axis=0) for t in (q, k, v)]  # [nw, W, heads, head_dim]
+            out = attention(*rows, kv_mask=windows.valid, **kw)
+            flat = out.reshape((-1,) + out.shape[2:])
+            return jnp.take(flat, windows.scatter, axis=0)[None]
+
+        out = jax.lax.cond(is_full, full, windowed, q, k, v)
         return self.proj(out)
+
+
+class _Windows(NamedTuple):
+    """The layout arrays one vision block reads (jnp constants of `VisionLayout`)."""
+
+    frame_ids: jax.Array | None  # [1, N]; None: one frame, no mask
+    gather: jax.Array            # [nw, W]
+    valid: jax.Array             # [nw, W]
+    scatter: jax.Array           # [N]
 
 
 class VisionMLP(nnx.Module):
@@ -280,8 +316,8 @@ class VisionBlock(nnx.Module):
         self.norm2 = RMSNorm(E, "norm", stack=stack, eps=_VISION_EPS, dtype=dt, param_dtype=pdt)
         self.mlp = VisionMLP(cfg, stack=stack, rngs=rngs)
 
-    def __call__(self, h, cos, sin, segment_ids):
-        h = h + self.attn(self.norm1(h), cos, sin, segment_ids)
+    def __call__(self, h, cos, sin, windows, is_full):
+        h = h + self.attn(self.norm1(h), cos, sin, windows, is_full)
         return h + self.mlp(self.norm2(h))
 
 
@@ -328,8 +364,10 @@ class VisionTransformer(nnx.Module):
         h = jnp.dot(x, self.patch_embed[...].astype(dt), preferred_element_type=jnp.float32).astype(dt)[None]
         h = constrain(h, ("batch", "seq", "act_embed"), self.family)
         cos, sin = vision_rope(cfg, layout.rows, layout.cols)
-        window_ids = jnp.asarray(layout.window_ids)[None]
-        frame_ids = jnp.asarray(layout.frame_ids)[None]
+        one_frame = int(layout.frame_ids.max()) == 0
+        windows = _Windows(None if one_frame else jnp.asarray(layout.frame_ids)[None],
+                           jnp.asarray(layout.window_gather), jnp.asarray(layout.window_valid),
+                           jnp.asarray(layout.window_scatter))
         full = np.zeros(cfg.depth, bool)
         full[list(cfg.fullatt_block_indexes)] = True
         graphdef, stacked = nnx.split(self.blocks)
@@ -337,8 +375,7 @@ class VisionTransformer(nnx.Module):
         def layer(h, xs):
             params, is_full = xs
             block = nnx.merge(graphdef, params)
-            segment_ids = jnp.where(is_full, frame_ids, window_ids)
-            h = block(h, cos, sin, segment_ids)
+            h = block(h, cos, sin, windows, is_full)
             return constrain(h, ("batch", "seq", "act_embed"), self.family), None
 
         if cfg.remat:
