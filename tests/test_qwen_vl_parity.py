@@ -280,3 +280,26 @@ def test_vision_tower_matches_transformers_with_frames(checkpoint):
     diff = float(np.abs(ours - ref).max())
     print(f"vision max |diff| {diff:.2e}")
     assert diff <= TOL, diff
+
+
+@pytest.mark.parametrize("size", [(100, 150), (37, 300), (900, 700)])
+def test_image_processing_matches_transformers(size):
+    """Our PIL/numpy processor gives HF `Qwen2VLImageProcessorPil`'s pixel_values and grid (offline,
+    default settings; 900 x 700 with a small max_pixels is downscaled, 37 x 300 upscaled)."""
+    import io
+
+    from PIL import Image
+
+    from openclaw_jax.models.image_processing import ImageProcessorConfig, process_images
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    h, w = size
+    rgb = np.random.default_rng(h).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+    max_pixels = 28 * 28 * 64
+    ref = Qwen2VLImageProcessorPil(max_pixels=max_pixels)(images=[Image.fromarray(rgb)], return_tensors="np")
+    png = io.BytesIO()
+    Image.fromarray(rgb).save(png, format="PNG")
+    pixels, grid = process_images([png.getvalue()], ImageProcessorConfig(max_pixels=max_pixels))
+    np.testing.assert_array_equal(grid, ref["image_grid_thw"])
+    assert pixels.shape == ref["pixel_values"].shape
+    assert np.abs(pixels - ref["pixel_values"]).max() <= 1e-5
