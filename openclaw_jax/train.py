@@ -25,9 +25,32 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+from aiohttp import web
+from flax import nnx
+
 from openclaw_jax.config import ExperimentConfig, load_experiment_config
 from openclaw_jax.configlib import ConfigError, dump_yaml
+from openclaw_jax.gateway.server import start_gateway, stop_gateway
+from openclaw_jax.inference.engine import Engine, EngineConfig
+from openclaw_jax.inference.server import InferenceServer
 from openclaw_jax.logs import configure_logging
+from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.decoder import Decoder
+from openclaw_jax.models.hub import load_pretrained
+from openclaw_jax.models.lora import add_lora
+from openclaw_jax.models.tokenizer import tokenizer_by_name
+from openclaw_jax.models.weights import save_hf_checkpoint
+from openclaw_jax.parallel import multihost
+from openclaw_jax.parallel.mesh import make_mesh, maybe_initialize_distributed, shard_model
+from openclaw_jax.pool.client import PoolClient
+from openclaw_jax.pool.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
+from openclaw_jax.runs.agentic import AgenticDriver, warm_up
+from openclaw_jax.runs.users import env_runner
+from openclaw_jax.trainer.checkpoint import Checkpointer
+from openclaw_jax.trainer.loop import Trainer
+from openclaw_jax.trainer.metrics import MetricsWriter
 
 log = logging.getLogger("openclaw_jax.train")
 
@@ -46,28 +69,10 @@ class BaseModel:
     mesh: Any = None
 
 
-def _tokenizer_by_name(name: str):
-    from openclaw_jax.models import tokenizer as T
-
-    if name == "tiny":
-        return T.tiny_test_tokenizer()
-    if name == "qwen3":
-        return T.qwen3_tokenizer()
-    if name == "smollm2":
-        return T.smollm2_tokenizer()
-    return T.load_tokenizer(name)
-
-
 def _random_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
     """Create (once) a random HF checkpoint of the configured shape, with tokenizer files."""
-    from flax import nnx
-
-    from openclaw_jax.models.config import ModelConfig
-    from openclaw_jax.models.decoder import Decoder
-    from openclaw_jax.models.weights import save_hf_checkpoint
-
     r = cfg.model.random
-    tokenizer = _tokenizer_by_name(cfg.model.tokenizer)
+    tokenizer = tokenizer_by_name(cfg.model.tokenizer)
     mcfg = ModelConfig(
         family=r.family, vocab_size=tokenizer.vocab_size, hidden_size=r.hidden_size,
         intermediate_size=r.intermediate_size, num_layers=r.num_layers, num_heads=r.num_heads,
@@ -83,12 +88,6 @@ def _random_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
 def load_base_model(cfg: ExperimentConfig) -> BaseModel:
     """Student (master dtype) and, for `trainer.teacher=initial`, the frozen teacher (compute dtype),
     both read from the same files straight onto the trainer's mesh (no resident base copy)."""
-    import jax
-
-    from openclaw_jax.models.hub import load_pretrained
-    from openclaw_jax.parallel import multihost
-    from openclaw_jax.parallel.mesh import make_mesh
-
     path = cfg.model.path
     if path == "random":
         out = Path(cfg.run_dir) / "base_model"
@@ -102,16 +101,13 @@ def load_base_model(cfg: ExperimentConfig) -> BaseModel:
                              teacher_dtype=teacher_dtype, remat=cfg.model.remat, attention=cfg.model.attention)
     tokenizer = loaded.tokenizer
     if cfg.model.tokenizer not in ("auto",) and cfg.model.path != "random":
-        tokenizer = _tokenizer_by_name(cfg.model.tokenizer)
+        tokenizer = tokenizer_by_name(cfg.model.tokenizer)
     return BaseModel(loaded.model, tokenizer, path, dict(loaded.hf_config or {}), loaded.config, loaded.teacher,
                      mesh)
 
 
 def _copy_model(model):
     """An independent copy (own buffers) of an NNX model."""
-    import jax
-    from flax import nnx
-
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), state))
 
@@ -120,12 +116,6 @@ def _process_local_copy(model):
     """A copy of a (possibly multi-process sharded) model on this process's default device.
 
     A collective when the model spans processes: every process must call it."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from openclaw_jax.parallel import multihost
-
     if not multihost.is_multiprocess():
         return _copy_model(model)
     graphdef, state = nnx.split(model)
@@ -135,18 +125,10 @@ def _process_local_copy(model):
 def build_trainer(cfg: ExperimentConfig, base: BaseModel):
     """The Trainer around the student (+LoRA) and the frozen teacher on one mesh; takes the models
     out of `base` (the trainer donates their buffers)."""
-    from flax import nnx
-
-    from openclaw_jax.models.lora import add_lora
-    from openclaw_jax.parallel.mesh import make_mesh, shard_model
-    from openclaw_jax.trainer.loop import Trainer
-
     mesh = base.mesh if base.mesh is not None else make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
     student, teacher = base.model, base.teacher
     base.model = base.teacher = None
     if teacher is None:
-        from openclaw_jax.models.hub import load_pretrained
-
         teacher = load_pretrained(cfg.trainer.teacher, mesh=mesh, dtype=cfg.model.dtype, attention=cfg.model.attention,
                                   tokenizer=False).model
     if cfg.model.lora.enabled:
@@ -206,17 +188,10 @@ class _Run:
 
 async def _start_embedded_pool(r: _Run):
     """Process 0 serves the student with the JAX engine; returns (policy urls, weight push)."""
-    from aiohttp import web
-
-    from openclaw_jax.pool.weight_sync import InProcessWeightSync
-
     # With several processes every one takes part in gathering the weights.
     serving = await asyncio.to_thread(_process_local_copy, r.trainer.serving_model())
     policy_urls, sync = [], None
     if r.is_main:
-        from openclaw_jax.inference.engine import Engine, EngineConfig
-        from openclaw_jax.inference.server import InferenceServer
-
         cfg, base = r.cfg, r.base
         engine = Engine(serving, base.tokenizer, context_length=cfg.policy.context_length or None,
                         config=EngineConfig(max_batch_size=cfg.policy.max_batch_size),
@@ -241,9 +216,6 @@ async def _start_embedded_pool(r: _Run):
 
 async def _connect_external_pool(r: _Run, resumed: bool):
     """A client to external SGLang workers and a disk weight push; returns (policy urls, weight push)."""
-    from openclaw_jax.pool.client import PoolClient
-    from openclaw_jax.pool.weight_sync import DiskWeightSync, worker_urls
-
     cfg, base = r.cfg, r.base
     client = None
     if r.is_main:
@@ -255,8 +227,6 @@ async def _connect_external_pool(r: _Run, resumed: bool):
                           model_config=base.config.replace(param_dtype=cfg.model.dtype), extra_config=base.hf_config,
                           tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
     if resumed:  # the workers serve the base model; bring them to the resumed weights
-        from flax import nnx
-
         graphdef, state = nnx.split(r.trainer.serving_model())
         await push(graphdef, state, r.trainer.weight_version)
     return list(cfg.policy.urls), push
@@ -264,8 +234,6 @@ async def _connect_external_pool(r: _Run, resumed: bool):
 
 async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
     """The OpenAI-compatible gateway (judge + sample store) in front of the pool; returns its URL."""
-    from openclaw_jax.gateway.server import start_gateway, stop_gateway
-
     # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
     gw_cfg = dataclasses.replace(r.cfg.gateway, policy_urls=tuple(policy_urls),
                                  store_dir=str(r.run_dir / "samples"), model=r.base.model_dir,
@@ -279,8 +247,6 @@ async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
 
 async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
     """Group rollouts of an environment feed the store; returns (evaluate, driver, drive task)."""
-    from openclaw_jax.runs.agentic import AgenticDriver
-
     trainer = r.trainer
     agentic = await AgenticDriver(r.cfg, policy_urls, r.base.tokenizer, store_dir=str(r.run_dir / "samples"),
                                   offset_fn=lambda: trainer.sample_offset).start()
@@ -301,8 +267,6 @@ async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
 
 async def _start_users(r: _Run, gateway_url: str, stop: asyncio.Event):
     """Simulated users talk to the gateway; returns (evaluate, drive task)."""
-    from openclaw_jax.runs.users import env_runner
-
     trainer = r.trainer
     env = env_runner(r.cfg, gateway_url, store_dir=str(r.run_dir / "samples"), offset_fn=lambda: trainer.sample_offset)
     r.cleanups.append(env.close)
@@ -344,15 +308,8 @@ def _step_callback(r: _Run, evaluate, agentic):
 
 async def _prepare(cfg: ExperimentConfig, run_dir: Path, t_start: float) -> tuple[_Run, Any, bool]:
     """Base model (+ SFT warm-up), trainer, checkpoint restore, writers; returns (run, checkpointer, resumed)."""
-    import jax
-
-    from openclaw_jax.trainer.checkpoint import Checkpointer
-    from openclaw_jax.trainer.metrics import MetricsWriter
-
     base = await asyncio.to_thread(load_base_model, cfg)
     if cfg.agentic.enabled and cfg.agentic.warmup_steps:  # SFT warm-up on demonstrations (cached in the run)
-        from openclaw_jax.runs.agentic import warm_up
-
         base = await asyncio.to_thread(warm_up, cfg, base, run_dir)
     trainer = await asyncio.to_thread(build_trainer, cfg, base)
     checkpointer = Checkpointer(run_dir / "ckpt", max_to_keep=cfg.trainer.keep_checkpoints)
@@ -367,10 +324,6 @@ async def _prepare(cfg: ExperimentConfig, run_dir: Path, t_start: float) -> tupl
 
 async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Run the whole loop; returns a summary (steps, preference scores, wall time)."""
-    import jax
-
-    from openclaw_jax.parallel.mesh import maybe_initialize_distributed
-
     t_start = time.monotonic()
     maybe_initialize_distributed()
     run_dir = Path(cfg.run_dir)
@@ -434,8 +387,6 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def export(trainer, base: BaseModel, run_dir: Path) -> Path:
     """HF safetensors (+ tokenizer files) of the current student under export/step_N."""
-    from openclaw_jax.models.weights import save_hf_checkpoint
-
     out = run_dir / "export" / f"step_{trainer.step}"
     if not out.exists():
         save_hf_checkpoint(trainer.serving_model(trainer.cfg.trainer.export_dtype), None, out,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from typing import Any, Callable
+from typing import Any
 
 from openclaw_jax.gateway.judge import hint_augmented_messages
 from openclaw_jax.samples import Sample
@@ -31,11 +31,6 @@ class JudgePipeline:
     sessions: Any
     _queue: "asyncio.Queue[ScoringJob] | None"
     _active_jobs: int
-    _sample_listeners: list[Callable[[int, Sample], None]]
-
-    def add_sample_listener(self, listener: Callable[[int, Sample], None]) -> None:
-        """Call ``listener(offset, sample)`` (on the event loop) after each durable append."""
-        self._sample_listeners.append(listener)
 
     def _submit(self, job: ScoringJob) -> None:
         assert self._queue is not None
@@ -106,11 +101,6 @@ class JudgePipeline:
         self.stats.samples += 1
         logger.info("sample %d: session %s turn %d kind %s reward %s, %d hint(s)", offset, sample.session_id,
                     sample.turn_index, sample.kind, sample.reward, len(sample.hints))
-        for listener in self._sample_listeners:
-            try:
-                listener(offset, sample)
-            except Exception:  # noqa: BLE001
-                logger.exception("sample listener failed")
 
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Wait until every queued judgement is done and its sample written (tests, benchmarks, shutdown)."""

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -43,12 +42,13 @@ from openclaw_jax.gateway.pipeline import JudgePipeline
 from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
 from openclaw_jax.gateway.protocol import ChatCompletionRequest, GatewayHTTPError, bad_request, parse_chat_request, \
     parse_session_info
-from openclaw_jax.samples import Sample, SampleStore
+from openclaw_jax.samples import SampleStore
 from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
 from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.http.text_budget import TextBudget, message_chars
+from openclaw_jax.models.tokenizer import tokenizer_by_name
 from openclaw_jax.pool.client import (
     NoHealthyWorkerError,
     PoolClient,
@@ -66,25 +66,6 @@ from openclaw_jax.wire.tool_calls import safe_stream_prefix, split_tool_calls
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "OPENCLAW_GATEWAY_API_KEY"
-
-
-def load_tokenizer_for(name_or_dir: str):
-    """The tokenizer + chat template of a model, without loading any weights.
-
-    ``smollm2`` = the packaged SmolLM2-135M-Instruct; ``qwen3`` = the Qwen3 vocabulary;
-    ``tiny`` = the small test tokenizer; anything else is an HF model directory.
-    """
-    from openclaw_jax.models import tokenizer as tok
-
-    named: dict[str, Callable[[], Any]] = {"smollm2": tok.smollm2_tokenizer, "qwen3": tok.qwen3_tokenizer}
-    if hasattr(tok, "tiny_test_tokenizer"):
-        named["tiny"] = tok.tiny_test_tokenizer
-    if name_or_dir in named:
-        return named[name_or_dir]()
-    if not os.path.isdir(name_or_dir):
-        raise FileNotFoundError(f"--model {name_or_dir!r} is neither an HF model directory nor one of "
-                                f"{sorted(named)}")
-    return tok.load_tokenizer(name_or_dir)
 
 
 def pool_error_to_http(err: BaseException, what: str = "policy pool") -> GatewayHTTPError:
@@ -155,13 +136,12 @@ class Gateway(JudgePipeline, SessionRoutes):
         self.budget: TextBudget | None = None
         self.writer: StoreWriter | None = None
         self._stop_ids: list[int] = []
-        self._sample_listeners: list[Callable[[int, Sample], None]] = []
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         cfg = self.cfg
         if self.tokenizer is None:
-            self.tokenizer = await asyncio.get_running_loop().run_in_executor(None, load_tokenizer_for, cfg.model)
+            self.tokenizer = await asyncio.get_running_loop().run_in_executor(None, tokenizer_by_name, cfg.model)
         self._stop_ids = sorted({int(t) for t in (getattr(self.tokenizer, "eos_token_ids", ()) or ())})
         if self.policy is None:
             if not cfg.policy_urls:
@@ -188,7 +168,7 @@ class Gateway(JudgePipeline, SessionRoutes):
                 judge_tokenizer = self.tokenizer
                 if cfg.judge_model and cfg.judge_model != cfg.model:
                     judge_tokenizer = await asyncio.get_running_loop().run_in_executor(
-                        None, load_tokenizer_for, cfg.judge_model)
+                        None, tokenizer_by_name, cfg.judge_model)
                 self.judge = ModelJudge(self.judge_pool, judge_tokenizer, votes=cfg.judge_votes,
                                         temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens,
                                         max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars,

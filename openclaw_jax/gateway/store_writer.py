@@ -157,7 +157,7 @@ class StoreWriter:
                 try:
                     self.on_written(offset, sample)
                 except Exception:  # noqa: BLE001
-                    logger.exception("sample listener failed")
+                    logger.exception("the written-sample callback failed")
 
     def _count_error(self) -> None:
         self.stats.errors += 1

@@ -50,7 +50,7 @@ from openclaw_jax.inference.prefill import Prefiller
 from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, plan_batch,
                                               sampling_arrays)
-from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
+from openclaw_jax.inference.types import GenerationSpec, SamplingParams, SequenceOutput
 
 logger = logging.getLogger(__name__)
 
@@ -548,7 +548,6 @@ class Engine:
 
 def spec_for(prompt_ids: Sequence[int], **kwargs: Any) -> GenerationSpec:
     """Convenience for tests and benchmarks: a GenerationSpec from ids and sampling keywords."""
-    from openclaw_jax.inference.types import SamplingParams
     spec_fields = {f.name for f in dataclasses.fields(GenerationSpec)}
     spec_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in spec_fields}
     return GenerationSpec(prompt_ids=tuple(int(t) for t in prompt_ids), sampling=SamplingParams(**kwargs),

@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from flax import nnx
+
 from openclaw_jax.inference.engine import Engine
+from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.hub import load_pretrained
+from openclaw_jax.models.weights import load_hf_checkpoint
 
 WeightLoader = Callable[[str, "str | None"], Any]  # (path, load_format) -> nnx.State
 
@@ -14,10 +19,6 @@ def default_weight_loader(engine: Engine) -> WeightLoader:
     """HF safetensors directory -> params with the served model's structure and dtypes."""
 
     def load(path: str, load_format: str | None):
-        from flax import nnx
-
-        from openclaw_jax.models.config import ModelConfig
-        from openclaw_jax.models.weights import load_hf_checkpoint
         if load_format not in (None, "auto", "safetensors", "hf"):
             raise ValueError(f"load_format={load_format!r} is not supported; use 'auto' (HF safetensors)")
         p = Path(path)
@@ -37,8 +38,6 @@ def default_weight_loader(engine: Engine) -> WeightLoader:
 
 def load_for_serving(model: str, *, dtype: str | None = None):
     """(Decoder, Tokenizer, hf_config, model_path) for `--model` (an HF directory or 'smollm2')."""
-    from openclaw_jax.models.hub import load_pretrained
-
     pre = load_pretrained(model, dtype=dtype)
     return pre.model, pre.tokenizer, pre.hf_config, str(pre.source)
 

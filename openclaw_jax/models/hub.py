@@ -25,7 +25,9 @@ from typing import Any, Callable, Iterable
 
 import jax
 
+from openclaw_jax.models import gguf, weights
 from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.tokenizer import tokenizer_by_name
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +46,11 @@ class Pretrained:
 
 def _gguf_source(path: Path):
     """(hf_config, a lazy TensorSource over the GGUF: each tensor dequantised when read)."""
-    from openclaw_jax.models import gguf
-    from openclaw_jax.models.weights import TensorSource
-
     gguf_file = gguf.read_gguf(path)
     hf_config = gguf.gguf_hf_config(gguf_file)
     by_hf = gguf.hf_tensor_names(gguf_file)
 
-    class GGUFSource(TensorSource):
+    class GGUFSource(weights.TensorSource):
         def describe(self, name):
             return f"{path} ({by_hf.get(name, name)})"
 
@@ -69,25 +68,18 @@ def _gguf_source(path: Path):
 
 def _open(name_or_dir: str | os.PathLike) -> tuple[dict[str, Any], Any, str, str, Callable[[], Any]]:
     """(hf_config, tensor source, default param dtype, source description, tokenizer factory)."""
-    from openclaw_jax.models import weights
-
     if str(name_or_dir) == "smollm2":
-        from openclaw_jax.models.gguf import smollm2_gguf_path
-        from openclaw_jax.models.tokenizer import smollm2_tokenizer
-
-        path = smollm2_gguf_path()
+        path = gguf.smollm2_gguf_path()
         hf_config, source = _gguf_source(path)
-        return hf_config, source, "float32", str(path), smollm2_tokenizer
+        return hf_config, source, "float32", str(path), lambda: tokenizer_by_name("smollm2")
     model_dir = Path(name_or_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(
             f"model {str(name_or_dir)!r} is neither an embedded model {EMBEDDED_MODELS} nor a directory; "
             f"pass an HF checkpoint directory (config.json + model.safetensors + tokenizer.json)")
-    from openclaw_jax.models.tokenizer import load_tokenizer
-
     hf_config = weights.read_hf_config(model_dir)
     default = ModelConfig.from_hf_dict(hf_config).param_dtype
-    return hf_config, weights.SafetensorsSource(model_dir), default, str(model_dir), lambda: load_tokenizer(model_dir)
+    return hf_config, weights.SafetensorsSource(model_dir), default, str(model_dir), lambda: tokenizer_by_name(model_dir)
 
 
 def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None, dtype: Any = None,
@@ -99,8 +91,6 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh |
     `remat`: set the config's rematerialisation flag (training); `attention`: the attention
     kernel (`ModelConfig.attention`). `tokenizer=False` skips the tokenizer.
     """
-    from openclaw_jax.models import weights
-
     hf_config, source, default_dtype, where, make_tokenizer = _open(name_or_dir)
     cfg = ModelConfig.from_hf_dict(hf_config, param_dtype=default_dtype)
     cfg = weights.apply_dtypes(cfg, dtype, param_dtype)

@@ -21,6 +21,8 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from flax import nnx
 
+from openclaw_jax.models.weights import save_hf_checkpoint
+
 log = logging.getLogger(__name__)
 
 
@@ -57,8 +59,6 @@ class DiskWeightSync:
         self._written: list[Path] = []
 
     def _write(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> Path:
-        from openclaw_jax.models.weights import save_hf_checkpoint
-
         out = self.directory / f"step_{version}"
         save_hf_checkpoint(nnx.merge(graphdef, state), self.model_config, out, extra_config=self.extra_config)
         if self.tokenizer_files_from is not None:

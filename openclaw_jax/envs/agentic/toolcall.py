@@ -18,6 +18,7 @@ import re
 from typing import Any, Sequence
 
 from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
+from openclaw_jax.envs.questions import gsm_heldout, gsm_train_stream
 from openclaw_jax.envs.sandbox import SandboxLimits, run_code
 
 FAMILIES = ("product", "sum", "gsm")
@@ -76,8 +77,6 @@ class ToolCallEnv(Environment):
         per = {f: n // len(self.families) + (i < n % len(self.families)) for i, f in enumerate(self.families)}
         for family, count in per.items():
             if family == "gsm":
-                from openclaw_jax.envs.questions import gsm_heldout, gsm_train_stream
-
                 qs = gsm_heldout(count, seed) if split == "heldout" else \
                     [q for _, q in zip(range(count), gsm_train_stream(seed))]
                 out += [Task(f"gsm/{split}/{seed}/{i}", q.text, float(q.answer), {}, "gsm") for i, q in enumerate(qs)]

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import tokenizers
 from tokenizers import AddedToken
 
+from openclaw_jax.models.gguf import read_gguf, smollm2_gguf_path
 from openclaw_jax.models.tokenizer.chat_template import QWEN3_CHAT_TEMPLATE, TokenizerError
 from openclaw_jax.models.tokenizer.core import (LLAMA3_PRETOKENIZE_REGEX, QWEN_PRETOKENIZE_REGEX, Tokenizer,
                                                 _add_tokens_at_ids, _byte_level_backend, _ids_list,
@@ -199,8 +200,6 @@ _GGUF_PRETOKENIZERS: dict[str, tuple[str | None, bool]] = {
 
 def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
     """The byte-level BPE tokenizer and chat template stored in a GGUF file's metadata."""
-    from openclaw_jax.models.gguf import read_gguf
-
     meta = read_gguf(path).metadata
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
@@ -240,6 +239,4 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
 @functools.lru_cache(maxsize=1)
 def smollm2_tokenizer() -> Tokenizer:
     """SmolLM2-135M-Instruct's tokenizer (49152 tokens, ChatML) from the packaged GGUF (shared: read-only)."""
-    from openclaw_jax.models.gguf import smollm2_gguf_path
-
     return tokenizer_from_gguf(smollm2_gguf_path())
