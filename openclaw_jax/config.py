@@ -50,7 +50,7 @@ class ModelSourceConfig:
     `path`: an HF checkpoint directory, `smollm2` (the packaged SmolLM2-135M-Instruct GGUF), or
     `random` (a fresh model of shape `random`, with the tokenizer named by `tokenizer`).
 
-    Precision (DESIGN section 12): `param_dtype` is the dtype of the trained master weights and of
+    Precision (docs/design.md §12): `param_dtype` is the dtype of the trained master weights and of
     the optimizer state (float32 for real training); `dtype` is the compute dtype the jitted phases
     cast the params to (bfloat16 on GPUs). Norms, softmax, log-probs and losses always run in
     float32. The frozen teacher is held in `dtype`; serving and weight sync get `dtype`;
@@ -136,7 +136,7 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """The background trainer (DESIGN section 7)."""
+    """The background trainer (docs/design.md §7)."""
 
     max_steps: int = 100
     method: Literal["combine", "rl", "opd", "token_combine", "tail_kl"] = "combine"
@@ -150,7 +150,7 @@ class TrainerConfig:
     min_response_bucket: int = 32
     teacher: str = "initial"             # "initial" (frozen initial student) or an HF checkpoint dir
     rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
-    # GRPO advantage of a conversation turn: its reward ("none", DESIGN section 6), or the reward minus
+    # GRPO advantage of a conversation turn: its reward ("none", docs/design.md §6), or the reward minus
     # the mean reward of the step's evaluated turns ("batch_mean"; see trainer/advantages.py)
     reward_baseline: Literal["none", "batch_mean"] = "none"
     max_staleness: int = 4               # weight versions; older samples are dropped or corrected

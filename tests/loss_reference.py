@@ -1,4 +1,4 @@
-"""Independent NumPy float64 reference for the loss family, written from DESIGN section 6.
+"""Independent NumPy float64 reference for the loss family, written from docs/design.md §6.
 
 Plain per-sample, per-token Python loops: selection by explicit set intersections, the
 subset as a Python list, PPO/OPD/entropy/KL values and their gradients w.r.t. the logits
@@ -160,7 +160,7 @@ def _overlap(sq_row, sp_row) -> int:
 
 
 def reference_kstar(case: dict, mode: str) -> np.ndarray:
-    """k*[b, t] by the DESIGN selection rules, with explicit loops."""
+    """k*[b, t] by the selection rules of docs/design.md §6, with explicit loops."""
     sq, sp = case["student_topk_ids"], case["teacher_topk_ids"]
     cmask, mask, seg = case["candidate_mask"], case["loss_mask"], case.get("segment_ids")
     B, C, T, _ = sp.shape

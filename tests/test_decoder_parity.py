@@ -149,7 +149,7 @@ def _primitive_input_dtypes(jaxpr, names, found):
 
 @pytest.mark.parametrize("remat", [False, True])
 def test_bfloat16_model_keeps_norms_softmax_and_rope_in_float32(remat):
-    """DESIGN section 12: with bf16 compute, norms (rsqrt), softmax (exp, max), RoPE (sin, cos) and the
+    """docs/design.md §12: with bf16 compute, norms (rsqrt), softmax (exp, max), RoPE (sin, cos) and the
     output log-probs run in float32. Read from the traced program, so a norm or a softmax done in
     bf16 fails here even where the tiny model's logits would stay within the tolerance above."""
     hf, cfg = make_hf_model("qwen3", tie=False, num_heads=4, num_kv_heads=2, head_dim=8)

@@ -224,7 +224,7 @@ def test_interleaved_sessions_are_stored_under_their_openclaw_session_ids(played
 def test_next_states_are_the_persons_following_messages(played, stack):
     by = {s.session_id: s for s in _oc_samples(stack)}
     a, b = by["oc-a"], by["oc-b"]
-    # The person's own words, without OpenClaw's "[Wed 2026-11-25 09:39 UTC] " prefix (DESIGN 14).
+    # The person's own words, without OpenClaw's "[Wed 2026-11-25 09:39 UTC] " prefix (docs/design.md §14).
     # The raw message (as OpenClaw sent it) is kept beside the words the judge reads.
     for sample, words in ((a, A2), (b, B2)):
         assert (sample.next_state["role"], sample.next_state["content"]) == ("user", words)

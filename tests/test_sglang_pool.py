@@ -95,7 +95,7 @@ def test_generate_ids_logprobs_and_sampling_match_transformers(base_weights, hf_
     assert (greedy.prompt_tokens, greedy.completion_tokens, greedy.weight_version) == (n, 6, "base")
     assert greedy.raw["meta_info"]["weight_versions"] == [{"version": "base", "start": 0, "end": 6}]
 
-    # sampled at T=0.7: log-probs are log_softmax(logits / T) over the full vocabulary (DESIGN section 8)
+    # sampled at T=0.7: log-probs are log_softmax(logits / T) over the full vocabulary (docs/design.md §8)
     ref_hot = hf_log_softmax(hf_model, PROMPT + hot.output_ids, temperature=0.7)
     np.testing.assert_allclose(hot.output_logprobs, [ref_hot[n - 1 + i, t] for i, t in enumerate(hot.output_ids)],
                                atol=TOL)

@@ -4,7 +4,7 @@
 The reference takes every model output from HF `transformers` (PyTorch, float64) on the same
 checkpoint files the trainer loads: the student's logits over prompt + response and the
 teacher's logits over each hint-augmented prompt + the same response. From those full logits
-it builds, in NumPy float64 by the equations of DESIGN section 6, the student's top-K S^q, each
+it builds, in NumPy float64 by the equations of docs/design.md §6, the student's top-K S^q, each
 candidate's own top-K S^p, the teacher's log-probs at S^q, the old policy's log-probs at S^p,
 the overlap, k*, the subsets and the loss (`loss_reference.reference_loss`, plain loops). The
 gradient is the reference d loss / d logits pushed back through the PyTorch model by autograd;
@@ -98,7 +98,7 @@ def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, t
         sq = np.argsort(-lsm, axis=-1, kind="stable")[:, :K]
         case["student_topk_ids"][b, :r] = sq
         case["student_topk_logprobs"][b, :r] = np.take_along_axis(lsm, sq, -1)
-        # RL-only samples: the un-hinted prompt is the single teacher candidate (DESIGN section 6)
+        # RL-only samples: the un-hinted prompt is the single teacher candidate (docs/design.md §6)
         prompts = (s.hint_prompt_ids or [s.prompt_ids])[:C] if teacher_candidates else []
         for c, prompt in enumerate(prompts):
             t_lsm = log_softmax(_response_logits(teacher, prompt, s.response_ids).numpy())

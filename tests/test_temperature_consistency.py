@@ -1,4 +1,4 @@
-"""The trainer's tau must be the temperature each sample was drawn with (DESIGN section 6):
+"""The trainer's tau must be the temperature each sample was drawn with (docs/design.md §6):
 the config refuses a gateway/trainer mismatch, and the batcher refuses (and counts, and says
 why, once) samples drawn at another temperature."""
 

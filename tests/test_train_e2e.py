@@ -2,7 +2,7 @@
 
 One run is SIGKILLed after its second checkpoint, then started again with the same command:
 it must resume from the checkpoint (step and sample offset), finish, and leave a run directory
-with TensorBoard events carrying every DESIGN metric name, an HF export that loads, and a step
+with TensorBoard events carrying every metric name of docs/design.md §6, an HF export that loads, and a step
 log whose sample windows are contiguous (no sample lost, none trained twice).
 """
 
@@ -85,7 +85,7 @@ def test_tiny_cpu_run_killed_and_resumed(tmp_path):
     tags = read_event_tags(run_dir / "tb")
     design = set(METRIC_NAMES) | {"grad_norm", "lr", "loss"}
     missing = sorted(name for name in design if name not in tags)
-    assert not missing, f"TensorBoard lacks DESIGN metrics {missing}"
+    assert not missing, f"TensorBoard lacks the docs/design.md §6 metrics {missing}"
     for extra in ("rollout/prm_eval_score", "samples/opd_rl", "samples/opd", "samples/rl", "time/old_pass",
                   "time/teacher_pass", "time/train_step", "time/weight_sync", "time/weight_sync_blocking",
                   "weight_sync/failures", "tokens_per_s", "weight_version",

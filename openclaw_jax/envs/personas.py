@@ -9,7 +9,7 @@ human-readable violation and an explicit instruction (the sentence the user woul
 The score is the fraction of rules that hold, rounded *down* to the benchmark's rubric levels
 {0, 0.25, 0.5, 0.75, 1}; so a score of 1 means every rule holds, i.e. the persona is satisfied.
 
-Reactions are written so the judge of DESIGN section 9 can read them: a satisfied persona thanks
+Reactions are written so the judge of docs/design.md §9 can read them: a satisfied persona thanks
 and moves on (every phrasing contains "thank"), an unsatisfied one complains and states the
 instruction as its own imperative sentence (> 10 characters), which is what a judge extracts as
 the hint.

@@ -1,7 +1,7 @@
 """Simulated users: drive live conversations through an OpenAI-compatible gateway.
 
 A `SimulatedUser` plays a `Persona` against the gateway with the official `openai` client,
-exactly as a real agent would, and sends the session headers of DESIGN section 9:
+exactly as a real agent would, and sends the session headers of docs/design.md §9:
 
     X-Session-Id: <id>      one id per conversation
     X-Turn-Type: main       every request of a training conversation
@@ -54,7 +54,7 @@ METRIC_PREFIX_SIMUSER = "simuser/"
 
 
 def session_headers(session_id: str, *, turn_type: str = "main", done: bool = False) -> dict[str, str]:
-    """Headers of DESIGN section 9 for one request."""
+    """Headers of docs/design.md §9 for one request."""
     if turn_type not in ("main", "side"):
         raise ValueError(f"turn_type must be 'main' or 'side', got {turn_type!r}")
     headers = {SESSION_ID_HEADER: session_id, TURN_TYPE_HEADER: turn_type}

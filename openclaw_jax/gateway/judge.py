@@ -1,6 +1,6 @@
 """The judge (process reward model): eval votes, hint votes, and the three-case rule.
 
-DESIGN section 9. Pure parts (prompts, parsing, voting, hint selection, hint-augmented
+docs/design.md §9. Pure parts (prompts, parsing, voting, hint selection, hint-augmented
 prompts, sample kind) are plain functions; :class:`ModelJudge` runs the 2*m votes of one
 turn concurrently on a judge pool (a :class:`~openclaw_jax.pool.client.PoolClient`);
 :class:`RuleJudge` needs no model (offline use and tests).

@@ -1,4 +1,4 @@
-"""The person's own words inside a user message as OpenClaw sends it (DESIGN section 14).
+"""The person's own words inside a user message as OpenClaw sends it (docs/design.md §14).
 
 OpenClaw (2026.9.6) wraps what the person typed before it reaches the model:
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway: live conversations in, training samples out (DESIGN section 9).
+"""The OpenAI-compatible gateway: live conversations in, training samples out (docs/design.md §9).
 
 Request path (never waits for the judge):
   validate -> render the chat template (exact prompt ids) -> policy pool ``/generate`` with

@@ -1,4 +1,4 @@
-"""Session and turn bookkeeping: which main turn gets which next state (DESIGN sections 9 and 14).
+"""Session and turn bookkeeping: which main turn gets which next state (docs/design.md §9 and §14).
 
 Rules:
 * Only **main** turns train. Main turns of a session are numbered 0, 1, 2, ... in the

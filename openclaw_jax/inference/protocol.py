@@ -1,4 +1,4 @@
-"""The embedded server's reading of requests, in engine terms (DESIGN section 8).
+"""The embedded server's reading of requests, in engine terms (docs/design.md §8).
 
 The wire formats themselves live in :mod:`openclaw_jax.wire` (``sglang``: sampling params,
 ``/generate``; ``openai``: messages, tools, responses). Here: what SGLang's OpenAI-compatible

@@ -3,7 +3,7 @@
 Every function takes a batch of float32 logits `[B, V]` and per-row arrays `[B]`, so one
 compiled step serves rows with different temperatures, top-p, top-k, min-p and seeds.
 
-Conventions (DESIGN section 8, as SGLang):
+Conventions (docs/design.md §8, as SGLang):
   * temperature 0 means greedy: the token is argmax(logits), and its reported log-probs
     are log_softmax(logits) (temperature 1), exactly what SGLang does for greedy rows;
   * reported log-probs are log_softmax(logits / T) over the *full* vocabulary, before any

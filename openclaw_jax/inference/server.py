@@ -1,4 +1,4 @@
-"""SGLang-compatible HTTP server around the JAX engine (DESIGN section 8).
+"""SGLang-compatible HTTP server around the JAX engine (docs/design.md §8).
 
     python -m openclaw_jax.inference --model <HF checkpoint dir | smollm2> --host 127.0.0.1 --port 30000
 

@@ -1,4 +1,4 @@
-"""The hybrid GRPO + top-K OPD loss family (DESIGN section 6).
+"""The hybrid GRPO + top-K OPD loss family (docs/design.md §6).
 
 Pinned API: ``overlap_counts``, ``select_hint``, ``hybrid_loss``, ``HybridBatch``, ``LossConfig``.
 Extras: the chunked path (``chunked_hybrid_loss``), stats variants for micro-batch/host
@@ -50,7 +50,7 @@ def tail_kl_loss(logits, batch, cfg=LossConfig(), *, sample_count=None):
 
 
 __all__ = [
-    # pinned (DESIGN section 6)
+    # pinned (docs/design.md §6)
     "overlap_counts",
     "select_hint",
     "hybrid_loss",

@@ -12,7 +12,7 @@ from openclaw_jax.losses.selection import HINT_SELECTION_MODES
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Hyper-parameters of the loss family (DESIGN section 6). Static under jit (no leaves).
+    """Hyper-parameters of the loss family (docs/design.md §6). Static under jit (no leaves).
 
     ``adv_diff_clip <= 0`` disables the OPD diff clip; ``ppo_kl_clamp`` None or ``<= 0``
     disables the +-clamp of ``l_old - l_cur`` in the GRPO and top-K OPD branches.

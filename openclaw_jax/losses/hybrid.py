@@ -1,4 +1,4 @@
-"""The hybrid GRPO + top-K OPD loss (DESIGN section 6) and its siblings, dense and chunked.
+"""The hybrid GRPO + top-K OPD loss (docs/design.md §6) and its siblings, dense and chunked.
 
 Two entry points compute the same numbers:
 
@@ -60,7 +60,7 @@ from openclaw_jax.ops.logprobs import DEFAULT_CHUNK_SIZE, lse_logprobs_entropy
 class HybridBatch:
     """One padded training batch for the loss family (B samples, T response positions).
 
-    Pinned fields (DESIGN section 6):
+    Pinned fields (docs/design.md §6):
       tokens ``[B,T]`` int: the sampled response tokens y_t.
       loss_mask ``[B,T]``: 1 where the token is trained.
       old_logprobs ``[B,T]``: ``l_old(y_t)`` from the old-policy pass.
@@ -214,7 +214,7 @@ def grpo_plus_distill(grpo_sample: jax.Array, opd_token: jax.Array, cfg: LossCon
 
 @loss_kind("hybrid")
 class HybridKind(LossKind):
-    """GRPO on the sampled token + top-K OPD on the subset S_t (DESIGN section 6)."""
+    """GRPO on the sampled token + top-K OPD on the subset S_t (docs/design.md §6)."""
 
     def gather(self, batch, cfg, *, tokens, kstar, active):
         subset = opd_subset(

@@ -118,7 +118,7 @@ def topk_opd_token_loss(
     eps_clip_high: float,
     kl_clamp: float | None,
 ) -> OpdTerms:
-    """Per-token top-K OPD loss (DESIGN section 6).
+    """Per-token top-K OPD loss (docs/design.md §6).
 
     Over v in S_t: ``w_v = softmax_{S_t}(l_old)``, ``d_v = clip(l_T(v) - l_old(v), +-adv_diff_clip)``
     (no clip when ``adv_diff_clip <= 0``), ``A_v = d_v * w_v`` -- all three under

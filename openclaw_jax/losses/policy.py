@@ -4,7 +4,7 @@ Everything here is elementwise or a masked reduction, float32, jittable, and fre
 knowledge of the batch layout beyond "the last axis is tokens" (per-sample helpers) or
 "the leading axis is samples".
 
-Aggregation (DESIGN section 6): a per-sample value is the masked token mean
+Aggregation (docs/design.md §6): a per-sample value is the masked token mean
 ``sum_t m_t x_t / max(sum_t m_t, 1)``; the batch value is the mean of that over the *real*
 samples (``sample_mask``), where a real sample whose token mask is all zero still counts.
 
@@ -25,7 +25,7 @@ from typing import Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 
-# The DESIGN section 6 metric names, in the order TensorBoard shows them. `grad_norm` and
+# The docs/design.md §6 metric names, in the order TensorBoard shows them. `grad_norm` and
 # `lr` come from the trainer step, not from the loss; `train_rollout_logprob_abs_diff` only
 # appears when the batch carries rollout log-probs.
 METRIC_NAMES: tuple[str, ...] = (

@@ -1,4 +1,4 @@
-"""Overlap-guided hint selection (DESIGN section 6).
+"""Overlap-guided hint selection (docs/design.md §6).
 
 ``O[c, t] = |S^q_t ∩ S^p_{t,c}|`` counts how many of the old policy's top-K ids at token t
 are also in hint candidate c's teacher top-K; ``select_hint`` turns it into one candidate

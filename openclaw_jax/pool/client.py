@@ -1,4 +1,4 @@
-"""Asyncio client for a pool of SGLang-compatible workers (DESIGN section 8).
+"""Asyncio client for a pool of SGLang-compatible workers (docs/design.md §8).
 
 The same client drives real SGLang servers, an `sglang_router` in front of them, or our
 embedded JAX server (`openclaw_jax.inference.server`), because all of them speak the

@@ -1,4 +1,4 @@
-"""Errors and per-worker results of the SGLang pool client (DESIGN section 8).
+"""Errors and per-worker results of the SGLang pool client (docs/design.md §8).
 
 What a worker's `/generate` returned is :class:`openclaw_jax.wire.sglang_results.GenerateResult` (parsed
 by :func:`openclaw_jax.wire.sglang_results.parse_generate_response`, the one place that reads that body).

@@ -1,4 +1,4 @@
-"""Pushing the trainer's weights to the serving pool (DESIGN sections 8 and 10).
+"""Pushing the trainer's weights to the serving pool (docs/design.md §8 and §10).
 
 Two ways, one interface (`await sync(graphdef, state, version)`):
 
@@ -90,7 +90,7 @@ class DiskWeightSync:
 
 
 class BackgroundWeightSync:
-    """Runs weight pushes off the trainer's path (DESIGN section 12: async weight sync).
+    """Runs weight pushes off the trainer's path (docs/design.md §12: async weight sync).
 
     `submit(graphdef, state, version)` returns at once. At most one push is in flight; a version
     submitted meanwhile waits, and a newer one replaces it (its weights supersede the older ones:

@@ -1,4 +1,4 @@
-"""A training sample: one scored main turn (DESIGN section 9), and its JSON encoding.
+"""A training sample: one scored main turn (docs/design.md §9), and its JSON encoding.
 
 A :class:`Sample` is one scored main turn: the exact prompt and response token ids the
 policy saw and sampled, the rollout log-probs the policy server returned, the judge's

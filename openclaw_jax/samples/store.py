@@ -1,4 +1,4 @@
-"""The durable, append-only sample store (DESIGN section 9).
+"""The durable, append-only sample store (docs/design.md §9).
 
 The :class:`SampleStore` is the one place where the gateway (writer) and the trainer
 (reader) meet. Its guarantees:

@@ -1,7 +1,7 @@
 """Baselines for the GRPO advantage of conversation turns (host-side, on a packed batch).
 
 A conversation turn has no group of rollouts to compare with: its advantage is its reward (+1 / -1,
-DESIGN section 6). Uncentred, that keeps reinforcing whatever the policy samples once most turns
+docs/design.md §6). Uncentred, that keeps reinforcing whatever the policy samples once most turns
 satisfy the user (every sampled answer is pushed up, so the policy sharpens onto one answer form,
 right or wrong), and while most turns fail it pushes every sampled token down, the good ones too.
 `batch_mean` subtracts the mean reward of the step's evaluated turns (the REINFORCE baseline over

@@ -518,7 +518,7 @@ class SampleBatcher:
         tau = self.spec.temperature
         if tau is not None and abs(float(sample.temperature) - tau) > 1e-6:
             # log-probs at another temperature are another distribution: PPO ratios and the OPD
-            # targets would be wrong for this sample (DESIGN section 6)
+            # targets would be wrong for this sample (docs/design.md §6)
             self.dropped["temperature"] += 1
             if not self._warned_temperature:
                 self._warned_temperature = True

@@ -1,6 +1,6 @@
 """The stateful trainer: owns params, optimizer state and the jitted phases; trains on batches.
 
-`Trainer.train_on(packed)` runs one step (DESIGN section 7) on a `PackedBatch` and returns its
+`Trainer.train_on(packed)` runs one step (docs/design.md §7) on a `PackedBatch` and returns its
 metrics; `Trainer.run(...)` is the asyncio loop that waits for samples in the store, trains,
 pushes weights to the serving pool, logs to TensorBoard and checkpoints. The pure functions
 it calls live in `step.py`.
@@ -254,7 +254,7 @@ class Trainer:
         return self.serving_graphdef(), state
 
     def train_on(self, packed: PackedBatch, *, serve: bool = False) -> dict[str, float]:
-        """One optimizer step on `packed`; returns host metrics (DESIGN names plus step extras).
+        """One optimizer step on `packed`; returns host metrics (the metric names of docs/design.md §6 plus step extras).
 
         `serve`: the step also writes the updated weights for serving (`take_serving_weights`)."""
         baseline = apply_reward_baseline(packed, self.cfg.trainer.reward_baseline)

@@ -1,4 +1,4 @@
-"""Pure, jittable trainer step functions (DESIGN section 7), one per phase.
+"""Pure, jittable trainer step functions (docs/design.md §7), one per phase.
 
 Nothing here does I/O or reads configs: the trainer loop (`loop.py`) owns state, builds the
 jitted versions with explicit shardings, and calls them in order:

@@ -17,7 +17,7 @@ class WireError(ValueError):
 
 
 # What to change on the client when a prompt does not fit the model's context: written for OpenClaw,
-# whose default system prompt alone is about 10.5 k SmolLM2 tokens (DESIGN section 14). It leads the
+# whose default system prompt alone is about 10.5 k SmolLM2 tokens (docs/design.md §14). It leads the
 # message because OpenClaw shows only the first 200 characters of a provider's error.
 CONTEXT_ADVICE = (
     "Prompt too long for the model. With OpenClaw: tools.profile: \"minimal\", agents.defaults.skills: [], "

@@ -1,4 +1,4 @@
-"""SGLang's native wire protocol (DESIGN section 8), both directions.
+"""SGLang's native wire protocol (docs/design.md §8), both directions.
 
 `SamplingParams` is the typed ``sampling_params``: the embedded server parses requests into it
 (`parse_sampling_params`, ranges and messages as SGLang's ``verify``) and the pool client sends it

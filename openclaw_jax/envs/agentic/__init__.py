@@ -1,4 +1,4 @@
-"""General agentic RL (DESIGN section 13): episodes, environments, group rollouts.
+"""General agentic RL (docs/design.md §13): episodes, environments, group rollouts.
 
 Environments: `toolcall` (python interpreter; math), `terminal` (bash in a prepared directory),
 `swe` (fix a small repository until its tests pass) and `easy` (a one-turn environment a tiny

@@ -1,4 +1,4 @@
-"""`agentic:` section of the experiment config (general agentic RL, DESIGN section 13). A leaf module."""
+"""`agentic:` section of the experiment config (general agentic RL, docs/design.md §13). A leaf module."""
 
 from __future__ import annotations
 

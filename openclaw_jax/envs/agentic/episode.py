@@ -1,5 +1,5 @@
 """Episodes: a task's opening messages and tools, assistant turns from the policy pool, tool
-observations from the environment, until a final answer or a limit (DESIGN section 13).
+observations from the environment, until a final answer or a limit (docs/design.md §13).
 
 Token-exact: the opening prompt is rendered with the chat template once; afterwards every
 assistant turn appends exactly the `output_ids` the pool returned (trained, loss mask 1, with

@@ -1,5 +1,5 @@
 """Group rollouts: n episodes per task, group-normalised GRPO advantages, optional PRM step votes,
-samples into the durable store (DESIGN section 13).
+samples into the durable store (docs/design.md §13).
 
 Advantage of episode i in a group with outcome rewards r: A_i = r_i - mean(r), divided by
 (std(r) + eps) when `normalize_std` (population std, as GRPO). A group whose rewards are all
