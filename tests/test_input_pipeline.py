@@ -11,7 +11,7 @@ import pytest
 from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.samples.sample import encode_sample
 from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
-from openclaw_jax.trainer.input_pipeline import WindowPipeline, sample_dataset
+from openclaw_jax.trainer.input_pipeline import WindowPipeline, demonstration_batches, sample_dataset, task_stream
 
 VOCAB = 200
 
@@ -128,3 +128,26 @@ def test_sample_dataset_parses_records():
     ds = sample_dataset([encode_sample(s) for s in samples])
     assert len(ds) == 5
     assert [ds[i].to_dict() for i in range(5)] == [s.to_dict() for s in samples]
+
+
+def test_task_stream_cycles_the_tasks_in_order():
+    import itertools
+
+    tasks = [f"task{i}" for i in range(3)]
+    got = list(itertools.islice(iter(task_stream(tasks)), 8))
+    assert got == list(itertools.islice(itertools.cycle(tasks), 8))
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_demonstration_batches_are_the_warm_ups_draws(threads):
+    """The batches the agentic warm-up draws today (np.random.default_rng(seed).choice per step, no
+    repeats within a batch, sorted by length), written out here as a plain loop."""
+    rng = np.random.default_rng(1)
+    pairs = [(list(range(int(rng.integers(1, 9)))), list(range(int(rng.integers(1, 5))))) for _ in range(11)]
+    want, ref_rng = [], np.random.default_rng(42)
+    for _ in range(6):
+        idx = ref_rng.choice(len(pairs), size=4, replace=False)
+        want.append(sorted((pairs[i] for i in idx), key=lambda p: len(p[0]) + len(p[1])))
+    got = list(demonstration_batches(pairs, steps=6, batch_size=4, seed=42, prefetch_threads=threads))
+    assert got == want
+    assert len(list(demonstration_batches(pairs[:3], steps=2, batch_size=4, seed=0))[0]) == 3

@@ -30,6 +30,11 @@ prefetch must be of the window that is asked for next; asking for another one di
 records. A prefetched window's drops count in `dropped` when its batches are taken, as they would
 have without the prefetch. `bench/input_pipeline.py` measures the host time per step against the
 hand-written path.
+
+The other trainer inputs read through the same grain API: `task_stream(tasks)` (an environment's
+training tasks, cycled, for the group rollouts) and `demonstration_batches(pairs, ...)` (the
+agentic warm-up's SFT batches, the same draws as today); `sample_dataset(records)` parses stored
+sample records.
 """
 
 from __future__ import annotations
@@ -192,4 +197,31 @@ class WindowPipeline:
         self.close()
 
 
-__all__ = ["WindowPipeline", "read_window_payloads", "sample_dataset", "window_dataset"]
+# ------------------------------------------------------------------ the other readers, through the same API
+
+def task_stream(tasks: Sequence) -> grain.IterDataset:
+    """An environment's training tasks, in order, forever (what `itertools.cycle(tasks)` gives the
+    group rollouts today)."""
+    if not tasks:
+        raise ValueError("a task stream needs at least one task")
+    return grain.MapDataset.source(list(tasks)).repeat().to_iter_dataset()
+
+
+def demonstration_batches(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int, batch_size: int,
+                          seed: int, prefetch_threads: int = 0) -> grain.IterDataset:
+    """The warm-up's batches of (prompt ids, response ids) demonstrations: per step `batch_size` distinct
+    pairs drawn with `np.random.default_rng(seed)` (the draws `runs/agentic.warm_up` makes today), sorted
+    by length (similar lengths per batch keep the padded shapes few). `prefetch_threads` > 0 builds
+    the next batches on host threads while a step runs."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    size = min(batch_size, len(pairs))
+    draws = [rng.choice(len(pairs), size=size, replace=False) for _ in range(steps)]
+    return (grain.MapDataset.source(draws)
+            .map(lambda idx: sorted((pairs[i] for i in idx), key=lambda p: len(p[0]) + len(p[1])))
+            .to_iter_dataset(grain.ReadOptions(num_threads=prefetch_threads, prefetch_buffer_size=2)))
+
+
+__all__ = ["WindowPipeline", "demonstration_batches", "read_window_payloads", "sample_dataset", "task_stream",
+           "window_dataset"]
