@@ -303,3 +303,30 @@ def test_image_processing_matches_transformers(size):
     np.testing.assert_array_equal(grid, ref["image_grid_thw"])
     assert pixels.shape == ref["pixel_values"].shape
     assert np.abs(pixels - ref["pixel_values"]).max() <= 1e-5
+
+
+def test_prefill_then_decode_equals_full_forward(checkpoint):
+    """Prompt with an image prefilled into a KV cache, then 4 tokens decoded one at a time at
+    slot s / rope position s + delta: each step's logits equal the full forward's (HF-parity above)."""
+    _, model, _ = checkpoint
+    rng = np.random.default_rng(6)
+    grid = [(1, 6, 4)]
+    prompt = _prompt(rng, 3, grid[0], 2)
+    tail = rng.integers(0, 240, size=4).tolist()
+    ids = jnp.asarray([prompt + tail], jnp.int32)
+    pixels = jnp.asarray(_patches(rng, grid))
+    full = np.asarray(nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=grid))(model, ids, pixels))
+    P = len(prompt)
+
+    @nnx.jit
+    def prefill(m, x, p):
+        hidden, cache, deltas = m.prefill_hidden(x, m.init_cache(1, 32), pixel_values=p, image_grid_thw=grid)
+        return m.logits(hidden), cache, deltas
+
+    logits, cache, deltas = prefill(model, ids[:, :P], pixels)
+    assert int(deltas[0]) == max(3, 2) - 3 * 2  # the 3 x 2 merged image: 6 tokens advance positions by 3
+    assert np.abs(np.asarray(logits) - full[:, :P]).max() <= TOL
+    step = nnx.jit(lambda m, x, pos, c, d: m.decode(x, pos, c, d))
+    for s in range(P, P + 4):
+        logits, cache = step(model, ids[:, s:s + 1], jnp.asarray([[s]], jnp.int32), cache, deltas)
+        assert np.abs(np.asarray(logits)[:, 0] - full[:, s]).max() <= TOL, s

@@ -291,39 +291,48 @@ class Decoder(nnx.Module):
         return self.logits(hidden), cache
 
     def decode_hidden(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache,
-                      segment_ids: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+                      segment_ids: jax.Array | None = None, *, embeds: jax.Array | None = None,
+                      rope_positions: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
         """Like `decode` but returns final-norm hidden states `[B, L, H]`.
 
         `segment_ids [B, L]`: the row holds several continuations of the cached prefix (each a
         contiguous segment, positions from the prefix's length), which never see each other; the
         returned cache is then meaningless (their k/v share slots), only the hidden states count.
+        `embeds` replace the token embeddings; `rope_positions` (`[B, L]` or M-RoPE `[3, B, L]`)
+        rotate q/k instead of `positions`, which then only name the cache slots (vision-language models).
         """
         mask = None if segment_ids is None else AttentionMask(segment_ids=segment_ids)
-        return self._run(self.embed(input_ids), positions.astype(jnp.int32), mask, cache)
+        h = self.embed(input_ids) if embeds is None else embeds
+        return self._run(h, positions.astype(jnp.int32), mask, cache, rope_positions)
 
-    def prefill_hidden(self, input_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    def prefill_hidden(self, input_ids: jax.Array, cache: KVCache, *, embeds: jax.Array | None = None,
+                       rope_positions: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
         """`decode_hidden` of tokens at positions 0..L-1 into an *empty* cache (a prompt prefill).
 
         Same result, but the attention is the full forward's (`cfg.attention`: blockwise or fused,
         no `[L, L]` scores or mask), not the dense attention over the cache. Right padding is
-        harmless (causal); k/v are written at slots 0..L-1.
+        harmless (causal); k/v are written at slots 0..L-1. `embeds`, `rope_positions`: as in `decode_hidden`.
         """
         B, L = input_ids.shape
         positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
         mask = AttentionMask(None, None, self.cfg.attention, self.cfg.attention_block_size, return_kv=True)
-        return self._run(self.embed(input_ids), positions, mask, cache)
+        h = self.embed(input_ids) if embeds is None else embeds
+        return self._run(h, positions, mask, cache, rope_positions)
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _run(self, h, positions, mask, cache: KVCache | None):
-        """The layer scan from input embeddings h `[B, L, H]`; positions `[B, L]` (or `[3, B, L]`
-        M-RoPE rows, full forward only: the cache is written at sequence positions)."""
+    def _run(self, h, positions, mask, cache: KVCache | None, rope_positions=None):
+        """The layer scan from input embeddings h `[B, L, H]`. positions `[B, L]`: the cache slots
+        and, unless `rope_positions` are given, the RoPE positions; in the full forward (no cache)
+        positions may be M-RoPE rows `[3, B, L]` themselves."""
         cfg = self.cfg
         h = constrain(h.astype(jnp.dtype(cfg.dtype)), ("batch", "seq", "act_embed"), cfg.family)
-        cos, sin = rope_sin_cos(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.mrope_section)
+        rope = positions if rope_positions is None else rope_positions
+        cos, sin = rope_sin_cos(rope, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.mrope_section)
         if positions.ndim == 3:
             if cache is not None:
-                raise ValueError("M-RoPE positions [3, B, L] are supported in the full forward only (no KV cache)")
+                raise ValueError("with a KV cache, give the slots as positions [B, L] and M-RoPE rows as "
+                                 "rope_positions [3, B, L]")
             positions = None  # only the cache path reads write positions
         graphdef, stacked = nnx.split(self.layers)
 

@@ -15,7 +15,9 @@ attention_mask, segment_ids, *, pixel_values=None, image_grid_thw=None)`, `logit
 `lm_head_kernel`, `cfg` (the text `ModelConfig`). `image_grid_thw` must be concrete (numpy or
 nested tuples, not traced): it fixes the vision shapes and layout at trace time. Positions given
 explicitly may be `[3, B, L]` (e.g. packed rows, each segment's from `mrope_positions`).
-Only the full forward takes images (no KV-cache decode with M-RoPE yet).
+Generation: `prefill_hidden` (prompt with images into an empty KV cache, returns the rope deltas)
+then `decode` / `decode_hidden` of text tokens at cache slots s, rotated at s + delta (HF's
+`rope_deltas`).
 
 Config: `QwenVLConfig.from_hf_dict` reads both the public Qwen2.5-VL `config.json` layout (text
 keys at the top level, `rope_scaling: {type: mrope, mrope_section}`) and the newer transformers
@@ -39,7 +41,7 @@ import numpy as np
 from flax import nnx
 
 from openclaw_jax.models.config import LoRAConfig, ModelConfig, ModelConfigError
-from openclaw_jax.models.decoder import Decoder
+from openclaw_jax.models.decoder import Decoder, KVCache
 from openclaw_jax.models.vision import VisionConfig, VisionTransformer, as_grid
 from openclaw_jax.models.weights import (CheckpointError, DictSource, SafetensorsSource, TensorMapping,
                                          TensorSource, _identity, _make_param, apply_dtypes, hf_name_map,
@@ -239,6 +241,36 @@ class QwenVL(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         return self.language_model.logits(hidden)
+
+    # -- generation: prefill with images, then decode text with shifted positions ----------------
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
+        return self.language_model.init_cache(batch_size, max_len, dtype)
+
+    def prefill_hidden(self, input_ids: jax.Array, cache: KVCache, *, pixel_values: jax.Array | None = None,
+                       image_grid_thw: Any = None, attention_mask: jax.Array | None = None
+                       ) -> tuple[jax.Array, KVCache, jax.Array]:
+        """A prompt (with images) into an empty cache at slots 0..L-1: (hidden `[B, L, H]`, cache,
+        rope deltas `[B]`). `attention_mask` marks each row's real tokens (right padding) so the
+        deltas count only them; tokens decoded at slot s then rotate at position s + delta."""
+        embeds = self.embed(input_ids, pixel_values, image_grid_thw)
+        rope, deltas = mrope_positions(input_ids, image_grid_thw, self.vl_cfg.image_token_id,
+                                       self.vl_cfg.vision.spatial_merge_size, attention_mask)
+        hidden, cache = self.language_model.prefill_hidden(input_ids, cache, embeds=embeds, rope_positions=rope)
+        return hidden, cache, deltas
+
+    def decode_hidden(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache, deltas: jax.Array,
+                      segment_ids: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+        """Text tokens at cache slots `positions [B, L]` after a `prefill_hidden` (its `deltas`)."""
+        rope = positions.astype(jnp.int32) + deltas.astype(jnp.int32)[:, None]
+        return self.language_model.decode_hidden(input_ids, positions, cache, segment_ids,
+                                                 rope_positions=jnp.broadcast_to(rope[None], (3,) + rope.shape))
+
+    def decode(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache,
+               deltas: jax.Array) -> tuple[jax.Array, KVCache]:
+        """(logits float32 `[B, L, V]`, new cache) of `decode_hidden`."""
+        hidden, cache = self.decode_hidden(input_ids, positions, cache, deltas)
+        return self.logits(hidden), cache
 
     def lm_head_kernel(self) -> jax.Array:
         return self.language_model.lm_head_kernel()
