@@ -138,7 +138,7 @@ async def chat(
 
 
 @dataclasses.dataclass(frozen=True)
-class TurnRecord:
+class RatedAnswer:
     """One assistant answer inside a session and how the persona took it."""
 
     session_id: str
@@ -157,7 +157,7 @@ class TurnRecord:
 class SessionResult:
     session_id: str
     index: int
-    turns: list[TurnRecord] = dataclasses.field(default_factory=list)
+    turns: list[RatedAnswer] = dataclasses.field(default_factory=list)
     requests: int = 0  # answering requests plus the closing request
     closed: bool = False  # the request with X-Session-Done was sent and answered
     error: str | None = None
@@ -401,7 +401,7 @@ class SimulatedUser:
                 verdict: PreferenceVerdict = self.persona.check(reply.text, question.text, finish_reason=reply.finish_reason,
                                                                 reference=question.answer)
                 reaction = self.persona.react(question.text, reply.text, verdict, rng)
-                result.turns.append(TurnRecord(
+                result.turns.append(RatedAnswer(
                     session_id, len(result.turns), question.id, attempt, reply.text,
                     reply.finish_reason, verdict.score, verdict.satisfied, reaction,
                     is_correct(reply.text, question.answer),

@@ -232,8 +232,10 @@ def _check_no_effect_fields(body: Mapping[str, Any]) -> None:
     optional_bool(body, "tool_stream", False)
 
 
-def parse_chat_request(body: Any) -> ChatCompletionRequest:
-    """Validate an OpenAI chat-completions body; raises GatewayHTTPError(400) naming the bad field."""
+def parse_agent_chat_request(body: Any) -> ChatCompletionRequest:
+    """Validate an agent's OpenAI chat-completions body, strictly (fields without effect and the
+    policy's own settings are refused; unlike the inference server's lenient
+    `inference.protocol.parse_chat_request`); raises GatewayHTTPError(400) naming the bad field."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
     _check_fields(body)

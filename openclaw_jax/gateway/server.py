@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -40,8 +40,8 @@ from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
 from openclaw_jax.gateway.pipeline import JudgePipeline
 from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
-from openclaw_jax.gateway.protocol import ChatCompletionRequest, GatewayHTTPError, bad_request, parse_chat_request, \
-    parse_session_info
+from openclaw_jax.gateway.protocol import (ChatCompletionRequest, GatewayHTTPError, bad_request,
+                                           parse_agent_chat_request, parse_session_info)
 from openclaw_jax.samples import SampleStore
 from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
@@ -345,7 +345,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         if isinstance(messages, list) and len(messages) > self.cfg.max_prompt_tokens:  # before validating each
             raise bad_request(f"the conversation is too long: {self.budget.conversation_too_long(messages, 0)} "
                               "(gateway.max_prompt_tokens)", param="messages")
-        req = await G.parse_off_loop(request, parse_chat_request, body)
+        req = await G.parse_off_loop(request, parse_agent_chat_request, body)
         prompt_ids = await self._render_prompt(req)
         main = session.turn_type == "main"
         params = self._sampling_params(req, main)
@@ -445,90 +445,17 @@ class Gateway(JudgePipeline, SessionRoutes):
                            params: SamplingParams, ticket: TurnTicket | None) -> web.StreamResponse:
         stream = self.policy.generate_stream(prompt_ids, sampling_params=params, return_logprob=True,
                                              top_logprobs_num=req.top_logprobs)
-        # Wait for the first chunk before answering 200, so that pool trouble is still a JSON error status.
-        try:
-            first = await stream.__anext__()
-        except StopAsyncIteration:
-            self.stats.pool_errors += 1
-            raise GatewayHTTPError(502, "the policy pool ended the stream without output") from None
-        except (PoolError, asyncio.TimeoutError) as err:
-            self.stats.pool_errors += 1
-            logger.warning("policy pool error: %s", err)
-            raise pool_error_to_http(err) from None
-
-        completion_id, created = O.new_id("chatcmpl-"), O.now_s()
-        model = req.model or self.cfg.served_model_name
+        first = await self._first_chunk(stream)  # before answering 200: pool trouble is still an error status
         response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no",
                                                            **request.get(GATEWAY_HEADERS, {})})
         await response.prepare(request)
-
-        async def send(obj: Any) -> None:
-            try:
-                await response.write(O.sse_event(obj))
-            except (ConnectionResetError, RuntimeError) as err:
-                raise _ClientGone() from err
-
-        # Text held back until it is final: a possible tool-call start, or a possible stop string
-        # that the server will trim from the final text.
-        holdback = max((len(s) for s in req.stop), default=1) - 1
-        emitted = ""
-        sent_tokens = 0
-        result = first
+        out = _ChatStream(response, req, model=req.model or self.cfg.served_model_name,
+                          logprobs_block=self._logprobs_block)
         try:
-            await send(O.chat_chunk(completion_id=completion_id, created=created, model=model,
-                                  delta={"role": "assistant", "content": ""}))
-            pending: GenerateResult | None = first
-            while True:
-                if pending is None:
-                    try:
-                        pending = await stream.__anext__()
-                    except StopAsyncIteration:
-                        break
-                result, pending = pending, None
-                if result.finished:
-                    break
-                text = result.text
-                safe = safe_stream_prefix(text) if req.tools else len(text)
-                safe = min(safe, max(len(text) - holdback, 0))
-                while safe > 0 and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 character so far
-                    safe -= 1
-                delta_text = text[len(emitted):safe] if text.startswith(emitted) and safe > len(emitted) else ""
-                new_tokens = len(result.output_ids)
-                lp = (self._logprobs_block(result, sent_tokens, new_tokens, req.top_logprobs)
-                      if req.logprobs and new_tokens > sent_tokens else None)
-                if delta_text or lp:
-                    await send(O.chat_chunk(completion_id=completion_id, created=created, model=model,
-                                          delta={"content": delta_text} if delta_text else {}, logprobs=lp))
-                    emitted += delta_text
-                    if lp:
-                        sent_tokens = new_tokens
-            if not result.finished:
-                raise PoolError("the policy stream ended without a final chunk")
-            # Final chunk: the rest of the content, then any tool calls, then the finish reason.
-            text = result.text
-            content, calls = split_tool_calls(text, req.tools)
-            final_content = content if calls else text
-            if not final_content.startswith(emitted):
-                logger.warning("streamed content %r is not a prefix of the final text %r", emitted[-40:],
-                               final_content[-40:])
-            rest = final_content[len(emitted):] if final_content.startswith(emitted) else ""
-            lp = (self._logprobs_block(result, sent_tokens, len(result.output_ids), req.top_logprobs)
-                  if req.logprobs and len(result.output_ids) > sent_tokens else None)
-            if rest or lp:
-                await send(O.chat_chunk(completion_id=completion_id, created=created, model=model,
-                                      delta={"content": rest} if rest else {}, logprobs=lp))
-            if calls:
-                await send(O.chat_chunk(completion_id=completion_id, created=created, model=model,
-                                      delta={"tool_calls": calls}))
+            result = await self._relay(stream, first, out)
             # Record before the last chunk: once the client has the finish reason it may send the next turn.
-            self._record_turn(ticket, req, prompt_ids, result, params)
-            await send(O.chat_chunk(completion_id=completion_id, created=created, model=model, delta={},
-                                  finish_reason=self._finish_reason(result, bool(calls))))
-            if req.include_usage:
-                await send(O.chat_chunk(completion_id=completion_id, created=created, model=model, delta=None,
-                                      usage=O.usage(len(prompt_ids), len(result.output_ids)), no_choices=True))
-            await send("[DONE]")
-            await response.write_eof()
+            await out.finish(result, len(prompt_ids),
+                             record=lambda: self._record_turn(ticket, req, prompt_ids, result, params))
         except _ClientGone:
             logger.info("client closed the stream early; turn not recorded")
             if ticket is not None:
@@ -539,16 +466,118 @@ class Gateway(JudgePipeline, SessionRoutes):
             logger.warning("policy stream failed mid-way: %s", err)
             if ticket is not None:
                 self.sessions.fail_turn(ticket)
-            http = pool_error_to_http(err)
-            try:
-                await send({"error": http.body()["error"] | {"code": http.status}})
-                await send("[DONE]")
-                await response.write_eof()
-            except _ClientGone:
-                pass
+            await out.error(pool_error_to_http(err))
         finally:
             await stream.aclose()
         return response
+
+    async def _first_chunk(self, stream) -> GenerateResult:
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            self.stats.pool_errors += 1
+            raise GatewayHTTPError(502, "the policy pool ended the stream without output") from None
+        except (PoolError, asyncio.TimeoutError) as err:
+            self.stats.pool_errors += 1
+            logger.warning("policy pool error: %s", err)
+            raise pool_error_to_http(err) from None
+
+    @staticmethod
+    async def _relay(stream, first: GenerateResult, out: "_ChatStream") -> GenerateResult:
+        """Send the opening chunk and each update's final-so-far text; returns the final result."""
+        result = first
+        await out.chunk(delta={"role": "assistant", "content": ""})
+        pending: GenerateResult | None = first
+        while True:
+            if pending is None:
+                try:
+                    pending = await stream.__anext__()
+                except StopAsyncIteration:
+                    break
+            result, pending = pending, None
+            if result.finished:
+                break
+            await out.progress(result)
+        if not result.finished:
+            raise PoolError("the policy stream ended without a final chunk")
+        return result
+
+
+class _ChatStream:
+    """The SSE side of one streamed chat completion: what the client has been sent so far."""
+
+    def __init__(self, response: web.StreamResponse, req: ChatCompletionRequest, *, model: str,
+                 logprobs_block: Callable[[GenerateResult, int, int, int], dict[str, Any]]):
+        self.response, self.req, self.model = response, req, model
+        self.logprobs_block = logprobs_block
+        self.completion_id, self.created = O.new_id("chatcmpl-"), O.now_s()
+        # Text held back until it is final: a possible tool-call start, or a possible stop string
+        # that the server will trim from the final text.
+        self.holdback = max((len(s) for s in req.stop), default=1) - 1
+        self.emitted = ""
+        self.sent_tokens = 0
+
+    async def send(self, obj: Any) -> None:
+        try:
+            await self.response.write(O.sse_event(obj))
+        except (ConnectionResetError, RuntimeError) as err:
+            raise _ClientGone() from err
+
+    async def chunk(self, **fields: Any) -> None:
+        await self.send(O.chat_chunk(completion_id=self.completion_id, created=self.created, model=self.model,
+                                     **fields))
+
+    def _logprobs(self, result: GenerateResult, upto: int) -> dict[str, Any] | None:
+        if not self.req.logprobs or upto <= self.sent_tokens:
+            return None
+        return self.logprobs_block(result, self.sent_tokens, upto, self.req.top_logprobs)
+
+    async def progress(self, result: GenerateResult) -> None:
+        """The text of an unfinished result that can no longer change, and the new tokens' log-probs."""
+        text = result.text
+        safe = safe_stream_prefix(text) if self.req.tools else len(text)
+        safe = min(safe, max(len(text) - self.holdback, 0))
+        while safe > 0 and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 character so far
+            safe -= 1
+        emitted = self.emitted
+        delta_text = text[len(emitted):safe] if text.startswith(emitted) and safe > len(emitted) else ""
+        new_tokens = len(result.output_ids)
+        lp = self._logprobs(result, new_tokens)
+        if delta_text or lp:
+            await self.chunk(delta={"content": delta_text} if delta_text else {}, logprobs=lp)
+            self.emitted += delta_text
+            if lp:
+                self.sent_tokens = new_tokens
+
+    async def finish(self, result: GenerateResult, prompt_tokens: int, *, record: Callable[[], None]) -> None:
+        """The rest of the content, any tool calls, `record()`, the finish reason, usage, [DONE]."""
+        text = result.text
+        content, calls = split_tool_calls(text, self.req.tools)
+        final_content = content if calls else text
+        if not final_content.startswith(self.emitted):
+            logger.warning("streamed content %r is not a prefix of the final text %r", self.emitted[-40:],
+                           final_content[-40:])
+        rest = final_content[len(self.emitted):] if final_content.startswith(self.emitted) else ""
+        lp = self._logprobs(result, len(result.output_ids))
+        if rest or lp:
+            await self.chunk(delta={"content": rest} if rest else {}, logprobs=lp)
+        if calls:
+            await self.chunk(delta={"tool_calls": calls})
+        record()
+        await self.chunk(delta={}, finish_reason=Gateway._finish_reason(result, bool(calls)))
+        if self.req.include_usage:
+            await self.chunk(delta=None, usage=O.usage(prompt_tokens, len(result.output_ids)), no_choices=True)
+        await self.send("[DONE]")
+        await self.response.write_eof()
+
+    async def error(self, http: GatewayHTTPError) -> None:
+        """An in-band error event (the status line is long sent), then [DONE]."""
+        try:
+            await self.send({"error": http.body()["error"] | {"code": http.status}})
+            await self.send("[DONE]")
+            await self.response.write_eof()
+        except _ClientGone:
+            pass
 
 
 async def start_gateway(cfg: GatewayConfig, **components: Any) -> tuple[Gateway, web.AppRunner, str]:

@@ -149,9 +149,18 @@ class OpenAIRoutes:
         encoded = iter(await self._encode_all(texts, "prompt") if texts else [])
         prompts_ids = [list(p) if isinstance(p, tuple) else next(encoded) for p in req.prompts]
         prompt_texts = [p if isinstance(p, str) else self.tokenizer.decode(list(p)) for p in req.prompts]
+        base = req.rid or O.new_id("")
+        specs = self._completion_specs(req, prompts_ids, base)
+        head = {"completion_id": "cmpl-" + base, "model": req.model, "created": O.now_s()}
+        if not req.stream:
+            return await self._complete_texts(req, specs, prompts_ids, prompt_texts, head)
+        return await self._stream_completions(request, req, specs, prompts_ids, prompt_texts, head)
+
+    def _completion_specs(self, req: P.CompletionRequest, prompts_ids: list[list[int]],
+                          base: str) -> list[GenerationSpec]:
+        """`n` sequences per prompt, validated against the context and the request's token budget."""
         want_lp = req.logprobs is not None
         specs = []
-        base = req.rid or O.new_id("")
         total = [0]
         for p, ids in enumerate(prompts_ids):
             self._validate(ids, req.sampling, total)
@@ -160,37 +169,42 @@ class OpenAIRoutes:
                                             top_logprobs_num=req.logprobs or 0,
                                             logprob_start_len=0 if (req.echo and want_lp) else -1,
                                             rid=f"{base}-{p}-{j}", sample_index=j))
+        return specs
+
+    def _completion_logprobs(self, req: P.CompletionRequest, out: SequenceOutput, first: bool) -> dict | None:
+        """The `logprobs` of a choice (with the prompt's, when echoing, on its first chunk)."""
+        if req.logprobs is None:
+            return None
+        ids = list(out.output_ids)
+        lps: list[float | None] = list(out.output_logprobs)
+        tops = list(out.output_top_logprobs) if req.logprobs else None
+        if req.echo and first:
+            ids = out.prompt_ids + ids
+            lps = list(out.input_logprobs or []) + lps
+            if tops is not None:
+                tops = list(out.input_top_logprobs or []) + tops
+        tt = self.token_text
+        return O.completion_logprobs([tt(int(t)) for t in ids], lps, None if tops is None else [
+            None if pos is None else [(v, tt(int(t))) for v, t in pos] for pos in tops])
+
+    async def _complete_texts(self, req: P.CompletionRequest, specs: list[GenerationSpec],
+                              prompts_ids: list[list[int]], prompt_texts: list[str], head: dict) -> web.Response:
         n = req.sampling.n
-        request_id = "cmpl-" + base
-        created = O.now_s()
+        outs = await self._run_all(specs)
+        choices = []
+        for k, out in enumerate(outs):
+            text = (prompt_texts[k // n] + out.text) if req.echo else out.text
+            finish, matched = openai_finish(out.finish_reason)
+            choices.append(O.completion_choice(k, text, finish_reason=finish, matched_stop=matched,
+                                               logprobs=self._completion_logprobs(req, out, True)))
+        usage = O.usage(sum(len(i) for i in prompts_ids), sum(len(o.output_ids) for o in outs), details=True)
+        return json_response(O.text_completion(**head, choices=choices, usage=usage,
+                                               metadata={"weight_version": outs[0].weight_version}))
 
-        def logprobs_of(out: SequenceOutput, first: bool) -> dict | None:
-            if not want_lp:
-                return None
-            ids = list(out.output_ids)
-            lps: list[float | None] = list(out.output_logprobs)
-            tops = list(out.output_top_logprobs) if req.logprobs else None
-            if req.echo and first:
-                ids = out.prompt_ids + ids
-                lps = list(out.input_logprobs or []) + lps
-                if tops is not None:
-                    tops = list(out.input_top_logprobs or []) + tops
-            tt = self.token_text
-            return O.completion_logprobs([tt(int(t)) for t in ids], lps, None if tops is None else [
-                None if pos is None else [(v, tt(int(t))) for v, t in pos] for pos in tops])
-
-        if not req.stream:
-            outs = await self._run_all(specs)
-            choices = []
-            for k, out in enumerate(outs):
-                text = (prompt_texts[k // n] + out.text) if req.echo else out.text
-                finish, matched = openai_finish(out.finish_reason)
-                choices.append(O.completion_choice(k, text, finish_reason=finish, matched_stop=matched,
-                                                   logprobs=logprobs_of(out, True)))
-            usage = O.usage(sum(len(i) for i in prompts_ids), sum(len(o.output_ids) for o in outs), details=True)
-            return json_response(O.text_completion(completion_id=request_id, model=req.model, created=created,
-                                                   choices=choices, usage=usage,
-                                                   metadata={"weight_version": outs[0].weight_version}))
+    async def _stream_completions(self, request: web.Request, req: P.CompletionRequest,
+                                  specs: list[GenerationSpec], prompts_ids: list[list[int]], prompt_texts: list[str],
+                                  head: dict) -> web.StreamResponse:
+        n = req.sampling.n
         resp = await self._start_sse(request)
         sent_text = {k: 0 for k in range(len(specs))}
         sent_tokens = {k: 0 for k in range(len(specs))}
@@ -204,27 +218,26 @@ class OpenAIRoutes:
                     text = prompt_texts[k // n] + text
                 sent_text[k] = len(out.text)
                 lp = None
-                if want_lp:
+                if req.logprobs is not None:
                     a = sent_tokens[k]
                     partial = SequenceOutput(rid=out.rid, prompt_ids=out.prompt_ids, output_ids=out.output_ids[a:],
                                              output_logprobs=out.output_logprobs[a:],
                                              output_top_logprobs=out.output_top_logprobs[a:],
                                              input_logprobs=out.input_logprobs,
                                              input_top_logprobs=out.input_top_logprobs)
-                    lp = logprobs_of(partial, first[k])
+                    lp = self._completion_logprobs(req, partial, first[k])
                     sent_tokens[k] = len(out.output_ids)
                 finish, matched = openai_finish(out.finish_reason)
                 if text or lp or finish:
                     usage = (O.usage(len(prompts_ids[k // n]), completion[k], details=True) if req.continuous_usage_stats
                              else None)
                     await resp.write(O.sse_event(O.text_completion(
-                        completion_id=request_id, model=req.model, created=created, usage=usage,
+                        **head, usage=usage,
                         choices=[O.completion_choice(k, text, finish_reason=finish, matched_stop=matched, logprobs=lp)])))
                 first[k] = False
             if req.include_usage:
                 usage = O.usage(sum(len(i) for i in prompts_ids), sum(completion.values()), details=True)
-                await resp.write(O.sse_event(O.text_completion(completion_id=request_id, model=req.model,
-                                                               created=created, choices=[], usage=usage)))
+                await resp.write(O.sse_event(O.text_completion(**head, choices=[], usage=usage)))
             await resp.write(O.SSE_DONE)
             await resp.write_eof()
         return resp

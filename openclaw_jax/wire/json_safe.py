@@ -90,12 +90,6 @@ def _check_text(text: str, what: str) -> None:
                            f"{text[err.start]!r} at character {err.start} of a string)") from None
 
 
-def check_text(text: str, what: str) -> str:
-    """``text`` itself, or :class:`JSONRejected` if it holds a lone surrogate (e.g. a decoded header)."""
-    _check_text(text, what)
-    return text
-
-
 def finite(obj: Any) -> Any:
     """``obj`` with NaN/Infinity replaced by null (JSON has neither; SGLang's orjson sends null)."""
     if isinstance(obj, float):

@@ -160,10 +160,6 @@ class Tokenizer:
         """Ids of added tokens marked special (skipped by `decode(skip_special_tokens=True)`)."""
         return self._special_ids
 
-    @property
-    def added_tokens(self) -> dict[int, AddedToken]:
-        return dict(self._added)
-
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(int(token_id))
 
