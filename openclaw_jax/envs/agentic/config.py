@@ -1,4 +1,4 @@
-"""`agentic:` section of the experiment config (general agentic RL, docs/design.md §13). A leaf module."""
+"""`agentic:` section of the experiment config (general agentic RL, docs/design.md §13); imports only configlib and the environment registry."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from openclaw_jax.configlib import require
+from openclaw_jax.envs.agentic.episode import ENVIRONMENTS
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,8 @@ class AgenticConfig:
     """Group rollouts of an environment feeding the trainer (instead of the gateway's conversations)."""
 
     enabled: bool = False
-    # a registered environment (envs/agentic: toolcall | terminal | swe | easy); checked when it is built
+    # a registered environment (`@register_environment`: toolcall | terminal | swe | easy). Importing this
+    # module runs `envs/agentic/__init__.py` first, which imports (and so registers) the built-in ones.
     env: str = "toolcall"
     families: tuple[str, ...] = ()       # task families of the environment (empty = its defaults)
     seed: int = 0
@@ -47,7 +49,7 @@ class AgenticConfig:
     warmup_examples: int = 256           # demonstrations generated for the warm-up
 
     def __post_init__(self):
-        require(bool(self.env), "agentic.env must name a registered environment (toolcall, terminal, swe, easy)")
+        require(self.env in ENVIRONMENTS, f"agentic.env={self.env!r} must be one of {ENVIRONMENTS.names()}")
         for name in ("train_tasks", "group_size", "groups_in_flight", "max_turns", "max_new_tokens",
                      "max_response_tokens", "max_observation_chars", "eval_concurrency", "warmup_batch_size",
                      "warmup_examples"):
