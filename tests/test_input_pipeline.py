@@ -151,3 +151,27 @@ def test_demonstration_batches_are_the_warm_ups_draws(threads):
     got = list(demonstration_batches(pairs, steps=6, batch_size=4, seed=42, prefetch_threads=threads))
     assert got == want
     assert len(list(demonstration_batches(pairs[:3], steps=2, batch_size=4, seed=0))[0]) == 3
+
+
+def test_prefetch_builds_on_a_host_thread_and_batch_takes_its_result(tmp_path):
+    import threading
+
+    spec = SPECS["unpacked_rl"]
+    with SampleStore(tmp_path / "s") as store:
+        for s in _samples(12):
+            store.append(s)
+    with WindowPipeline(tmp_path / "s", spec) as pipeline:
+        built = []
+        build = pipeline._build
+
+        def recording(window, *args):
+            built.append((window, threading.current_thread().name))
+            return build(window, *args)
+
+        pipeline._build = recording
+        pipeline.batch(0, 3, 0)
+        pipeline.prefetch(3, 6, 1)
+        pipeline.batch(3, 6, 1)
+        assert built[0] == ((0, 3, 0), threading.current_thread().name)
+        assert built[1][0] == (3, 6, 1) and built[1][1].startswith("input-pipeline")
+        assert len(built) == 2   # the prefetched window was not built again
