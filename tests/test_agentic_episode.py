@@ -181,3 +181,35 @@ def test_prm_step_votes_from_the_judge(tok):
     assert ep.success and ep.num_turns == 5
     votes = asyncio.run(step_votes(judge_step_vote(RuleJudge()), ep))
     assert votes[0] == -1 and votes[3] == 1 and votes[4] == 0, (votes, ep.observations)
+
+
+def test_registered_environments_and_their_lookup_errors():
+    """Environments register by decorator (`@register_environment`); the config refuses an unknown
+    name at load, naming the registered ones, and `make_env` builds each from its section."""
+    from openclaw_jax.configlib import ConfigError
+    from openclaw_jax.envs.agentic import ENVIRONMENTS
+
+    assert set(ENVIRONMENTS.names()) >= {"easy", "swe", "terminal", "toolcall"}
+    for name in ENVIRONMENTS.names():
+        assert make_env(AgenticConfig(env=name)).name == name
+    with pytest.raises(ConfigError, match=r"agentic.env='nope' must be one of .*toolcall"):
+        AgenticConfig(env="nope")
+    with pytest.raises(ValueError, match=r"unknown agentic environment 'nope'; registered: .*easy"):
+        ENVIRONMENTS.get("nope")
+
+
+def test_run_wiring_builds_the_driver_and_demonstrations_from_the_experiment_config(tok, tmp_path):
+    """`runs.agentic` turns the experiment config into the envs' own arguments: the driver's
+    environment, task sets and backlog, and the warm-up's demonstrations (each solves its task)."""
+    from openclaw_jax.config import ExperimentConfig
+    from openclaw_jax.envs.agentic import episode_runner
+    from openclaw_jax.envs.agentic.rollout import demonstrations
+    from openclaw_jax.runs.agentic import AgenticDriver
+
+    cfg = ExperimentConfig(agentic=AgenticConfig(enabled=True, env="easy", train_tasks=6, heldout_tasks=2, backlog=0))
+    driver = AgenticDriver(cfg, [], tok, store_dir=str(tmp_path / "samples"), offset_fn=lambda: 0)
+    assert driver.env.name == "easy" and len(driver.train_tasks) == 6 and len(driver.heldout) == 2
+    assert driver.runner.limits.max_turns == cfg.agentic.max_turns
+    assert driver.backlog > 0
+    pairs = asyncio.run(demonstrations(episode_runner(cfg.agentic, driver.env, tok), driver.train_tasks[:3]))
+    assert len(pairs) == 3 and all(tok.decode(turn).startswith("apple") for _, turn in pairs)
