@@ -199,6 +199,27 @@ def test_preference_score_uses_greedy_side_turns():
     assert len({h["X-Session-Id"] for h, _ in server.requests}) == 10
 
 
+def test_env_runner_from_the_experiment_config(tmp_path):
+    """`runs.users.env_runner` hands the envs their own `env:` section plus the values they need from
+    the rest of the run (the gateway's temperature, the backlog of two steps' samples, the policy's
+    batch size for the held-out concurrency)."""
+    from openclaw_jax.config import ExperimentConfig
+    from openclaw_jax.envs.config import EnvConfig
+    from openclaw_jax.runs.users import env_runner
+
+    cfg = ExperimentConfig(run_dir=str(tmp_path), env=EnvConfig(persona="concise", questions="arithmetic",
+                                                                concurrency=3, heldout_questions=2))
+    runner = env_runner(cfg, "http://127.0.0.1:9/", store_dir=str(tmp_path / "samples"), offset_fn=lambda: 0)
+    try:
+        assert runner.env is cfg.env and runner.base_url == "http://127.0.0.1:9/v1" and runner.daemon is None
+        assert runner.persona.name == "concise" and len(runner.heldout) == 2
+        assert runner.user.config.temperature == cfg.gateway.temperature and runner.user.config.concurrency == 3
+        assert runner.backlog == 2 * 4  # two steps of the trainer's default 4 samples
+        assert runner.policy_batch_size == cfg.policy.max_batch_size
+    finally:
+        asyncio.run(runner.close())
+
+
 def test_stats_nan_before_answers():
     from openclaw_jax.envs.simulated_user import UserStats
 
