@@ -65,7 +65,7 @@ def session_headers(session_id: str, *, turn_type: str = "main", done: bool = Fa
 
 def make_client(base_url: str, *, api_key: str | None = None, timeout_s: float = 300.0, max_retries: int = 2):
     """An `openai.AsyncOpenAI` for a server root ("http://127.0.0.1:8000") or its "/v1" URL."""
-    import openai
+    import openai  # a slow import (pydantic models), needed only once a client is made
 
     url = base_url.rstrip("/")
     if not url.endswith("/v1"):

@@ -131,7 +131,7 @@ def write_summary(reports: list[dict[str, Any]], paths: list[Path], out_dir: str
 def log_tensorboard(reports: list[dict[str, Any]], tb_dir: str | Path) -> None:
     """`eval/preference_score` (mean grade), `eval/satisfied_fraction` and `eval/accuracy` at each
     report's step."""
-    from tensorboardX import SummaryWriter
+    from tensorboardX import SummaryWriter  # only when asked for TensorBoard (a slow import)
 
     # A unique suffix: two invocations within one second would otherwise share (and clobber)
     # one event file name.
@@ -150,7 +150,7 @@ def log_tensorboard(reports: list[dict[str, Any]], tb_dir: str | Path) -> None:
 def plot_score_vs_step(out_dir: str | Path) -> Path:
     """Plot mean grade (solid), satisfied fraction (dashed) and accuracy (dotted) against step for
     every report in `out_dir`, one colour per (persona, evaluator). Returns the PNG path."""
-    import matplotlib
+    import matplotlib  # only for plots; the Agg backend must be chosen before pyplot is imported
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
