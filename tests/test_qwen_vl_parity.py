@@ -330,3 +330,23 @@ def test_prefill_then_decode_equals_full_forward(checkpoint):
     for s in range(P, P + 4):
         logits, cache = step(model, ids[:, s:s + 1], jnp.asarray([[s]], jnp.int32), cache, deltas)
         assert np.abs(np.asarray(logits)[:, 0] - full[:, s]).max() <= TOL, s
+
+
+def test_saved_checkpoint_loads_in_transformers(checkpoint, tmp_path):
+    """Our export (public tensor names, sharded) loads in transformers and in our loader, same logits."""
+    from openclaw_jax.models.qwen_vl import save_qwen_vl_checkpoint
+
+    _, model, _ = checkpoint
+    save_qwen_vl_checkpoint(model, tmp_path / "out", max_shard_bytes=200_000)
+    assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
+    hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "out",
+                                                                        attn_implementation="eager").eval()
+    again, _ = load_qwen_vl_checkpoint(tmp_path / "out")
+    rng = np.random.default_rng(7)
+    grid = [(1, 4, 6)]
+    ids = np.asarray([_prompt(rng, 2, grid[0], 5)], np.int32)
+    pixels = _patches(rng, grid)
+    fwd = nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=grid))
+    ours = np.asarray(fwd(model, jnp.asarray(ids), jnp.asarray(pixels)))
+    _compare(ours, _hf_logits(hf, ids, pixels, grid), ids)
+    assert np.array_equal(np.asarray(fwd(again, jnp.asarray(ids), jnp.asarray(pixels))), ours)

@@ -439,3 +439,23 @@ def vl_state_dict(model: QwenVL) -> dict[str, np.ndarray]:
         else:
             out[mp.hf_name] = np.ascontiguousarray(mp.to_hf(value))
     return out
+
+
+def save_qwen_vl_checkpoint(model: QwenVL, out_dir: str | os.PathLike, max_shard_bytes: int | None = None, *,
+                            extra_config: Mapping[str, Any] | None = None) -> Path:
+    """Write `config.json` (public Qwen2.5-VL layout) + safetensors for `model`; `transformers` and
+    `load_qwen_vl_checkpoint` load it. Each file is written to a temp name and renamed, weights
+    first and `config.json` last. Multi-host: every process calls it (gather); process 0 writes."""
+    from openclaw_jax.models.weights import _fsync_dir, _write_checkpoint_files
+
+    tensors = vl_state_dict(model)
+    out = Path(out_dir)
+    if jax.process_index() != 0:
+        return out
+    hf_config = dict(extra_config or {})
+    hf_config.update(model.vl_cfg.to_hf_dict())
+    out.mkdir(parents=True, exist_ok=True)
+    _write_checkpoint_files(out, tensors, hf_config, max_shard_bytes)
+    _fsync_dir(out)
+    logger.info("saved Qwen2.5-VL checkpoint to %s", out)
+    return out
