@@ -270,7 +270,7 @@ def main() -> int:
         return 0
 
     sys.path.insert(0, ROOT)
-    from openclaw_jax.gateway.server import load_tokenizer_for
+    from openclaw_jax.models.tokenizer import tokenizer_by_name
 
     procs = []
     store_dir = tempfile.mkdtemp(prefix="gwbench-")
@@ -280,7 +280,7 @@ def main() -> int:
         elif args.embedded:
             if args.embedded == "random":
                 args.embedded = make_random_model(os.path.join(store_dir, "random_model"))
-            proc, worker_url = start([sys.executable, "-m", "openclaw_jax.inference.server", "--model", args.embedded,
+            proc, worker_url = start([sys.executable, "-m", "openclaw_jax.inference", "--model", args.embedded,
                                       "--port", "0", "--log-level", "warning"], "READY")
             procs.append(proc)
             args.model = args.embedded if args.model == "tiny" else args.model
@@ -295,7 +295,7 @@ def main() -> int:
                               "--log-level", "WARNING", "--set", f"pool_max_concurrency={args.sessions + 16}",
                               "--set", "temperature=1.0"], "listening on")
         procs.append(proc)
-        tokenizer = load_tokenizer_for(args.model)
+        tokenizer = tokenizer_by_name(args.model)
 
         direct, gw = asyncio.run(latency(gw_url, worker_url, tokenizer, args.requests, args.max_tokens, 1.0))
         added = [g - d for g, d in zip(gw, direct)]
