@@ -350,3 +350,27 @@ def test_saved_checkpoint_loads_in_transformers(checkpoint, tmp_path):
     ours = np.asarray(fwd(model, jnp.asarray(ids), jnp.asarray(pixels)))
     _compare(ours, _hf_logits(hf, ids, pixels, grid), ids)
     assert np.array_equal(np.asarray(fwd(again, jnp.asarray(ids), jnp.asarray(pixels))), ours)
+
+
+def test_packed_row_equals_separate_sequences(checkpoint):
+    """Two image prompts packed in one row (segment_ids): M-RoPE positions restart per segment and
+    each segment's logits equal its own unpacked forward (the trainer's packed layout)."""
+    _, model, _ = checkpoint
+    rng = np.random.default_rng(8)
+    grids = [(1, 4, 6), (1, 6, 4)]
+    seqs = [_prompt(rng, 2, grids[0], 3), _prompt(rng, 4, grids[1], 2)]
+    pix = [_patches(rng, [g]) for g in grids]
+    fwd = nnx.jit(lambda m, x, p, g: m(x, pixel_values=p, image_grid_thw=g), static_argnums=3)
+    alone = [np.asarray(fwd(model, jnp.asarray([s], jnp.int32), jnp.asarray(p), (g,)))[0]
+             for s, p, g in zip(seqs, pix, grids)]
+    packed = jnp.asarray([seqs[0] + seqs[1]], jnp.int32)
+    segments = jnp.asarray([[0] * len(seqs[0]) + [1] * len(seqs[1])], jnp.int32)
+    positions, _ = mrope_positions(packed, grids, IMAGE, MERGE, segment_ids=segments)
+    for k, s in enumerate(seqs):
+        sep, _ = mrope_positions(jnp.asarray([s], jnp.int32), [grids[k]], IMAGE, MERGE)
+        at = slice(0, len(s)) if k == 0 else slice(len(seqs[0]), None)
+        np.testing.assert_array_equal(np.asarray(positions)[:, 0, at], np.asarray(sep)[:, 0])
+    out = np.asarray(nnx.jit(lambda m, x, p, sg: m(x, segment_ids=sg, pixel_values=p, image_grid_thw=grids))(
+        model, packed, jnp.asarray(np.concatenate(pix)), segments))[0]
+    assert np.abs(out[:len(seqs[0])] - alone[0]).max() <= TOL
+    assert np.abs(out[len(seqs[0]):] - alone[1]).max() <= TOL

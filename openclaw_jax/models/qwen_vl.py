@@ -149,13 +149,16 @@ def _image_tables(grid: tuple[tuple[int, int, int], ...], merge: int):
 
 
 def mrope_positions(input_ids: jax.Array, image_grid_thw: Any, image_token_id: int, spatial_merge_size: int,
-                    attention_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                    attention_mask: jax.Array | None = None,
+                    segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(positions `[3, B, L]` int32, rope deltas `[B]`): HF `get_rope_index` for text + images.
 
     Vectorised (no loop over tokens): the k-th image-token run of the flattened batch takes image k
     of `image_grid_thw` (static); a text token advances all rows by one, an image by max(rows, cols)
     of its merged grid. Tokens outside `attention_mask` neither count nor advance (position 0, as HF).
     The delta (max position + 1 - tokens) shifts the positions of tokens decoded after the prompt.
+    `segment_ids [B, L]` (packed rows, each sequence a contiguous run): positions restart at 0 in
+    each segment (the images still fill the placeholders in row-major order); deltas are then per row.
     """
     grid = as_grid(image_grid_thw) if image_grid_thw is not None else ()
     t_tab, h_tab, w_tab, step_tab = (jnp.asarray(x) for x in _image_tables(grid, spatial_merge_size))
@@ -165,6 +168,10 @@ def mrope_positions(input_ids: jax.Array, image_grid_thw: Any, image_token_id: i
     rank = jnp.clip(jnp.cumsum(is_img.reshape(-1)).reshape(B, L) - 1, 0, t_tab.shape[0] - 1)
     inc = jnp.where(valid, jnp.where(is_img, step_tab[rank], 1), 0)
     start = jnp.cumsum(inc, axis=1) - inc  # the running position before each token
+    if segment_ids is not None:
+        first = jnp.concatenate([jnp.ones((B, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+        # `start` never decreases along a row: the running max of segment-first values is the segment's start
+        start = start - jax.lax.cummax(jnp.where(first, start, 0), axis=1)
     offsets = [jnp.where(is_img, tab[rank], 0) for tab in (t_tab, h_tab, w_tab)]
     positions = jnp.stack([jnp.where(valid, start + off, 0) for off in offsets]).astype(jnp.int32)
     top = jnp.max(jnp.where(valid[None], positions, -1), axis=(0, 2))
@@ -223,20 +230,21 @@ class QwenVL(nnx.Module):
         rank = jnp.clip(jnp.cumsum(is_img.reshape(-1)).reshape(B, L) - 1, 0, features.shape[0] - 1)
         return jnp.where(is_img[..., None], jnp.take(features, rank, axis=0), h)
 
-    def positions(self, input_ids: jax.Array, image_grid_thw: Any = None,
-                  attention_mask: jax.Array | None = None) -> jax.Array:
+    def positions(self, input_ids: jax.Array, image_grid_thw: Any = None, attention_mask: jax.Array | None = None,
+                  segment_ids: jax.Array | None = None) -> jax.Array:
         """M-RoPE positions `[3, B, L]` (`mrope_positions`)."""
         return mrope_positions(input_ids, image_grid_thw, self.vl_cfg.image_token_id,
-                               self.vl_cfg.vision.spatial_merge_size, attention_mask)[0]
+                               self.vl_cfg.vision.spatial_merge_size, attention_mask, segment_ids)[0]
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
                       attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None, *,
                       pixel_values: jax.Array | None = None, image_grid_thw: Any = None) -> jax.Array:
         """Final-norm hidden states `[B, L, H]` (cfg.dtype). positions: `[3, B, L]`, `[B, L]` (text
-        only: all three rows equal) or None (from the images' placement, `mrope_positions`)."""
+        only: all three rows equal) or None (from the images' placement, `mrope_positions`, restarting
+        in each segment when `segment_ids` pack several sequences in a row)."""
         embeds = self.embed(input_ids, pixel_values, image_grid_thw)
         if positions is None and pixel_values is not None:
-            positions = self.positions(input_ids, image_grid_thw, attention_mask)
+            positions = self.positions(input_ids, image_grid_thw, attention_mask, segment_ids)
         return self.language_model.hidden_states_from_embeds(embeds, positions, attention_mask, segment_ids)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
