@@ -374,3 +374,21 @@ def test_packed_row_equals_separate_sequences(checkpoint):
         model, packed, jnp.asarray(np.concatenate(pix)), segments))[0]
     assert np.abs(out[:len(seqs[0])] - alone[0]).max() <= TOL
     assert np.abs(out[len(seqs[0]):] - alone[1]).max() <= TOL
+
+
+def test_per_row_pixel_layout_equals_flat(checkpoint):
+    """pixel_values `[B, N_row, D]` with one row's grid (same-size screenshots) equals HF's flat
+    layout with every image's grid."""
+    _, model, _ = checkpoint
+    rng = np.random.default_rng(9)
+    grid = (1, 4, 4)
+    ids = jnp.asarray([_prompt(rng, 2, grid, 3), _prompt(rng, 2, grid, 3)], jnp.int32)
+    pixels = _patches(rng, [grid, grid])
+    flat = nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=[grid, grid]))(model, ids, jnp.asarray(pixels))
+    rows = nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=[grid]))(
+        model, ids, jnp.asarray(pixels.reshape(2, 16, -1)))
+    assert np.abs(np.asarray(rows) - np.asarray(flat)).max() <= 1e-6
+    # each row alone (a micro-batch of one) gives the same logits
+    one = nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=[grid]))(
+        model, ids[1:], jnp.asarray(pixels.reshape(2, 16, -1)[1:]))
+    assert np.abs(np.asarray(one)[0] - np.asarray(flat)[1]).max() <= TOL

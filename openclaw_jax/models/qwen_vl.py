@@ -13,7 +13,9 @@ whose config carries `mrope_section`). The forward (HF `Qwen2_5_VLForConditional
 The trainer-facing surface is the text decoder's: `hidden_states(input_ids, positions,
 attention_mask, segment_ids, *, pixel_values=None, image_grid_thw=None)`, `logits`,
 `lm_head_kernel`, `cfg` (the text `ModelConfig`). `image_grid_thw` must be concrete (numpy or
-nested tuples, not traced): it fixes the vision shapes and layout at trace time. Positions given
+nested tuples, not traced): it fixes the vision shapes and layout at trace time. pixel_values
+are `[N, D]` (all images, HF's layout) or `[B, N_row, D]` (per row, every row's images of the
+grid given; see `QwenVL.flat_images`). Positions given
 explicitly may be `[3, B, L]` (e.g. packed rows, each segment's from `mrope_positions`).
 Generation: `prefill_hidden` (prompt with images into an empty KV cache, returns the rope deltas)
 then `decode` / `decode_hidden` of text tokens at cache slots s, rotated at s + delta (HF's
@@ -209,6 +211,18 @@ class QwenVL(nnx.Module):
         return self.logits(self.hidden_states(input_ids, positions, attention_mask, segment_ids,
                                               pixel_values=pixel_values, image_grid_thw=image_grid_thw))
 
+    @staticmethod
+    def flat_images(input_ids: jax.Array, pixel_values: jax.Array | None, image_grid_thw: Any):
+        """(pixel_values `[N, D]`, grid of every image) from either layout: `[N, D]` with the grid of
+        all images, or per row `[B, N_row, D]` with the grid of one row's images (the same for every
+        row, e.g. screenshots of one size; rows can then be sliced into micro-batches)."""
+        if pixel_values is None or pixel_values.ndim == 2:
+            return pixel_values, image_grid_thw
+        if pixel_values.ndim != 3 or pixel_values.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"pixel_values {tuple(pixel_values.shape)}: want [N, D] or [B={input_ids.shape[0]}, "
+                             "N_row, D]")
+        return pixel_values.reshape(-1, pixel_values.shape[-1]), as_grid(image_grid_thw) * input_ids.shape[0]
+
     def image_features(self, pixel_values: jax.Array, image_grid_thw: Any) -> jax.Array:
         """One embedding per image token `[n, H]` for all images of `image_grid_thw`, in order."""
         return self.visual(pixel_values, image_grid_thw)
@@ -217,6 +231,7 @@ class QwenVL(nnx.Module):
               image_grid_thw: Any = None) -> jax.Array:
         """Token embeddings `[B, L, H]` with the image features at the image-token placeholders."""
         h = self.language_model.embed(input_ids)
+        pixel_values, image_grid_thw = self.flat_images(input_ids, pixel_values, image_grid_thw)
         if pixel_values is None:
             return h
         if image_grid_thw is None:
@@ -242,6 +257,7 @@ class QwenVL(nnx.Module):
         """Final-norm hidden states `[B, L, H]` (cfg.dtype). positions: `[3, B, L]`, `[B, L]` (text
         only: all three rows equal) or None (from the images' placement, `mrope_positions`, restarting
         in each segment when `segment_ids` pack several sequences in a row)."""
+        pixel_values, image_grid_thw = self.flat_images(input_ids, pixel_values, image_grid_thw)
         embeds = self.embed(input_ids, pixel_values, image_grid_thw)
         if positions is None and pixel_values is not None:
             positions = self.positions(input_ids, image_grid_thw, attention_mask, segment_ids)
@@ -261,6 +277,7 @@ class QwenVL(nnx.Module):
         """A prompt (with images) into an empty cache at slots 0..L-1: (hidden `[B, L, H]`, cache,
         rope deltas `[B]`). `attention_mask` marks each row's real tokens (right padding) so the
         deltas count only them; tokens decoded at slot s then rotate at position s + delta."""
+        pixel_values, image_grid_thw = self.flat_images(input_ids, pixel_values, image_grid_thw)
         embeds = self.embed(input_ids, pixel_values, image_grid_thw)
         rope, deltas = mrope_positions(input_ids, image_grid_thw, self.vl_cfg.image_token_id,
                                        self.vl_cfg.vision.spatial_merge_size, attention_mask)
