@@ -48,7 +48,7 @@ def synthetic_batch(B: int, T: int, K: int, C: int, V: int, seed: int = 0) -> Hy
         return jnp.asarray(-rng.random(shape) * 8.0, jnp.float32)
 
     return HybridBatch(
-        tokens=ids(B, T), loss_mask=jnp.asarray(rng.random((B, T)) < 0.9, jnp.float32),
+        response_ids=ids(B, T), response_mask=jnp.asarray(rng.random((B, T)) < 0.9, jnp.float32),
         old_logprobs=logprobs(B, T), advantages=jnp.asarray(rng.choice([-1.0, 1.0], (B, 1)) * np.ones((1, T)), jnp.float32),
         student_topk_ids=ids(B, T, K), student_topk_logprobs=logprobs(B, T, K),
         teacher_topk_ids=ids(B, C, T, K), teacher_topk_logprobs=logprobs(B, C, T, K),

@@ -2,7 +2,7 @@
 
 Reads `<run_dir>/samples` with the run's `config.yaml` (or `--config`, plus dotted `--set`
 overrides), forms the windows the trainer trained on (`steps.jsonl`; without one, consecutive
-`rollout_batch_size` windows) and packs each as the trainer does (drops included, at the weight
+`samples_per_step` windows) and packs each as the trainer does (drops included, at the weight
 version the trainer had at that step). No model runs: this measures the batch layout only.
 
     python bench/padding_replay.py runs/cpu_demo [--config configs/cpu_demo.yaml]
@@ -40,10 +40,10 @@ def windows_of(run_dir: str, batcher) -> list[tuple[int, int, int]]:
 def replay(run_dir: str, config: str | None = None, overrides: tuple[str, ...] = ()) -> dict:
     from openclaw_jax.config import load_experiment_config
     from openclaw_jax.trainer.batcher import SampleBatcher, shape_ladder
-    from openclaw_jax.trainer.loop import batch_spec
+    from openclaw_jax.trainer.runner import batch_spec
 
     cfg = load_experiment_config([config or os.path.join(run_dir, "config.yaml")], list(overrides))
-    spec = batch_spec(cfg)
+    spec = batch_spec(cfg, cfg.sample_spec())
     batcher = SampleBatcher(os.path.join(run_dir, "samples"), spec)
     try:
         rows, keys = [], set()

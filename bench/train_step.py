@@ -105,7 +105,7 @@ def _long_context(trainer, vocab, args):
         holder = {}
 
         def forward():
-            holder["old"] = jax.block_until_ready(trainer._old_pass(trainer.graphdef, state, inputs))
+            holder["old"] = jax.block_until_ready(trainer.runner.phases["old_pass"](trainer.graphdef, state, inputs))
 
         forward()  # compile
         passes = {}
@@ -115,7 +115,7 @@ def _long_context(trainer, vocab, args):
             tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in layout.teacher.items()})
 
             def teacher(tinputs=tinputs):
-                jax.block_until_ready(trainer._teacher_pass(trainer.teacher_graphdef, trainer.teacher_state, tinputs,
+                jax.block_until_ready(trainer.runner.phases["teacher_pass"](trainer.teacher_graphdef, trainer.teacher_state, tinputs,
                                                             inputs.response_ids, holder["old"].topk_ids))
 
             teacher()  # compile
@@ -268,7 +268,7 @@ def bench_model(name, args):
     teacher_graph, teacher_state = nnx.split(student)
     teacher = nnx.merge(teacher_graph, jax.tree.map(lambda x: x.copy(), teacher_state))
     mesh = make_mesh((1, -1, 1))
-    cfg = load_experiment_config([], [f"trainer.rollout_batch_size={args.batch}", "trainer.top_k=4",
+    cfg = load_experiment_config([], [f"trainer.samples_per_step={args.batch}", "loss.top_k=4",
                                       "trainer.chunk_size=64", f"gateway.max_candidates={args.candidates}",
                                       "trainer.min_seq_bucket=64", "trainer.min_response_bucket=32",
                                       f"trainer.packing={args.packing == 'on'}",
@@ -277,7 +277,7 @@ def bench_model(name, args):
                                       f"trainer.shared_prefix_teacher={args.shared_prefix == 'on' or args.openclaw}",
                                       f"trainer.micro_batch_size={args.micro}", f"loss.kl_coef={args.kl_coef}",
                                       f"trainer.max_seq_len={max(4096, args.oc_prompt + 256)}"])
-    trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh)
+    trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh, samples=cfg.sample_spec())
     if args.openclaw:
         return {"model": name, "layers": mcfg.num_layers, "params_M": sum(
             int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.trainable)) / 1e6, "batch": args.batch,

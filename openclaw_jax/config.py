@@ -8,7 +8,7 @@ the messages name the dotted key, the value and what is allowed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from openclaw_jax.configlib import load_config, require
 from openclaw_jax.envs.agentic.config import AgenticConfig
@@ -16,6 +16,7 @@ from openclaw_jax.envs.config import EnvConfig
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.losses import LossConfig
 from openclaw_jax.models.config import LoRAConfig
+from openclaw_jax.samples import SampleSpec
 
 
 _require = require
@@ -138,12 +139,19 @@ class OptimizerConfig:
 class TrainerConfig:
     """The background trainer (docs/design.md §7)."""
 
+    # Keys that moved (issue 25): the loss is the `loss` section's, tau is the sampling temperature.
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "method": "the loss is chosen by loss.name (e.g. loss.name=rl)",
+        "top_k": "K of the top-K sets is loss.top_k",
+        "temperature": "the trainer's tau is the sampling temperature, gateway.temperature (one temperature "
+                       "for sampling and training)",
+        "allow_temperature_mismatch": "tau is gateway.temperature, so nothing can mismatch; samples drawn at "
+                                      "another temperature are still refused (samples/dropped_temperature)",
+        "rollout_batch_size": "renamed trainer.samples_per_step",
+    }
+
     max_steps: int = 100
-    method: Literal["combine", "rl", "opd", "token_combine", "tail_kl"] = "combine"
-    rollout_batch_size: int = 4          # samples per step
-    top_k: int = 4                       # K of the top-K OPD branch
-    temperature: float = 1.0             # tau; must equal the rollout sampling temperature
-    allow_temperature_mismatch: bool = False  # skip the gateway.temperature == trainer.temperature check
+    samples_per_step: int = 4
     chunk_size: int = 128                # response positions per LM-head chunk
     max_seq_len: int = 2048              # longest prompt+response (teacher prompts included)
     min_seq_bucket: int = 64
@@ -179,9 +187,7 @@ class TrainerConfig:
 
     def __post_init__(self):
         _require(self.max_steps >= 0, f"trainer.max_steps={self.max_steps} must be >= 0")
-        _require(self.rollout_batch_size > 0, f"trainer.rollout_batch_size={self.rollout_batch_size} must be > 0")
-        _require(self.top_k > 0, f"trainer.top_k={self.top_k} must be > 0")
-        _require(self.temperature > 0, f"trainer.temperature={self.temperature} must be > 0 (it divides the logits)")
+        _require(self.samples_per_step > 0, f"trainer.samples_per_step={self.samples_per_step} must be > 0")
         _require(self.chunk_size > 0, f"trainer.chunk_size={self.chunk_size} must be > 0")
         _require(self.max_seq_len >= self.min_seq_bucket > 0,
                  f"trainer.max_seq_len={self.max_seq_len} must be >= trainer.min_seq_bucket={self.min_seq_bucket} > 0")
@@ -196,15 +202,9 @@ class TrainerConfig:
         _require(self.sync_every > 0, f"trainer.sync_every={self.sync_every} must be > 0")
         _require(self.max_staleness >= 0, f"trainer.max_staleness={self.max_staleness} must be >= 0")
         _require(self.micro_batch_size >= 0 and (self.micro_batch_size == 0
-                                                 or self.rollout_batch_size % self.micro_batch_size == 0),
+                                                 or self.samples_per_step % self.micro_batch_size == 0),
                  f"trainer.micro_batch_size={self.micro_batch_size} must be 0 (whole batch) or divide "
-                 f"trainer.rollout_batch_size={self.rollout_batch_size}")
-
-    @property
-    def uses_hints(self) -> bool:
-        """Whether the method learns from hints at all: `rl` (GRPO only) needs no hint votes, no
-        teacher pass and no hint-only samples."""
-        return self.method != "rl"
+                 f"trainer.samples_per_step={self.samples_per_step}")
 
 
 @dataclass(frozen=True)
@@ -226,14 +226,18 @@ class ExperimentConfig:
 
     def __post_init__(self):
         _require(bool(self.run_dir), "run_dir must be a directory path")
-        _require(self.trainer.allow_temperature_mismatch or self.gateway.temperature == self.trainer.temperature,
-                 f"gateway.temperature={self.gateway.temperature} differs from trainer.temperature="
-                 f"{self.trainer.temperature}: the trainer's tau must equal the temperature the rollouts were sampled "
-                 "with, or every sample is refused; set them equal (or trainer.allow_temperature_mismatch=true to "
-                 "train on samples from another source)")
+        _require(self.gateway.temperature > 0,
+                 f"gateway.temperature={self.gateway.temperature} must be > 0: it is also the trainer's tau, which "
+                 "divides the logits")
         _require(self.loss.kl_coef == 0 or self.trainer.teacher == "initial",
                  f"loss.kl_coef={self.loss.kl_coef} anchors the policy to the frozen initial model, but "
                  f"trainer.teacher={self.trainer.teacher!r} replaces it; use trainer.teacher=initial or loss.kl_coef=0")
+
+    def sample_spec(self) -> SampleSpec:
+        """What the trainer needs to know of the samples' source: they are drawn at `gateway.temperature`
+        (the one temperature: the trainer's tau) with at most `gateway.max_candidates` hints. The
+        caller hands it to the trainer, which reads no `gateway` setting itself."""
+        return SampleSpec(temperature=self.gateway.temperature, max_candidates=self.gateway.max_candidates)
 
 
 def load_experiment_config(config_files=(), overrides=(), gin_files=(), gin_bindings=()) -> ExperimentConfig:

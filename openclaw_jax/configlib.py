@@ -3,7 +3,8 @@
 Every config in the project is a tree of frozen dataclasses with defaults. This module turns
 plain data (YAML mappings, gin bindings, `key=value` strings) into such a tree, checking each
 value against the field's annotation. Unknown keys and bad values fail at start-up with a
-message that names the dotted key, the value and what is allowed.
+message that names the dotted key, the value and what is allowed; a key a config class lists in
+its `RENAMED_KEYS` class attribute (old name -> where it went) fails naming the new key.
 
 Front ends, applied in this order (later wins):
   1. YAML file(s)            `trainer: {max_steps: 10}`
@@ -147,8 +148,12 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, *, prefix: str = "")
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
+    where = f"{prefix}." if prefix else ""
+    renamed = getattr(cls, "RENAMED_KEYS", {})
+    for name in unknown:
+        if name in renamed:
+            raise ConfigError(f"config key {where}{name} (value {data[name]!r}) is gone: {renamed[name]}")
     if unknown:
-        where = f"{prefix}." if prefix else ""
         raise ConfigError(
             f"unknown config key {where}{unknown[0]} (value {data[unknown[0]]!r}); "
             f"allowed keys{' under ' + prefix if prefix else ''}: {', '.join(sorted(fields))}")

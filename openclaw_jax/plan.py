@@ -1,8 +1,8 @@
 """`python -m openclaw_jax.plan --config configs/<x>.yaml [key=value ...] --devices N [--json] [--prompt-len P ...]`
 
 Ahead-of-time memory and FLOP plan of one trainer step, from a model's `config.json` alone (no
-weights, no tokenizer). The trainer's own jitted phases (`trainer.loop.jit_phases`: the same
-`jax.jit` objects `Trainer` calls) are lowered with abstract, sharded arguments
+weights, no tokenizer). The trainer's own step runner (`trainer.runner.StepRunner`: the same
+jitted phases `Trainer` calls, in the same order) are lowered with abstract, sharded arguments
 (`jax.ShapeDtypeStruct`) at the largest bucket (`trainer.max_seq_len`) and compiled for N
 simulated CPU devices, as the config sets them up (mesh, dtypes, remat, micro-batches,
 attention). Per device and phase it reports XLA's argument, output and temporary bytes and the
@@ -13,7 +13,7 @@ counted by their trip counts (XLA's own cost analysis counts a loop body once).
 
 `--prompt-len P [--shared-len S] [--response-len R] [--hint-len H]` plans OpenClaw-shaped samples
 instead (e.g. P = 10534, OpenClaw's default-profile prompt, or about 2500 with its minimal profile;
-replies of tens of tokens): the batch `pack` makes from `rollout_batch_size` samples of those
+replies of tens of tokens): the batch `pack` makes from `samples_per_step` samples of those
 lengths, each with `max_candidates` hint prompts, so the phases are those the trainer compiles for
 them, the shared-prefix teacher layout included when it applies.
 
@@ -249,7 +249,41 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     (prompt, response, hint, shared: `_openclaw_shapes`) plans the batch of samples of those lengths
     instead of the largest one the config allows."""
     import jax
-    import jax.numpy as jnp
+
+    from openclaw_jax.trainer import step as S
+
+    mcfg, runner, trainable = _abstract_runner(cfg, hf_config)
+    T = response_len or cfg.trainer.max_seq_len
+    with jax.set_mesh(runner.mesh):
+        init_lowered = jax.jit(runner.tx.init, out_shardings=runner.opt_shardings).lower(trainable)
+        opt_state = _outputs(init_lowered.compile(), init_lowered)
+
+        def arr(shape, dtype):
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=runner.batch_sharding)
+
+        spec, ladder = runner.spec, runner.shape_ladder
+        if lengths is None:
+            student_shapes, teacher_shapes = _largest_shapes(spec, ladder, T)
+        else:  # the batch the batcher packs from B samples of these lengths (the same `pack`)
+            student_shapes, teacher_shapes, T = _openclaw_shapes(spec, **lengths)
+        inputs = S.StudentInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in student_shapes.items()})
+        tinputs = S.TeacherInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in teacher_shapes.items()})
+        resident = {"student_params": _tree_bytes(trainable) + _tree_bytes(runner.frozen),
+                    "optimizer_state": _tree_bytes(opt_state), "teacher_params": _tree_bytes(runner.teacher_state),
+                    "batch": _tree_bytes(inputs) + _tree_bytes(tinputs)}
+        report: dict[str, Any] = {}
+        # the step of a weight sync (the largest): the train step that also writes the serving weights,
+        # one more copy of the model in the compute dtype (LoRA merged), live until the hand-off
+        out = runner.run_phases(_lowering_call(runner, report, sum(resident.values())), trainable, opt_state, inputs,
+                                tinputs, run_teacher=True, folded_reference="reference_offset" in teacher_shapes,
+                                serve=True)
+    return _plan_report(cfg, mcfg, runner, report, resident, inputs, tinputs, trainable, lengths, T,
+                        serving_bytes=_tree_bytes(out[4]), device_memory=device_memory)
+
+
+def _abstract_runner(cfg, hf_config: dict[str, Any]):
+    """The model config and the trainer's own `StepRunner` over abstract, sharded student and teacher
+    states (no weights): its jitted phases are what the planner lowers."""
     from flax import nnx
 
     from openclaw_jax.models.config import ModelConfig
@@ -257,19 +291,11 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     from openclaw_jax.models.lora import LoRAParam, add_lora
     from openclaw_jax.models.weights import apply_dtypes
     from openclaw_jax.parallel.mesh import make_mesh, state_shardings
-    from openclaw_jax.trainer import step as S
-    from openclaw_jax.trainer.batcher import shape_ladder
-    from openclaw_jax.trainer.loop import (batch_row_multiple, batch_sharding, batch_spec, jit_phases,
-                                          make_optimizer, optimizer_shardings, step_settings)
+    from openclaw_jax.trainer.runner import StepRunner
 
     mcfg = apply_dtypes(ModelConfig.from_hf_dict(hf_config), cfg.model.dtype, cfg.model.param_dtype)
-    mcfg = mcfg.replace(remat=cfg.model.remat)
-    mcfg = _with_model_options(mcfg, cfg)
+    mcfg = _with_model_options(mcfg.replace(remat=cfg.model.remat), cfg)
     mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
-    tcfg = cfg.trainer
-    B, C = tcfg.rollout_batch_size, cfg.gateway.max_candidates
-    L = tcfg.max_seq_len
-    T = response_len or L
 
     def student():
         model = Decoder(mcfg, rngs=nnx.Rngs(0))
@@ -277,76 +303,49 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
             model = add_lora(model, cfg.model.lora, rngs=nnx.Rngs(1))
         return model
 
-    abstract_student = nnx.eval_shape(student)
     trainable_filter = LoRAParam if cfg.model.lora.enabled else nnx.Param
-    graphdef, trainable, frozen = nnx.split(abstract_student, trainable_filter, ...)
-    tr_shard = state_shardings(trainable, mesh, mcfg.family)
-    fr_shard = state_shardings(frozen, mesh, mcfg.family)
-    trainable = _abstract(trainable, tr_shard)
-    frozen = _abstract(frozen, fr_shard)
-    tcfg_model = mcfg.replace(param_dtype=cfg.model.dtype)
-    teacher_graphdef, teacher_state = nnx.split(nnx.eval_shape(lambda: Decoder(tcfg_model, rngs=nnx.Rngs(0))))
+    graphdef, trainable, frozen = nnx.split(nnx.eval_shape(student), trainable_filter, ...)
+    trainable = _abstract(trainable, state_shardings(trainable, mesh, mcfg.family))
+    frozen = _abstract(frozen, state_shardings(frozen, mesh, mcfg.family))
+    teacher_model = mcfg.replace(param_dtype=cfg.model.dtype)   # the teacher is held in the compute dtype
+    teacher_graphdef, teacher_state = nnx.split(nnx.eval_shape(lambda: Decoder(teacher_model, rngs=nnx.Rngs(0))))
     teacher_state = _abstract(teacher_state, state_shardings(teacher_state, mesh, mcfg.family))
+    return mcfg, StepRunner(cfg, cfg.sample_spec(), mesh, graphdef, trainable, frozen, teacher_graphdef,
+                            teacher_state), trainable
 
-    settings = step_settings(cfg)
-    tx, schedule = make_optimizer(cfg)
-    with jax.set_mesh(mesh):
-        init_lowered = jax.jit(tx.init, out_shardings=optimizer_shardings(tx, trainable, mesh)).lower(trainable)
-        init_compiled = init_lowered.compile()
-        opt_state = _outputs(init_compiled, init_lowered)
-        phases = jit_phases(cfg, settings, tx, schedule, jax.tree.map(lambda x: x.sharding, trainable),
-                            jax.tree.map(lambda x: x.sharding, opt_state))
-        bs = batch_sharding(cfg, mesh)
 
-        def arr(shape, dtype):
-            return jax.ShapeDtypeStruct(shape, dtype, sharding=bs)
+def _lowering_call(runner, report: dict[str, Any], live: int):
+    """A `call(name, *args)` for `StepRunner.run_phases` that lowers and compiles the phase instead of
+    running it, records its memory and FLOPs in `report` and returns its abstract outputs. `live`: the
+    bytes resident before the first phase; each phase's outputs stay live (donated buffers leave)."""
 
-        spec = batch_spec(cfg, row_multiple=batch_row_multiple(cfg, mesh))
-        ladder = shape_ladder(spec)
-        if lengths is None:
-            student_shapes, teacher_shapes = _largest_shapes(spec, ladder, T)
-        else:  # the batch the batcher packs from B samples of these lengths (the same `pack`)
-            student_shapes, teacher_shapes, T = _openclaw_shapes(spec, **lengths)
-        inputs = S.StudentInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in student_shapes.items()})
-        tinputs = S.TeacherInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in teacher_shapes.items()})
-        resident = {"student_params": _tree_bytes(trainable) + _tree_bytes(frozen),
-                    "optimizer_state": _tree_bytes(opt_state), "teacher_params": _tree_bytes(teacher_state),
-                    "batch": _tree_bytes(inputs) + _tree_bytes(tinputs)}
-        live = sum(resident.values())
-        report: dict[str, Any] = {}
-        state = (trainable, frozen)
+    def call(name, *args):
+        nonlocal live
+        lowered = runner.phases[name].lower(*args)
+        compiled = lowered.compile()
+        mem = compiled.memory_analysis()
+        out = _outputs(compiled, lowered)
+        out_bytes = int(mem.output_size_in_bytes)
+        peak = live + out_bytes + int(mem.temp_size_in_bytes) - int(mem.alias_size_in_bytes)
+        key = "train_step" if name.startswith("train_step") else name
+        report[key] = {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": out_bytes,
+                       "temp_bytes": int(mem.temp_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes),
+                       "live_before_bytes": live, "peak_bytes": peak, "flops": hlo_matmul_flops(compiled.as_text()),
+                       "loops_without_trip_count": hlo_loops_without_trip_count(compiled.as_text())}
+        donated = _tree_bytes(args[1]) + _tree_bytes(args[3]) if key == "train_step" else 0   # trainable, opt
+        live += out_bytes - donated
+        return out
 
-        def run(name, args, donated=0, name_jit=None):
-            nonlocal live
-            lowered = phases[name_jit or name].lower(*args)
-            compiled = lowered.compile()
-            mem = compiled.memory_analysis()
-            out = _outputs(compiled, lowered)
-            out_bytes = int(mem.output_size_in_bytes)
-            peak = live + out_bytes + int(mem.temp_size_in_bytes) - int(mem.alias_size_in_bytes)
-            report[name] = {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": out_bytes,
-                            "temp_bytes": int(mem.temp_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes),
-                            "live_before_bytes": live, "peak_bytes": peak,
-                            "flops": hlo_matmul_flops(compiled.as_text()),
-                            "loops_without_trip_count": hlo_loops_without_trip_count(compiled.as_text())}
-            live += out_bytes - donated
-            return out
+    return call
 
-        old = run("old_pass", (graphdef, state, inputs))
-        teach = run("teacher_pass", (teacher_graphdef, teacher_state, tinputs, inputs.response_ids, old.topk_ids))
-        old_at = run("old_logprobs_at", (graphdef, state, old.hidden, teach.topk_ids))
-        # the KL anchor's reference pass (the frozen model on the student's rows) runs only with kl_coef
-        # (or the teacher pass gave its log-probs: the un-hinted prompt in the shared-prefix rows)
-        ref = teach.reference_logprobs
-        if cfg.loss.kl_coef and ref is None:
-            ref = run("reference_pass", (teacher_graphdef, teacher_state, inputs))
-        batch = S.assemble_batch(inputs, tinputs, old, teach, old_at, ref_logprobs=ref)
-        # the step of a weight sync (the largest): the train step that also writes the serving weights,
-        # one more copy of the model in the compute dtype (LoRA merged), live until the hand-off
-        out = run("train_step", (graphdef, trainable, frozen, opt_state, inputs, batch), donated=_tree_bytes(
-            trainable) + _tree_bytes(opt_state), name_jit="train_step_serving")
-        serving_bytes = _tree_bytes(out[3])
 
+def _plan_report(cfg, mcfg, runner, report, resident, inputs, tinputs, trainable, lengths, T, *, serving_bytes: int,
+                 device_memory: int) -> dict[str, Any]:
+    """The plan's dict from the compiled phases' numbers."""
+    import jax
+
+    tcfg, mesh = cfg.trainer, runner.mesh
+    B, C, L = tcfg.samples_per_step, runner.spec.max_candidates, tcfg.max_seq_len
     n_dev = mesh.size
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
     train_flops = report["train_step"]["flops"]
@@ -362,11 +361,11 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
                   "vocab": mcfg.vocab_size, "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype,
                   "remat": mcfg.remat, "attention": _attention_label(mcfg)},
         "devices": n_dev, "mesh": dict(zip(mesh.axis_names, mesh.axis_sizes)),
-        "batch": {"rollout_batch_size": B, "candidates": C, "seq_len": L, "response_len": T,
-                  "micro_batch_size": tcfg.micro_batch_size, "top_k": tcfg.top_k, "chunk_size": tcfg.chunk_size,
+        "batch": {"samples_per_step": B, "candidates": C, "seq_len": L, "response_len": T,
+                  "micro_batch_size": tcfg.micro_batch_size, "top_k": cfg.loss.top_k, "chunk_size": tcfg.chunk_size,
                   "packing": bool(tcfg.packing), "student_shape": list(inputs.input_ids.shape),
-                  "teacher_shape": list(tinputs.input_ids.shape), "compiled_shape_bound": ladder.bound,
-                  "shared_prefix": bool(spec.shares_prefix),
+                  "teacher_shape": list(tinputs.input_ids.shape), "compiled_shape_bound": runner.shape_ladder.bound,
+                  "shared_prefix": bool(runner.spec.shares_prefix),
                   "lengths": lengths},
         "serving_bytes": int(serving_bytes),
         "trainable_params": int(n_params),
@@ -428,7 +427,7 @@ def format_table(plan: dict[str, Any]) -> str:
         f"model {plan['model']['family']} {plan['model']['layers']}L hidden {plan['model']['hidden']} "
         f"(params {plan['model']['param_dtype']}, compute {plan['model']['dtype']}, remat {plan['model']['remat']}, "
         f"attention {plan['model']['attention']}); {plan['devices']} devices {plan['mesh']}",
-        f"batch {b['rollout_batch_size']} x {b['candidates']} candidates, seq {b['seq_len']}, response {b['response_len']}, "
+        f"batch {b['samples_per_step']} x {b['candidates']} candidates, seq {b['seq_len']}, response {b['response_len']}, "
         f"micro-batch {b['micro_batch_size'] or 'whole'}, top-K {b['top_k']}; "
         + (f"packed rows: student {b['student_shape']}, teacher {b['teacher_shape']}" if b["packing"] else
            f"unpacked: student {b['student_shape']}, teacher {b['teacher_shape']}")

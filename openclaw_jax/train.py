@@ -51,6 +51,7 @@ from openclaw_jax.runs.users import env_runner
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
 from openclaw_jax.trainer.metrics import MetricsWriter
+from openclaw_jax.pool.weight_sync import BackgroundWeightSync
 
 log = logging.getLogger("openclaw_jax.train")
 
@@ -136,7 +137,8 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
     student = shard_model(student, mesh)  # places what is not placed yet (LoRA adapters)
     teacher = shard_model(teacher, mesh)
     pad = base.tokenizer.pad_token_id
-    return Trainer(cfg, student, teacher, mesh, pad_id=int(pad) if pad is not None else 0)
+    # the trainer's tau and teacher batch shape come from the samples' source (the gateway's settings)
+    return Trainer(cfg, student, teacher, mesh, samples=cfg.sample_spec(), pad_id=int(pad) if pad is not None else 0)
 
 
 # ----------------------------------------------------------------------------- progress
@@ -237,7 +239,7 @@ async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
     # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
     gw_cfg = dataclasses.replace(r.cfg.gateway, policy_urls=tuple(policy_urls),
                                  store_dir=str(r.run_dir / "samples"), model=r.base.model_dir,
-                                 judge_hints=r.cfg.gateway.judge_hints and r.cfg.trainer.uses_hints)
+                                 judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints)
     gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=r.base.tokenizer)
     r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
     log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
@@ -358,7 +360,8 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 evaluate, task = await _start_users(r, gateway_url, stop)
                 env_tasks.append(task)
 
-        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer, push_weights=push,
+        weight_sync = BackgroundWeightSync(push) if push is not None else None
+        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer, weight_sync=weight_sync,
                           stop=stop, on_step=_step_callback(r, evaluate, agentic),
                           progress=lambda text: r.progress.update(status=text))
         interrupted = stop.is_set()  # Ctrl-C / SIGTERM: checkpoint and export, skip the final evaluation
@@ -410,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gin-file", action="append", default=[], metavar="GIN",
                         help="gin file binding config fields, e.g. `TrainerConfig.max_steps = 10`")
     parser.add_argument("--gin", action="append", default=[], metavar="BINDING",
-                        help="one gin binding, e.g. --gin 'trainer.method = \"rl\"'")
+                        help="one gin binding, e.g. --gin 'loss.name = \"rl\"'")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. trainer.max_steps=10 loss.subset_mode=overlap")

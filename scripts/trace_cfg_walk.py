@@ -89,8 +89,7 @@ def trace(verbose: bool = False) -> dict:
         sys.setprofile(profile)
         try:
             trainer = train.build_trainer(cfg, base)
-            trainer.train_on(pack(tiny_samples(cfg.trainer.samples_per_step if hasattr(cfg.trainer, "samples_per_step")
-                                               else cfg.trainer.rollout_batch_size), trainer.spec, current_version=0))
+            trainer.train_on(pack(tiny_samples(cfg.trainer.samples_per_step), trainer.spec, current_version=0))
         finally:
             sys.setprofile(None)
 

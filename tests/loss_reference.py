@@ -106,7 +106,7 @@ def make_case(seed: int, *, B: int = 6, T: int = 10, K: int = 4, C: int = 3, V: 
                 t += length
 
     return dict(
-        logits=logits, tokens=tokens, loss_mask=loss_mask, old_logprobs=old_lp, advantages=advantages,
+        logits=logits, response_ids=tokens, response_mask=loss_mask, old_logprobs=old_lp, advantages=advantages,
         student_topk_ids=sq, student_topk_logprobs=sq_lp, teacher_topk_ids=sp, teacher_topk_logprobs=sp_lp,
         teacher_logprobs_at_student_ids=tsq, old_logprobs_at_teacher_ids=old_at_sp,
         candidate_mask=candidate_mask, sample_mask=sample_mask, segment_ids=segment_ids,
@@ -115,12 +115,12 @@ def make_case(seed: int, *, B: int = 6, T: int = 10, K: int = 4, C: int = 3, V: 
 
 
 BATCH_FIELDS = (
-    "tokens", "loss_mask", "old_logprobs", "advantages", "student_topk_ids", "student_topk_logprobs",
+    "response_ids", "response_mask", "old_logprobs", "advantages", "student_topk_ids", "student_topk_logprobs",
     "teacher_topk_ids", "teacher_topk_logprobs", "teacher_logprobs_at_student_ids",
     "old_logprobs_at_teacher_ids", "candidate_mask", "sample_mask", "segment_ids", "rollout_logprobs",
     "ref_logprobs", "teacher_logprobs_at_tokens",
 )
-INT_FIELDS = ("tokens", "student_topk_ids", "teacher_topk_ids", "segment_ids")
+INT_FIELDS = ("response_ids", "student_topk_ids", "teacher_topk_ids", "segment_ids")
 
 
 def batch_arrays(case: dict, *, drop=()) -> dict:
@@ -162,7 +162,7 @@ def _overlap(sq_row, sp_row) -> int:
 def reference_kstar(case: dict, mode: str) -> np.ndarray:
     """k*[b, t] by the selection rules of docs/design.md §6, with explicit loops."""
     sq, sp = case["student_topk_ids"], case["teacher_topk_ids"]
-    cmask, mask, seg = case["candidate_mask"], case["loss_mask"], case.get("segment_ids")
+    cmask, mask, seg = case["candidate_mask"], case["response_mask"], case.get("segment_ids")
     B, C, T, _ = sp.shape
     kstar = np.zeros((B, T), np.int64)
     for b in range(B):
@@ -192,13 +192,13 @@ def reference_loss(logits: np.ndarray, case: dict, cfg: dict, kind: str = "hybri
     """Returns (loss, d loss / d logits, metrics) in float64.
 
     ``cfg``: w_rl, w_opd, eps_clip, eps_clip_high, adv_diff_clip, hint_selection,
-    subset_mode, ppo_kl_clamp, entropy_coef, kl_coef (LossConfig's defaults when absent).
+    subset_mode, log_ratio_clamp, entropy_coef, kl_coef (LossConfig's defaults when absent).
     """
     c = dict(w_rl=1.0, w_opd=1.0, eps_clip=0.2, eps_clip_high=0.28, adv_diff_clip=1.0,
-             hint_selection="sequence_optimal", subset_mode="student", ppo_kl_clamp=20.0,
+             hint_selection="sequence_optimal", subset_mode="student", log_ratio_clamp=20.0,
              entropy_coef=0.0, kl_coef=0.0)
     c.update(cfg)
-    eps, eps_h, clamp = c["eps_clip"], c["eps_clip_high"], c["ppo_kl_clamp"]
+    eps, eps_h, clamp = c["eps_clip"], c["eps_clip_high"], c["log_ratio_clamp"]
     lsm = log_softmax(logits)
     prob = np.exp(lsm)
     B, T, V = logits.shape
@@ -222,12 +222,12 @@ def reference_loss(logits: np.ndarray, case: dict, cfg: dict, kind: str = "hybri
         return g
 
     for b in real_samples:
-        tokens_t = [t for t in range(T) if case["loss_mask"][b, t] > 0]
+        tokens_t = [t for t in range(T) if case["response_mask"][b, t] > 0]
         n_tok = max(len(tokens_t), 1)
         has_hint = bool(np.any(case["candidate_mask"][b] > 0))
         sums = dict(grpo=0.0, opd=0.0, ent=0.0, kl=0.0)
         for t in tokens_t:
-            y = int(case["tokens"][b, t])
+            y = int(case["response_ids"][b, t])
             k = int(kstar[b, t])
             old_y = case["old_logprobs"][b, t]
             scale = 1.0 / (n_tok * n_real)

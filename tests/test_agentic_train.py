@@ -39,8 +39,8 @@ def _train(args: list[str], run_dir: Path, timeout: int) -> dict:
 def test_tiny_model_learns_the_easy_environment_with_group_grpo(tmp_path):
     run_dir = tmp_path / "easy"
     summary = _train(["--config", str(ROOT / "configs/tiny_cpu.yaml"), "agentic.enabled=true", "agentic.env=easy",
-                      "env.enabled=false", "trainer.method=rl", "trainer.rl_only_teacher=none",
-                      "trainer.rollout_batch_size=8", "agentic.group_size=4", "agentic.max_turns=1",
+                      "env.enabled=false", "loss.name=rl", "trainer.rl_only_teacher=none",
+                      "trainer.samples_per_step=8", "agentic.group_size=4", "agentic.max_turns=1",
                       "agentic.max_new_tokens=4", "agentic.heldout_tasks=16", "agentic.eval_every=5",
                       "trainer.max_steps=10"], run_dir, timeout=600)
     scores = [r["heldout_success"] for r in summary["heldout"]]
@@ -49,7 +49,7 @@ def test_tiny_model_learns_the_easy_environment_with_group_grpo(tmp_path):
     tags = set(read_event_tags(run_dir / "tb"))
     assert ROLLOUT_TAGS <= tags, ROLLOUT_TAGS - tags
     samples = SampleStore(run_dir / "samples", readonly=True).read(0)
-    assert samples and all(s.token_advantages is not None and s.loss_mask is not None for s in samples)
+    assert samples and all(s.token_advantages is not None and s.response_mask is not None for s in samples)
     # group-normalised: within each written group the advantages sum to zero
     groups: dict[str, list[float]] = {}
     for s in samples:
@@ -62,7 +62,7 @@ def test_tiny_model_learns_the_easy_environment_with_group_grpo(tmp_path):
 def test_cpu_config_runs_end_to_end(tmp_path, config):
     run_dir = tmp_path / config
     summary = _train(["--config", str(ROOT / f"configs/{config}.yaml"), "trainer.max_steps=1",
-                      "trainer.rollout_batch_size=4", "agentic.group_size=2", "agentic.all_equal=zero",
+                      "trainer.samples_per_step=4", "agentic.group_size=2", "agentic.all_equal=zero",
                       "agentic.heldout_tasks=4", "agentic.warmup_steps=1", "agentic.warmup_examples=4",
                       "agentic.warmup_batch_size=2"], run_dir, timeout=1200)
     assert summary["end_step"] == 1
@@ -72,4 +72,4 @@ def test_cpu_config_runs_end_to_end(tmp_path, config):
     assert {"agentic/train_success", "agentic/turns_per_episode", "eval/heldout_success", "loss"} <= tags
     samples = SampleStore(run_dir / "samples", readonly=True).read(0)
     assert len(samples) >= 4
-    assert all(len(s.loss_mask) == len(s.response_ids) and s.weight_version is not None for s in samples)
+    assert all(len(s.response_mask) == len(s.response_ids) and s.weight_version is not None for s in samples)

@@ -23,7 +23,13 @@ import pytest
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.samples import Sample
 from openclaw_jax.trainer.batcher import BatchSpec, pack, shape_ladder
-from openclaw_jax.trainer.loop import batch_spec
+from openclaw_jax.trainer.runner import batch_spec
+
+
+def _demo_spec() -> BatchSpec:
+    cfg = load_experiment_config([os.path.join(ROOT, "configs", "cpu_demo.yaml")])
+    return batch_spec(cfg, cfg.sample_spec())
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,12 +89,12 @@ def _flat_key(key) -> tuple:
 def test_the_cpu_demo_states_a_small_bound():
     cfg = load_experiment_config([os.path.join(ROOT, "configs", "cpu_demo.yaml")])
     t = cfg.trainer
-    spec = batch_spec(cfg)
+    spec = batch_spec(cfg, cfg.sample_spec())
     ladder = shape_ladder(spec)
     # by hand from the config: 16 samples, 1 candidate each, no micro-batches -> rows 1, 2, 3, 4, 6, 8,
     # 12, 16; lengths 128..512 in steps of the 64-token quantum (min_seq_bucket 128 >= quantum) -> 7;
     # T = 64, 128, 256, 512 (powers of two from min_response_bucket to max_seq_len) -> 4
-    assert (t.rollout_batch_size, cfg.gateway.max_candidates, t.micro_batch_size) == (16, 1, 0)
+    assert (t.samples_per_step, cfg.gateway.max_candidates, t.micro_batch_size) == (16, 1, 0)
     assert t.min_seq_bucket >= t.bucket_quantum
     rows = [1, 2, 3, 4, 6, 8, 12, 16]
     lengths = list(range(t.min_seq_bucket, t.max_seq_len + 1, t.bucket_quantum))
@@ -149,7 +155,7 @@ SPECS = {
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_random_batches_stay_within_the_stated_shapes(name):
-    spec = SPECS[name] or batch_spec(load_experiment_config([os.path.join(ROOT, "configs", "cpu_demo.yaml")]))
+    spec = SPECS[name] or _demo_spec()
     rng = np.random.default_rng(sorted(SPECS).index(name))
     student_ok, teacher_ok = _expected(spec)
     bound = shape_ladder(spec).bound
@@ -216,7 +222,7 @@ def _demo_batches():
 
 
 def test_the_cpu_demo_batches_pad_at_most_15_percent():
-    spec = batch_spec(load_experiment_config([os.path.join(ROOT, "configs", "cpu_demo.yaml")]))
+    spec = _demo_spec()
     seen = {"student": set(), "teacher": set()}
     fractions, keys = [], set()
     for samples in _demo_batches():

@@ -38,7 +38,7 @@ def test_dry_run_same_budget_per_method_and_seed(capsys, tmp_path):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4
     for line, (seed, method) in zip(lines, [(0, "combine"), (0, "rl"), (1, "combine"), (1, "rl")]):
-        assert f"seed={seed} env.seed={seed} trainer.method={method}" in line
+        assert f"seed={seed} env.seed={seed} loss.name={method}" in line
         assert line.endswith("trainer.max_steps=4") and f"run_dir={tmp_path}/{method}/seed{seed}" in line
 
 
@@ -54,7 +54,7 @@ def test_concurrent_runs_bind_their_own_gateway_ports(capsys, tmp_path):
     assert not any("gateway.port" in line for line in capsys.readouterr().out.splitlines())
 
 
-@pytest.mark.parametrize("argv", [["--methods", "combine,bogus"], ["--seeds", "0"], ["trainer.method=rl"],
+@pytest.mark.parametrize("argv", [["--methods", "combine,bogus"], ["--seeds", "0"], ["loss.name=rl"],
                                   ["--jobs", "0"]])
 def test_bad_arguments_exit_2(argv, tmp_path):
     assert C.main(["--config", "configs/cpu_demo.yaml", "--out", str(tmp_path), *argv]) == 2
@@ -91,3 +91,15 @@ def test_aggregate_leaves_nan_out_and_keeps_methods_apart():
     runs = {"opd": {0: [{"step": 0, "preference_score": 0.5, "accuracy": None}]}}
     [row] = C.aggregate(runs)
     assert row["preference_score_mean"] == 0.5 and math.isnan(row["accuracy_mean"])
+
+
+@pytest.mark.parametrize("method,w_rl,w_opd", [("combine", 1.0, 0.5), ("rl", 1.0, 0.0), ("opd", 0.0, 0.5)])
+def test_each_method_runs_the_demo_config_as_that_loss(method, w_rl, w_opd, tmp_path):
+    """cpu_demo weights the combined loss (loss.w_opd 0.5): `rl` / `opd` reset the weight they fix
+    rather than being refused for a conflicting one."""
+    from openclaw_jax.config import load_experiment_config
+
+    cmd = C.train_command(["configs/cpu_demo.yaml"], method, 0, tmp_path)
+    overrides = cmd[cmd.index("configs/cpu_demo.yaml") + 1:]
+    cfg = load_experiment_config(["configs/cpu_demo.yaml"], overrides)
+    assert (cfg.loss.name, cfg.loss.w_rl, cfg.loss.w_opd) == (method, w_rl, w_opd)

@@ -124,3 +124,38 @@ def test_missing_file_and_non_mapping(tmp_path):
         load_config(Root, yaml_files=[bad])
     with pytest.raises(ConfigError, match="mapping"):
         from_dict(Root, {"trainer": 3})
+
+
+@dataclass(frozen=True)
+class Section:
+    RENAMED_KEYS = {"batch": "renamed section.samples_per_step"}   # not annotated: a class attribute
+    samples_per_step: int = 4
+
+
+@dataclass(frozen=True)
+class Top:
+    section: Section = field(default_factory=Section)
+
+
+def test_a_renamed_key_fails_naming_where_it_went():
+    """A config class's RENAMED_KEYS turn an old key into an error that names the new one (an unknown key
+    without an entry still lists the allowed keys)."""
+    with pytest.raises(ConfigError, match=r"config key section\.batch \(value 8\) is gone: renamed "
+                                          r"section\.samples_per_step"):
+        load_config(Top, overrides=["section.batch=8"])
+    with pytest.raises(ConfigError, match="allowed keys under section: samples_per_step"):
+        load_config(Top, overrides=["section.batchh=8"])
+    assert load_config(Top, overrides=["section.samples_per_step=8"]).section.samples_per_step == 8
+
+
+@pytest.mark.parametrize("old, new", [
+    ("trainer.method=rl", "loss.name"), ("trainer.top_k=8", "loss.top_k"),
+    ("trainer.temperature=0.7", "gateway.temperature"),
+    ("trainer.allow_temperature_mismatch=true", "gateway.temperature"),
+    ("trainer.rollout_batch_size=8", "trainer.samples_per_step"), ("loss.ppo_kl_clamp=10", "loss.log_ratio_clamp"),
+])
+def test_the_experiment_config_names_the_new_home_of_a_moved_key(old, new):
+    from openclaw_jax.config import load_experiment_config
+
+    with pytest.raises(ConfigError, match=f"{old.split('=')[0]}.*is gone.*{new}"):
+        load_experiment_config([], [old])

@@ -33,8 +33,8 @@ def warm_model_dir(tmp_path_factory):
 def test_preference_score_rises(method, warm_model_dir, tmp_path):
     cfg = load_experiment_config(["configs/tiny_cpu.yaml"], [
         f"run_dir={tmp_path / 'run'}", f"model.path={warm_model_dir}", "model.tokenizer=auto",
-        "progress=false", f"trainer.method={method}", f"trainer.max_steps={MAX_STEPS}",
-        "trainer.rollout_batch_size=8", "trainer.checkpoint_every=0", "trainer.optimizer.lr=2e-3",
+        "progress=false", f"loss.name={method}", f"trainer.max_steps={MAX_STEPS}",
+        "trainer.samples_per_step=8", "trainer.checkpoint_every=0", "trainer.optimizer.lr=2e-3",
         "env.persona=starts_with:prefix=Sure", "env.questions=arithmetic", "env.heldout_questions=12",
         "env.concurrency=4", "env.eval_every=4", "gateway.default_max_tokens=12", "env.max_tokens=12",
     ])

@@ -95,7 +95,7 @@ def test_entropy_and_kl_terms_match_reference():
 
 
 def test_without_clamp_matches_reference():
-    _check(CASE, LossConfig(ppo_kl_clamp=None, hint_selection="token_optimal"))
+    _check(CASE, LossConfig(log_ratio_clamp=None, hint_selection="token_optimal"))
 
 
 def test_optional_fields_absent():
@@ -108,7 +108,8 @@ def test_optional_fields_absent():
 
 @pytest.mark.parametrize("name,w_rl,w_opd", [("rl", 1.0, 0.0), ("opd", 0.0, 1.0)])
 def test_registered_rl_and_opd_match_reference(name, w_rl, w_opd):
-    cfg = LossConfig(hint_selection="token_optimal")
+    cfg = LossConfig(name=name, hint_selection="token_optimal")
+    assert (cfg.w_rl, cfg.w_opd) == (w_rl, w_opd)   # resolved once, from the weights the loss fixes
     loss, grad, _ = _run(name, CASE, cfg)
     ref_loss, ref_grad, _ = reference_loss(CASE["logits"], CASE, dict(hint_selection="token_optimal", w_rl=w_rl,
                                                                       w_opd=w_opd))
@@ -118,12 +119,12 @@ def test_registered_rl_and_opd_match_reference(name, w_rl, w_opd):
 
 @pytest.mark.parametrize("selection", ["shortest", "sequence_optimal"])
 def test_token_combine_matches_reference(selection):
-    _check(CASE, LossConfig(hint_selection=selection, w_opd=0.5), kind="token_combine", name="token_combine")
+    _check(CASE, LossConfig(name="token_combine", hint_selection=selection, w_opd=0.5), kind="token_combine", name="token_combine")
 
 
 @pytest.mark.parametrize("selection", ["token_optimal", "sequence_optimal"])
 def test_tail_kl_matches_reference(selection):
-    metrics, _ = _check(CASE, LossConfig(hint_selection=selection, w_rl=0.5), kind="tail_kl", name="tail_kl")
+    metrics, _ = _check(CASE, LossConfig(name="tail_kl", hint_selection=selection, w_rl=0.5), kind="tail_kl", name="tail_kl")
     assert metrics["opd_loss"] > 0  # a reverse KL
 
 
@@ -135,7 +136,7 @@ def test_selection_and_overlap_match_reference():
             want = len(set(case["student_topk_ids"][bi, ti]) & set(case["teacher_topk_ids"][bi, ci, ti]))
             assert value == want
         for mode in ("shortest", "token_optimal", "sequence_optimal"):
-            got = np.asarray(select_hint(jnp.asarray(overlap), b.candidate_mask, b.loss_mask, mode, b.segment_ids))
+            got = np.asarray(select_hint(jnp.asarray(overlap), b.candidate_mask, b.response_mask, mode, b.segment_ids))
             np.testing.assert_array_equal(got[case["sample_mask"] > 0], reference_kstar(case, mode)[case["sample_mask"] > 0])
 
 
@@ -202,7 +203,7 @@ def test_no_retrace_with_same_shapes():
     batch = _batch(CASE)
     logits = jnp.asarray(CASE["logits"], jnp.float32)
     f(logits, batch)
-    other = batch.replace(advantages=-batch.advantages, tokens=(batch.tokens + 1) % 64)
+    other = batch.replace(advantages=-batch.advantages, response_ids=(batch.response_ids + 1) % 64)
     f(logits * 0.5, other)
     assert len(traces) == 1
     # LossConfig is a static pytree: passing it as a jit argument works and keys the cache.
@@ -260,9 +261,34 @@ def test_a_loss_file_registers_itself_with_the_decorator():
         loss_kind("test_double_grpo")(DoubleGrpo)
     with pytest.raises(ValueError, match="kind 'nope' is not one of"):
         register_loss("test_nope", "nope")
-    cfg = LossConfig(hint_selection="token_optimal")
+    cfg = LossConfig(name="test_double_grpo", hint_selection="token_optimal")
     loss, grad, _ = _run("test_double_grpo", CASE, cfg)
     doubled = dict(CASE, advantages=2.0 * np.asarray(CASE["advantages"]))
     ref_loss, ref_grad, _ = reference_loss(CASE["logits"], doubled, dict(hint_selection="token_optimal", w_opd=0.0))
     np.testing.assert_allclose(loss, ref_loss, rtol=VALUE_RTOL)
     _assert_grad_close(grad, ref_grad)
+
+
+@pytest.mark.parametrize("name,weight", [("rl", "w_opd"), ("opd", "w_rl")])
+def test_a_loss_refuses_a_weight_that_conflicts_with_one_it_fixes(name, weight):
+    """`rl` is GRPO only (w_opd = 0), `opd` top-K OPD only (w_rl = 0): an explicit other value is an
+    error, not silently rewritten; the same value, or none, is accepted."""
+    with pytest.raises(ValueError, match=f"loss.name='{name}' fixes loss.{weight}=0"):
+        LossConfig(name=name, **{weight: 0.5})
+    assert getattr(LossConfig(name=name, **{weight: 0.0}), weight) == 0.0
+    assert getattr(LossConfig(name=name), weight) == 0.0
+    assert getattr(LossConfig(name="combine", **{weight: 0.5}), weight) == 0.5
+
+
+def test_loss_names_come_from_the_registry():
+    from openclaw_jax.losses import available_losses
+
+    with pytest.raises(ValueError, match="not a registered loss"):
+        LossConfig(name="grpo")
+    for name in available_losses():
+        assert LossConfig(name=name).name == name
+
+
+def test_a_loss_rejects_a_config_built_for_another_loss():
+    with pytest.raises(ValueError, match="LossConfig for loss.name='combine'"):
+        get_loss("rl").dense(jnp.zeros((1, 1, 4)), _batch(CASE), LossConfig())

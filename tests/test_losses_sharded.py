@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     assert jax.device_count() == 8, jax.devices()
     case = make_case(7, T=12, V=64)
     arrays = batch_arrays(case)
-    B, T = case["tokens"].shape
+    B, T = case["response_ids"].shape
     V, H = 64, 16
     rng = np.random.default_rng(0)
     hidden = rng.normal(size=(B, T, H)).astype(np.float32)
@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent(
     configs = {
         "combine_overlap": ("combine", LossConfig(hint_selection="token_optimal", subset_mode="overlap",
                                                   entropy_coef=0.02, kl_coef=0.1)),
-        "tail_kl": ("tail_kl", LossConfig()),
+        "tail_kl": ("tail_kl", LossConfig(name="tail_kl")),
     }
     for name, (loss_name, cfg) in configs.items():
         fn = get_loss(loss_name)

@@ -60,7 +60,7 @@ def _write_samples(store_dir: Path, count: int) -> None:
 
 def _command(run_dir: Path, max_steps: int) -> list[str]:
     return [sys.executable, "-m", "openclaw_jax.train", "--config", str(ROOT / "configs/tiny_cpu.yaml"),
-            f"run_dir={run_dir}", f"trainer.max_steps={max_steps}", f"trainer.rollout_batch_size={BATCH}",
+            f"run_dir={run_dir}", f"trainer.max_steps={max_steps}", f"trainer.samples_per_step={BATCH}",
             "trainer.checkpoint_every=1", "trainer.max_staleness=1000", "env.enabled=false", "progress=false"]
 
 

@@ -125,7 +125,7 @@ def test_bfloat16_inputs_keep_float32_statistics():
 
 def _hidden_case(seed, **kw):
     case = make_case(seed, **kw)
-    B, T = case["tokens"].shape
+    B, T = case["response_ids"].shape
     V = case["logits"].shape[-1]
     H = 24
     hidden = _rand(seed + 100, B, T, H)
@@ -138,8 +138,8 @@ def _hidden_case(seed, **kw):
     ("combine", LossConfig(), False),
     ("combine", LossConfig(hint_selection="token_optimal", subset_mode="overlap", entropy_coef=0.02, kl_coef=0.1), False),
     ("combine", LossConfig(subset_mode="teacher", adv_diff_clip=0.0), True),
-    ("token_combine", LossConfig(w_opd=0.5), False),
-    ("tail_kl", LossConfig(hint_selection="token_optimal"), False),
+    ("token_combine", LossConfig(name="token_combine", w_opd=0.5), False),
+    ("tail_kl", LossConfig(name="tail_kl", hint_selection="token_optimal"), False),
 ])
 def test_chunked_loss_equals_dense(name, cfg, segments):
     hidden, w, batch = _hidden_case(11, segments=segments)
@@ -186,7 +186,7 @@ def _synthetic_batch(B, T, K, C, V, seed=0):
     ids = lambda *s: jnp.asarray(rng.integers(0, V, s), jnp.int32)  # noqa: E731
     lp = lambda *s: jnp.asarray(-rng.random(s) * 5, jnp.float32)  # noqa: E731
     return HybridBatch(
-        tokens=ids(B, T), loss_mask=jnp.ones((B, T)), old_logprobs=lp(B, T), advantages=jnp.ones((B, T)),
+        response_ids=ids(B, T), response_mask=jnp.ones((B, T)), old_logprobs=lp(B, T), advantages=jnp.ones((B, T)),
         student_topk_ids=ids(B, T, K), student_topk_logprobs=lp(B, T, K),
         teacher_topk_ids=ids(B, C, T, K), teacher_topk_logprobs=lp(B, C, T, K),
         teacher_logprobs_at_student_ids=lp(B, C, T, K), old_logprobs_at_teacher_ids=lp(B, C, T, K),

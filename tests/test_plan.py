@@ -21,7 +21,7 @@ HF_CONFIG = {"model_type": "qwen3", "vocab_size": 384, "hidden_size": 64, "inter
              "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
              "max_position_embeddings": 1024, "torch_dtype": "bfloat16"}
 OVERRIDES = ["model.dtype=bfloat16", "model.param_dtype=float32", "model.remat=true", "trainer.max_seq_len=64",
-             "trainer.min_seq_bucket=64", "trainer.rollout_batch_size=4", "trainer.micro_batch_size=2",
+             "trainer.min_seq_bucket=64", "trainer.samples_per_step=4", "trainer.micro_batch_size=2",
              "gateway.max_candidates=2", "trainer.chunk_size=16"]
 # the tests below that count packed rows by hand plan the packed (unshared) teacher layout
 PACKED_TEACHER = ["trainer.shared_prefix_teacher=false"]

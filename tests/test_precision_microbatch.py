@@ -30,7 +30,7 @@ from openclaw_jax.trainer.loop import Trainer
 
 from test_trainer_step import VOCAB, _samples
 
-BASE = ["trainer.rollout_batch_size=4", "trainer.top_k=4", "trainer.chunk_size=8", "gateway.max_candidates=3",
+BASE = ["trainer.samples_per_step=4", "loss.top_k=4", "trainer.chunk_size=8", "gateway.max_candidates=3",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.optimizer.lr=1e-6"]
 
 
@@ -48,7 +48,7 @@ def _flat(state) -> dict[str, np.ndarray]:
 def _train(dtype: str, param_dtype: str, steps: int):
     cfg = load_experiment_config([], BASE + [f"model.dtype={dtype}", f"model.param_dtype={param_dtype}"])
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    trainer = Trainer(cfg, _decoder(0, dtype, param_dtype), _decoder(1, dtype, param_dtype), mesh)
+    trainer = Trainer(cfg, _decoder(0, dtype, param_dtype), _decoder(1, dtype, param_dtype), mesh, samples=cfg.sample_spec())
     before = _flat(trainer.trainable)
     packed = pack(_samples(np.random.default_rng(0)), trainer.spec)
     for _ in range(steps):
@@ -122,7 +122,7 @@ def batch():
 
 
 def _one_step(micro: int, inputs, tinputs):
-    settings = S.StepSettings(loss_name="combine", loss=LossConfig(), temperature=0.7, top_k=4, chunk_size=4,
+    settings = S.StepSettings(loss=LossConfig(), temperature=0.7, chunk_size=4,
                               micro_batch_size=micro)
     gd, trainable, frozen = nnx.split(_decoder(0, "float32", "float32"), nnx.Param, ...)
     tgd, tstate = nnx.split(_decoder(1, "float32", "float32"))
@@ -134,9 +134,9 @@ def _one_step(micro: int, inputs, tinputs):
     batch = S.assemble_batch(inputs, tinputs, old, teach, old_at)
     tx, schedule = S.make_optimizer(1e-2, eps=1e-3)
     opt_state = tx.init(trainable)
-    new, _, metrics = jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx,
+    new, _, metrics, k_star = jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx,
                                                 lr_schedule=schedule))(gd, trainable, frozen, opt_state, inputs, batch)
-    return old, teach, metrics, _flat(new), _flat(trainable)
+    return old, teach, metrics, _flat(new), _flat(trainable), k_star
 
 
 def test_micro_batches_equal_the_whole_batch(batch):
@@ -156,6 +156,8 @@ def test_micro_batches_equal_the_whole_batch(batch):
         np.testing.assert_allclose(micro[3][k], whole[3][k], rtol=1e-5, atol=1e-6, err_msg=k)
         moved += int(np.any(whole[3][k] != whole[4][k]))
     assert moved > 0
+    # k* from the micro-batched loss, joined back to the batch's row order, is the whole batch's
+    np.testing.assert_array_equal(np.asarray(micro[5]), np.asarray(whole[5]))
 
 
 def test_split_and_join_micro_batches_interleave_rows():

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _run_dir(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
-    shutil.copy(REPO / "configs" / "tiny_cpu.yaml", run / "config.yaml")   # rollout_batch_size 4
+    shutil.copy(REPO / "configs" / "tiny_cpu.yaml", run / "config.yaml")   # samples_per_step 4
     return run
 
 
@@ -45,7 +45,7 @@ def test_load_config_points_at_the_run_where_it_is_now(tmp_path):
     run = _run_dir(tmp_path)
     cfg = ri.load_config(run)
     assert cfg.run_dir == str(run.resolve())
-    assert cfg.trainer.rollout_batch_size == 4
+    assert cfg.trainer.samples_per_step == 4
     with pytest.raises(FileNotFoundError, match="config.yaml"):
         ri.load_config(tmp_path)
 

@@ -56,7 +56,7 @@ def _inputs(packed):
 @functools.lru_cache(maxsize=None)
 def _phases(micro: int):
     """The jitted phases for one setting, shared by the tests (a shape compiles once per module)."""
-    settings = S.StepSettings(loss_name="combine", loss=LossConfig(), temperature=TAU, top_k=4, chunk_size=4,
+    settings = S.StepSettings(loss=LossConfig(), temperature=TAU, chunk_size=4,
                               micro_batch_size=micro)
     tx, schedule = S.make_optimizer(1e-2, eps=1e-3)
     return (tx, jax.jit(functools.partial(S.old_pass, settings=settings)),
@@ -80,7 +80,7 @@ def _step(packed, micro: int = 0, train: bool = True):
         return dict(old=old, teach=teach)
     old_at = old_logprobs_at(gd, (trainable, frozen), old.hidden, teach.topk_ids)
     batch = S.assemble_batch(inputs, tinputs, old, teach, old_at)
-    new, _, metrics = train_step(gd, trainable, frozen, tx.init(trainable), inputs, batch)
+    new, _, metrics, k_star = train_step(gd, trainable, frozen, tx.init(trainable), inputs, batch)
     params = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(new)}
     before = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(trainable)}
     return dict(old=old, teach=teach, old_at=old_at, metrics={k: float(v) for k, v in metrics.items()},
@@ -308,7 +308,7 @@ def test_the_teacher_pass_gives_the_reference_log_probs(micro):
     np.testing.assert_array_equal(te["candidate_mask"], plain.teacher["candidate_mask"])
     a, b = _step(plain, micro, train=False), _step(folded, micro, train=False)
     assert a["teach"].reference_logprobs is None
-    settings = S.StepSettings(loss_name="combine", loss=LossConfig(), temperature=TAU, top_k=4, chunk_size=4)
+    settings = S.StepSettings(loss=LossConfig(), temperature=TAU, chunk_size=4)
     inputs, _ = _inputs(pack(samples, _spec(False)))
     _, (tgd, tstate) = _models()
     ref = np.asarray(jax.jit(functools.partial(S.reference_pass, settings=settings))(tgd, tstate, inputs))
@@ -406,7 +406,7 @@ def test_a_batch_without_candidates_trains_the_same_without_a_teacher_pass():
     zeros = jnp.zeros((b, c, t, k), jnp.float32)
     teach = S.TeacherPassOutput(jnp.zeros((b, c, t, k), jnp.int32), zeros, zeros, jnp.zeros((b, c, t), jnp.float32))
     batch = S.assemble_batch(inputs, tinputs, old, teach, teach.logprobs_at_student_ids)
-    new, _, metrics = train_step(gd, trainable, frozen, tx.init(trainable), inputs, batch)
+    new, _, metrics, k_star = train_step(gd, trainable, frozen, tx.init(trainable), inputs, batch)
     assert with_teacher["metrics"]["loss"] != 0.0
     for name, value in with_teacher["metrics"].items():
         assert float(metrics[name]) == pytest.approx(value, rel=1e-5, abs=1e-6), name

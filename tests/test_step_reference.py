@@ -75,7 +75,7 @@ def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, t
     V = student.config.vocab_size
     z = np.zeros((B, T, V))
     case = dict(
-        tokens=np.zeros((B, T), np.int64), loss_mask=np.zeros((B, T)), old_logprobs=np.zeros((B, T)),
+        response_ids=np.zeros((B, T), np.int64), response_mask=np.zeros((B, T)), old_logprobs=np.zeros((B, T)),
         advantages=np.zeros((B, T)), rollout_logprobs=np.zeros((B, T)),
         student_topk_ids=np.zeros((B, T, K), np.int64), student_topk_logprobs=np.zeros((B, T, K)),
         teacher_topk_ids=np.zeros((B, C, T, K), np.int64), teacher_topk_logprobs=np.zeros((B, C, T, K)),
@@ -87,8 +87,8 @@ def _reference(student_dir, teacher_dir, samples, max_candidates, loss_cfg, *, t
         z[b, :r] = _response_logits(student, s.prompt_ids, s.response_ids).numpy()
         lsm = log_softmax(z[b, :r])
         y = np.asarray(s.response_ids)
-        case["tokens"][b, :r] = y
-        case["loss_mask"][b, :r] = 1.0
+        case["response_ids"][b, :r] = y
+        case["response_mask"][b, :r] = 1.0
         case["old_logprobs"][b, :r] = lsm[np.arange(r), y]      # old policy = the student at the step's start
         case["advantages"][b, :r] = s.reward
         case["rollout_logprobs"][b, :r] = s.rollout_logprobs
@@ -145,9 +145,9 @@ def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b
 
     max_candidates = 2  # the first sample's third hint is dropped, as the trainer keeps at most this many
     cfg = load_experiment_config([], [
-        f"trainer.method={method}", f"loss.hint_selection={selection}", f"loss.subset_mode={subset}",
-        f"trainer.temperature={TAU}", f"gateway.temperature={TAU}", f"trainer.top_k={TOP_K}", "trainer.chunk_size=8",
-        "trainer.rollout_batch_size=4", f"gateway.max_candidates={max_candidates}",
+        f"loss.name={method}", f"loss.hint_selection={selection}", f"loss.subset_mode={subset}",
+        f"gateway.temperature={TAU}", f"loss.top_k={TOP_K}", "trainer.chunk_size=8",
+        "trainer.samples_per_step=4", f"gateway.max_candidates={max_candidates}",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.staleness_mode=drop",
         "trainer.optimizer.lr=1e-3", f"loss.kl_coef={kl_coef}", f"trainer.shared_prefix_teacher={shared}",
         "trainer.batch_prefix_min=0"])   # (the per-sample rows, not packed ones, whenever shared)
@@ -155,7 +155,7 @@ def test_train_on_matches_independent_reference(tiny_qwen3_dir, tiny_qwen3_dir_b
     student = load_pretrained(tiny_qwen3_dir, dtype="float32").model
     teacher = load_pretrained(teacher_dir, dtype="float32").model
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    trainer = Trainer(cfg, student, teacher, mesh)
+    trainer = Trainer(cfg, student, teacher, mesh, samples=cfg.sample_spec())
     samples = _samples(np.random.default_rng(0), student.cfg.vocab_size)
     packed = pack(samples, trainer.spec)
     assert ("prefix_len" in packed.teacher) is shared
@@ -195,15 +195,15 @@ def test_rl_trains_on_rewards_alone_without_teacher_or_hint_only_samples(tiny_qw
     from openclaw_jax.trainer.loop import Trainer
 
     cfg = load_experiment_config([], [
-        "trainer.method=rl", f"trainer.temperature={TAU}", f"gateway.temperature={TAU}", f"trainer.top_k={TOP_K}",
-        "trainer.chunk_size=8", "trainer.rollout_batch_size=4", "gateway.max_candidates=2",
+        "loss.name=rl", f"gateway.temperature={TAU}", f"loss.top_k={TOP_K}",
+        "trainer.chunk_size=8", "trainer.samples_per_step=4", "gateway.max_candidates=2",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.optimizer.lr=1e-3"])
     student = load_pretrained(tiny_qwen3_dir, dtype="float32").model
     teacher = load_pretrained(tiny_qwen3_dir_b, dtype="float32").model
-    trainer = Trainer(cfg, student, teacher, make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    trainer = Trainer(cfg, student, teacher, make_mesh((1, 1, 1), devices=jax.devices()[:1]), samples=cfg.sample_spec())
     calls = []
-    real_teacher_pass = trainer._teacher_pass
-    trainer._teacher_pass = lambda *a, **k: calls.append(1) or real_teacher_pass(*a, **k)
+    real_teacher_pass = trainer.runner.phases["teacher_pass"]
+    trainer.runner.phases["teacher_pass"] = lambda *a, **k: calls.append(1) or real_teacher_pass(*a, **k)
 
     samples = _samples(np.random.default_rng(0), student.cfg.vocab_size)
     with SampleStore(tmp_path / "store") as store:

@@ -1,6 +1,6 @@
-"""The trainer's tau must be the temperature each sample was drawn with (docs/design.md §6):
-the config refuses a gateway/trainer mismatch, and the batcher refuses (and counts, and says
-why, once) samples drawn at another temperature."""
+"""The trainer's tau must be the temperature each sample was drawn with (docs/design.md §6): there
+is one temperature (gateway.temperature, handed to the trainer as its tau), and the batcher refuses
+(and counts, and says why, once) samples drawn at another temperature."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
 
 
-def test_config_rejects_gateway_and_trainer_temperatures_that_differ():
-    with pytest.raises(ConfigError, match=r"gateway.temperature=1.0 differs from trainer.temperature=0.7"):
+def test_one_temperature_is_the_sampling_temperature_and_the_trainers_tau():
+    cfg = load_experiment_config([], ["gateway.temperature=0.7"])
+    assert cfg.sample_spec().temperature == 0.7
+    with pytest.raises(ConfigError, match="gateway.temperature=0.0 must be > 0"):
+        load_experiment_config([], ["gateway.temperature=0"])
+    with pytest.raises(ConfigError, match="trainer.temperature.*is gone.*gateway.temperature"):
         load_experiment_config([], ["trainer.temperature=0.7"])
-    cfg = load_experiment_config([], ["trainer.temperature=0.7", "gateway.temperature=0.7"])
-    assert cfg.trainer.temperature == cfg.gateway.temperature == 0.7
-    allowed = load_experiment_config([], ["trainer.temperature=0.7", "trainer.allow_temperature_mismatch=true"])
-    assert allowed.gateway.temperature == 1.0
 
 
 def _sample(i: int, temperature: float) -> Sample:
@@ -41,7 +41,7 @@ def test_batcher_refuses_samples_drawn_at_another_temperature(tmp_path, caplog):
     assert kept == ["s0", "s2", "s4"]
     assert batcher.dropped["temperature"] == 3
     warnings = [r for r in caplog.records if "temperature" in r.getMessage()]
-    assert len(warnings) == 1 and "trainer.temperature=0.7" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "tau is 0.7" in warnings[0].getMessage()
     # the sampling settings travel with the sample through the store
     with SampleStore(tmp_path / "s", readonly=True) as store:
         assert (store[0].temperature, store[0].top_p, store[0].top_k) == (0.7, 0.9, 20)

@@ -32,7 +32,7 @@ BATCH = 4
 
 def _command(run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "openclaw_jax.train", "--config", str(ROOT / "configs/tiny_cpu.yaml"),
-            f"run_dir={run_dir}", f"trainer.max_steps={MAX_STEPS}", f"trainer.rollout_batch_size={BATCH}",
+            f"run_dir={run_dir}", f"trainer.max_steps={MAX_STEPS}", f"trainer.samples_per_step={BATCH}",
             "trainer.checkpoint_every=1", "progress=false"]
 
 

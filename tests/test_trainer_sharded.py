@@ -27,8 +27,8 @@ SCRIPT = textwrap.dedent(r'''
     from openclaw_jax.trainer.loop import Trainer
 
     assert len(jax.devices()) == 8
-    cfg = load_experiment_config([], ["trainer.rollout_batch_size=8", "trainer.top_k=4", "trainer.chunk_size=4",
-                                      "trainer.temperature=0.7", "gateway.temperature=0.7", "trainer.optimizer.lr=1e-3",
+    cfg = load_experiment_config([], ["trainer.samples_per_step=8", "loss.top_k=4", "trainer.chunk_size=4",
+                                      "gateway.temperature=0.7", "trainer.optimizer.lr=1e-3",
                                       "trainer.optimizer.eps=1e-3", "gateway.max_candidates=3",
                                       "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8"])
     rng = np.random.default_rng(0)
@@ -37,7 +37,8 @@ SCRIPT = textwrap.dedent(r'''
     for name, shape, devices in [("one", (1, 1, 1), jax.devices()[:1]), ("2x2x2", (2, 2, 2), None),
                                  ("1x2x4", (1, 2, 4), None)]:
         mesh = make_mesh(shape, devices=devices)
-        trainer = Trainer(cfg, shard_model(_model(0), mesh), shard_model(_model(1), mesh), mesh)
+        trainer = Trainer(cfg, shard_model(_model(0), mesh), shard_model(_model(1), mesh), mesh,
+                          samples=cfg.sample_spec())
         packed = pack(samples, trainer.spec)
         metrics = trainer.train_on(packed)
         metrics2 = trainer.train_on(packed)   # a second step exercises the optimizer state
@@ -80,14 +81,14 @@ def test_lora_trains_only_adapters_and_serves_merged(tmp_path):
     from openclaw_jax.trainer.loop import Trainer
     from test_trainer_step import _model, _samples
 
-    cfg = load_experiment_config([], ["model.lora.enabled=true", "model.lora.rank=4", "trainer.rollout_batch_size=4",
+    cfg = load_experiment_config([], ["model.lora.enabled=true", "model.lora.rank=4", "trainer.samples_per_step=4",
                                       "trainer.chunk_size=4", "trainer.optimizer.lr=1e-2",
                                       "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8"])
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
     base = _model(0)
     base_state = jax.tree.map(np.asarray, nnx.state(base, nnx.Param))
     student = add_lora(base, LoRAConfig(rank=4, alpha=8.0), rngs=nnx.Rngs(3))
-    trainer = Trainer(cfg, shard_model(student, mesh), shard_model(_model(1), mesh), mesh)
+    trainer = Trainer(cfg, shard_model(student, mesh), shard_model(_model(1), mesh), mesh, samples=cfg.sample_spec())
     assert all(isinstance(v, LoRAParam) for v in jax.tree.leaves(
         trainer.trainable, is_leaf=lambda x: isinstance(x, nnx.Variable)))
     metrics = trainer.train_on(pack(_samples(np.random.default_rng(0)), trainer.spec))

@@ -19,9 +19,10 @@ import pytest
 from flax import nnx
 
 from openclaw_jax.samples import Sample
-from openclaw_jax.losses import LossConfig, hybrid_loss
+from openclaw_jax.losses import LossConfig, hybrid_loss, overlap_counts, select_hint
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
+from openclaw_jax.trainer import advantages as A
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batcher import BatchSpec, bucket_length, pack, parse_version
 
@@ -63,7 +64,7 @@ def setup():
     samples = _samples(rng)
     spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
     packed = pack(samples, spec)
-    settings = S.StepSettings(loss_name="combine", loss=LossConfig(), temperature=TAU, top_k=4, chunk_size=4)
+    settings = S.StepSettings(loss=LossConfig(), temperature=TAU, chunk_size=4)
     inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
     tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in packed.teacher.items()})
     gd, state = nnx.split(student)
@@ -133,8 +134,7 @@ def test_reference_pass_matches_reference(setup, packing):
 def test_train_step_matches_dense_loss(setup, loss_name, kl_coef):
     """Chunked train step == dense `hybrid_loss` on full logits: value, metrics and the update (with
     the KL anchor: reference log-probs from the teacher's reference pass)."""
-    settings = S.StepSettings(loss_name=loss_name, loss=LossConfig(kl_coef=kl_coef), temperature=TAU, top_k=4,
-                              chunk_size=4)
+    settings = S.StepSettings(loss=LossConfig(name=loss_name, kl_coef=kl_coef), temperature=TAU, chunk_size=4)
     inputs, tinputs = setup["inputs"], setup["tinputs"]
     ref = None
     if kl_coef:
@@ -145,7 +145,7 @@ def test_train_step_matches_dense_loss(setup, loss_name, kl_coef):
     tx = optax.sgd(1.0)  # the update is then exactly -grad
     schedule = optax.constant_schedule(1.0)
     opt_state = tx.init(trainable)
-    new, _, metrics = jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule))(
+    new, _, metrics, k_star = jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule))(
         gd, trainable, frozen, opt_state, inputs, batch)
 
     cfg = LossConfig(w_opd=0.0) if loss_name == "rl" else LossConfig(w_rl=0.0) if loss_name == "opd" else LossConfig()
@@ -166,6 +166,11 @@ def test_train_step_matches_dense_loss(setup, loss_name, kl_coef):
     chex.assert_trees_all_close(jax.tree.map(jnp.subtract, trainable, new), grads, atol=1e-5, rtol=0)
     assert float(metrics["grad_norm"]) == pytest.approx(float(optax.global_norm(grads)), rel=1e-4)
     assert float(metrics["lr"]) == pytest.approx(1.0)
+    # k*, the hint the loss chose per token, comes back from the step: the selection on this batch
+    overlap = overlap_counts(batch.student_topk_ids, batch.teacher_topk_ids)
+    want = select_hint(overlap, batch.candidate_mask, batch.response_mask, settings.loss.hint_selection)
+    assert k_star.shape == batch.response_ids.shape
+    np.testing.assert_array_equal(np.asarray(k_star), np.asarray(want))
 
 
 def test_make_optimizer_clips_then_warms_up():
@@ -214,9 +219,9 @@ def test_gather_response_reads_packed_rows():
 def test_importance_weights_truncate():
     old = jnp.log(jnp.asarray([[0.5, 0.9, 0.1]]))
     rollout = jnp.log(jnp.asarray([[0.25, 0.3, 0.2]]))
-    w = S.importance_weights(old, rollout, jnp.asarray([[1.0, 1.0, 0.0]]), cap=2.0)
+    w = A.importance_weights(old, rollout, jnp.asarray([[1.0, 1.0, 0.0]]), cap=2.0)
     np.testing.assert_allclose(np.asarray(w), [[2.0, 2.0, 1.0]], rtol=1e-6)
-    w = S.importance_weights(old, rollout, jnp.ones((1, 3)), cap=5.0)
+    w = A.importance_weights(old, rollout, jnp.ones((1, 3)), cap=5.0)
     np.testing.assert_allclose(np.asarray(w), [[2.0, 3.0, 0.5]], rtol=1e-5)
 
 

@@ -23,7 +23,7 @@ from openclaw_jax.trainer.loop import Trainer
 
 from test_trainer_step import VOCAB, _samples
 
-BASE = ["trainer.rollout_batch_size=4", "trainer.top_k=4", "trainer.chunk_size=8", "gateway.max_candidates=3",
+BASE = ["trainer.samples_per_step=4", "loss.top_k=4", "trainer.chunk_size=8", "gateway.max_candidates=3",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.optimizer.lr=1e-2"]
 
 
@@ -49,7 +49,8 @@ def test_step_emits_the_serving_weights_and_later_steps_leave_them_alone(dtype, 
         overrides += ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
         student = add_lora(student, LoRAConfig(rank=4, alpha=8.0), rngs=nnx.Rngs(2))
     cfg = load_experiment_config([], overrides)
-    trainer = Trainer(cfg, student, _decoder(1, dtype), make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    trainer = Trainer(cfg, student, _decoder(1, dtype), make_mesh((1, 1, 1), devices=jax.devices()[:1]),
+                   samples=cfg.sample_spec())
     spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
     packed = pack(_samples(np.random.default_rng(0))[:4], spec)
 

@@ -77,7 +77,8 @@ def _trainer(cfg: ExperimentConfig, student: Decoder | None = None):
     from openclaw_jax.parallel.mesh import make_mesh
     from openclaw_jax.trainer.loop import Trainer
 
-    return Trainer(cfg, student or _decoder(0), _decoder(1), make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    return Trainer(cfg, student or _decoder(0), _decoder(1), make_mesh((1, 1, 1), devices=jax.devices()[:1]),
+                   samples=cfg.sample_spec())
 
 
 def _ids(rng: np.random.Generator, n: int) -> list[int]:

@@ -2,9 +2,9 @@
 then tabulate and plot held-out preference and accuracy against the step.
 
 Each (method, seed) is one `python -m openclaw_jax.train` run, one after the other (the runs share
-the machine; `--jobs N` runs N at once, each with its own ephemeral gateway port), with the same config, the same `trainer.max_steps` x `trainer.rollout_batch_size`
+the machine; `--jobs N` runs N at once, each with its own ephemeral gateway port), with the same config, the same `trainer.max_steps` x `trainer.samples_per_step`
 samples, and `seed=S env.seed=S` (model sampling, trainer RNG, question order and held-out
-questions). Only `trainer.method` differs. Runs land in `<out>/<method>/seed<S>/`; a run whose
+questions). Only `loss.name` differs (with the weights that loss fixes). Runs land in `<out>/<method>/seed<S>/`; a run whose
 `summary.json` already shows it finished is reused (re-running the command resumes a comparison).
 
 Writes `<out>/comparison.md` (markdown table), `comparison.csv` (one row per method and step),
@@ -27,13 +27,15 @@ import shutil
 import subprocess
 import sys
 import time
-from openclaw_jax.logs import configure_logging
 from pathlib import Path
 from typing import Any, Sequence
 
+from openclaw_jax.logs import configure_logging
+from openclaw_jax.losses import available_losses, get_loss
+
 log = logging.getLogger("openclaw_jax.eval.compare")
 
-METHODS = ("combine", "rl", "opd", "token_combine", "tail_kl")
+METHODS = available_losses()   # a method is a registered loss (loss.name)
 METRICS = ("preference_score", "accuracy")
 
 
@@ -50,8 +52,15 @@ def train_command(configs: Sequence[str], method: str, seed: int, run_dir: Path,
     cmd = [sys.executable, "-m", "openclaw_jax.train"]
     for c in configs:
         cmd += ["--config", str(c)]
-    return cmd + [f"run_dir={run_dir}", f"seed={seed}", f"env.seed={seed}", f"trainer.method={method}",
+    return cmd + [f"run_dir={run_dir}", f"seed={seed}", f"env.seed={seed}", *method_overrides(method),
                   "progress=false", *overrides]
+
+
+def method_overrides(method: str) -> list[str]:
+    """`loss.name=<method>`, and each loss weight that loss fixes reset to null (its default), so a
+    config that weights the combined loss (cpu_demo's `loss.w_opd: 0.5`) runs `rl` / `opd` as they are
+    defined rather than being refused for a conflicting weight."""
+    return [f"loss.name={method}"] + [f"loss.{w}=null" for w in get_loss(method).fixed_weights]
 
 
 def finished(run_dir: Path) -> bool:
@@ -235,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: python -m openclaw_jax.eval.compare --config configs/cpu_demo.yaml "
                "--methods combine,rl,opd --seeds 3")
     p.add_argument("--config", action="append", required=True, metavar="YAML", help="training config (repeatable)")
-    p.add_argument("--methods", default="combine,rl,opd", help="comma-separated trainer.method values")
+    p.add_argument("--methods", default="combine,rl,opd", help="comma-separated loss names (loss.name)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds: 0 .. N-1 (default 3)")
     p.add_argument("--first-seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--out", default=None, help="output directory (default runs/compare_<config name>)")
@@ -263,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--seeds {args.seeds} must be >= 1", file=sys.stderr)
         return 2
     for o in args.overrides:
-        if o.split("=", 1)[0] in ("trainer.method", "seed", "env.seed", "run_dir"):
+        if o.split("=", 1)[0] in ("loss.name", "seed", "env.seed", "run_dir"):
             print(f"override {o!r} is set per run by the comparison; leave it out", file=sys.stderr)
             return 2
     if args.jobs < 1:

@@ -2,12 +2,11 @@
 
 Pinned API: ``overlap_counts``, ``select_hint``, ``hybrid_loss``, ``HybridBatch``, ``LossConfig``.
 Extras: the chunked path (``chunked_hybrid_loss``), stats variants for micro-batch/host
-averaging, the legacy token combine and tail-KL losses via the registry, and the building
-blocks. One file per loss (``hybrid.py``, ``token_combine.py``, ``tail_kl.py``), each registering
-itself (``registry.py``).
+averaging, the registry (``get_loss(cfg.name)``), and the building blocks. One file per loss
+(``hybrid.py``, ``token_combine.py``, ``tail_kl.py``), each registering itself when imported here.
 """
 
-from openclaw_jax.losses import hybrid, tail_kl, token_combine
+from openclaw_jax.losses import hybrid, tail_kl, token_combine  # noqa: F401  (importing a loss file registers it)
 from openclaw_jax.losses.config import LossConfig
 from openclaw_jax.losses.hybrid import (
     GatherPlan,
@@ -35,19 +34,6 @@ from openclaw_jax.losses.registry import (RegisteredLoss, available_kinds, avail
 from openclaw_jax.losses.selection import HINT_SELECTION_MODES, overlap_counts, select_hint
 
 
-# The loss files: importing one registers its losses (see registry.py); a new loss is added here.
-LOSS_FILES = (hybrid, tail_kl, token_combine)
-
-
-def token_combine_loss(logits, batch, cfg=LossConfig(), *, sample_count=None):
-    """Legacy token-level combine loss from logits (see ``registry``): ``(loss, metrics)``."""
-    return get_loss("token_combine").dense(logits, batch, cfg, sample_count=sample_count)
-
-
-def tail_kl_loss(logits, batch, cfg=LossConfig(), *, sample_count=None):
-    """GRPO + top-K tail reverse-KL distillation loss from logits: ``(loss, metrics)``."""
-    return get_loss("tail_kl").dense(logits, batch, cfg, sample_count=sample_count)
-
 
 __all__ = [
     # pinned (docs/design.md §6)
@@ -61,8 +47,6 @@ __all__ = [
     "hybrid_loss_with_stats",
     "dense_loss_with_stats",
     "chunked_loss_with_stats",
-    "token_combine_loss",
-    "tail_kl_loss",
     "make_gather_plan",
     "GatherPlan",
     "LossKind",

@@ -7,14 +7,14 @@ Two entry points compute the same numbers:
 * :func:`chunked_hybrid_loss` ``(hidden [B,T,H], lm_head [H,V], batch, cfg)`` -- the
   production path: logits ``hidden @ lm_head / temperature`` are formed a chunk of
   positions at a time (:mod:`openclaw_jax.ops.logprobs`), so ``[B*T, V]`` float32 never
-  exists. ``hidden[b, t]`` must be the state that *predicts* ``tokens[b, t]``.
+  exists. ``hidden[b, t]`` must be the state that *predicts* ``response_ids[b, t]``.
 
 Both first build a *gather plan* from the batch alone (hint selection, the OPD id subset),
 then ask the vocabulary for the current log-probs at a few ids per position plus the
 entropy, and finally combine those with the batch data in :func:`_loss_terms`. Only the
 middle step differs between the paths.
 
-What counts where (``m`` = ``loss_mask``, real = ``sample_mask``, hint = any
+What counts where (``m`` = ``response_mask``, real = ``sample_mask``, hint = any
 ``candidate_mask``):
 
 * every loss term is a per-sample masked token mean ``sum_t m_t x_t / max(sum_t m_t, 1)``
@@ -61,8 +61,8 @@ class HybridBatch:
     """One padded training batch for the loss family (B samples, T response positions).
 
     Pinned fields (docs/design.md §6):
-      tokens ``[B,T]`` int: the sampled response tokens y_t.
-      loss_mask ``[B,T]``: 1 where the token is trained.
+      response_ids ``[B,T]`` int: the sampled response tokens y_t.
+      response_mask ``[B,T]``: 1 where the token is trained.
       old_logprobs ``[B,T]``: ``l_old(y_t)`` from the old-policy pass.
       advantages ``[B,T]``: the GRPO advantage (the turn's reward broadcast over tokens).
       student_topk_ids / student_topk_logprobs ``[B,T,K]``: S^q_t and ``l_old`` there.
@@ -79,8 +79,8 @@ class HybridBatch:
       teacher_logprobs_at_tokens ``[B,C,T]``: candidate c's log-prob of y_t (``token_combine``).
     """
 
-    tokens: jax.Array
-    loss_mask: jax.Array
+    response_ids: jax.Array
+    response_mask: jax.Array
     old_logprobs: jax.Array
     advantages: jax.Array
     student_topk_ids: jax.Array
@@ -101,9 +101,9 @@ class HybridBatch:
 
     def dims(self) -> tuple[int, int, int, int]:
         """Validate every field's shape and return ``(B, T, K, C)``."""
-        if jnp.ndim(self.tokens) != 2:
-            raise ValueError(f"HybridBatch.tokens must be [B,T], got shape {jnp.shape(self.tokens)}")
-        b, t = jnp.shape(self.tokens)
+        if jnp.ndim(self.response_ids) != 2:
+            raise ValueError(f"HybridBatch.response_ids must be [B,T], got shape {jnp.shape(self.response_ids)}")
+        b, t = jnp.shape(self.response_ids)
         if jnp.ndim(self.student_topk_ids) != 3:
             raise ValueError(f"HybridBatch.student_topk_ids must be [B,T,K], got shape {jnp.shape(self.student_topk_ids)}")
         k = jnp.shape(self.student_topk_ids)[-1]
@@ -111,7 +111,7 @@ class HybridBatch:
         if c is None:
             raise ValueError(f"HybridBatch.candidate_mask must be [B,C], got shape {jnp.shape(self.candidate_mask)}")
         expected = {
-            "loss_mask": (b, t),
+            "response_mask": (b, t),
             "old_logprobs": (b, t),
             "advantages": (b, t),
             "student_topk_ids": (b, t, k),
@@ -185,13 +185,15 @@ class LossKind:
         """The per-sample policy terms ``[B]`` (adds its metrics to ``stats``)."""
         raise NotImplementedError
 
-    def dense_with_stats(self, logits, batch: HybridBatch, cfg: LossConfig, *, sample_count=None):
-        return dense_loss_with_stats(logits, batch, cfg, kind=self.name, sample_count=sample_count)
+    def dense_with_stats(self, logits, batch: HybridBatch, cfg: LossConfig, *, sample_count=None,
+                         with_k_star: bool = False):
+        return dense_loss_with_stats(logits, batch, cfg, kind=self.name, sample_count=sample_count,
+                                     with_k_star=with_k_star)
 
     def chunked_with_stats(self, hidden, lm_head, batch: HybridBatch, cfg: LossConfig, *, temperature=1.0,
-                           chunk_size: int = DEFAULT_CHUNK_SIZE, sample_count=None):
+                           chunk_size: int = DEFAULT_CHUNK_SIZE, sample_count=None, with_k_star: bool = False):
         return chunked_loss_with_stats(hidden, lm_head, batch, cfg, kind=self.name, temperature=temperature,
-                                       chunk_size=chunk_size, sample_count=sample_count)
+                                       chunk_size=chunk_size, sample_count=sample_count, with_k_star=with_k_star)
 
 
 def grpo_sample_loss(raw_kl: jax.Array, rewards: jax.Array, cfg: LossConfig, plan: GatherPlan,
@@ -245,8 +247,8 @@ class HybridKind(LossKind):
 
 
 register_loss("combine", "hybrid", None, "hybrid GRPO + top-K OPD (w_rl, w_opd from the config)")
-register_loss("rl", "hybrid", lambda cfg: dataclasses.replace(cfg, w_opd=0.0), "GRPO only")
-register_loss("opd", "hybrid", lambda cfg: dataclasses.replace(cfg, w_rl=0.0), "top-K OPD only")
+register_loss("rl", "hybrid", {"w_opd": 0.0}, "GRPO only", uses_hints=False)
+register_loss("opd", "hybrid", {"w_rl": 0.0}, "top-K OPD only")
 
 
 def make_gather_plan(batch: HybridBatch, cfg: LossConfig, kind: str = "hybrid") -> GatherPlan:
@@ -254,14 +256,14 @@ def make_gather_plan(batch: HybridBatch, cfg: LossConfig, kind: str = "hybrid") 
     impl = get_kind(kind)
     batch.dims()
     sample_mask = jnp.asarray(batch.sample_mask) > 0
-    trained = (jnp.asarray(batch.loss_mask) > 0) & sample_mask[:, None]
+    trained = (jnp.asarray(batch.response_mask) > 0) & sample_mask[:, None]
     has_hint = jnp.any(jnp.asarray(batch.candidate_mask) > 0, axis=1)
     active = trained & has_hint[:, None]
 
     overlap = overlap_counts(batch.student_topk_ids, batch.teacher_topk_ids)
-    kstar = select_hint(overlap, batch.candidate_mask, batch.loss_mask, cfg.hint_selection, batch.segment_ids)
+    kstar = select_hint(overlap, batch.candidate_mask, batch.response_mask, cfg.hint_selection, batch.segment_ids)
     overlap_at_kstar = take_candidate(overlap, kstar)
-    tokens = masked(batch.tokens, trained, jnp.int32)[..., None]
+    tokens = masked(batch.response_ids, trained, jnp.int32)[..., None]
     ids, extra = impl.gather(batch, cfg, tokens=tokens, kstar=kstar, active=active)
     return GatherPlan(ids, trained, active, sample_mask, kstar, overlap_at_kstar, extra)
 
@@ -328,21 +330,29 @@ def _check_logits(logits: jax.Array, batch: HybridBatch) -> None:
         raise ValueError(f"logits must be [B,T,V] = [{b},{t},V] to match the batch, got shape {jnp.shape(logits)}")
 
 
+def _with_k_star(out: tuple[jax.Array, dict[str, MetricStat]], plan: GatherPlan, with_k_star: bool):
+    """``(loss, stats)``, or ``(loss, (stats, k*))`` with the hint chosen per token ``[B,T]``."""
+    loss, stats = out
+    return (loss, (stats, plan.kstar)) if with_k_star else (loss, stats)
+
+
 def dense_loss_with_stats(logits, batch: HybridBatch, cfg: LossConfig, *, kind: str = "hybrid",
-                          sample_count=None) -> tuple[jax.Array, dict[str, MetricStat]]:
-    """Any loss kind from full logits; metrics as ``(sum, count)`` :class:`MetricStat`."""
+                          sample_count=None, with_k_star: bool = False):
+    """Any loss kind from full logits; metrics as ``(sum, count)`` :class:`MetricStat` (with
+    ``with_k_star``: ``(loss, (stats, k* [B,T]))``)."""
     _check_logits(logits, batch)
     plan = make_gather_plan(batch, cfg, kind)
     cur, entropy = dense_current_logprobs(logits, plan.ids)
     if cfg.entropy_coef == 0:
         entropy = jax.lax.stop_gradient(entropy)
-    return _loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count)
+    return _with_k_star(_loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count), plan, with_k_star)
 
 
 def chunked_loss_with_stats(hidden, lm_head, batch: HybridBatch, cfg: LossConfig, *, kind: str = "hybrid",
-                            temperature=1.0, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                            sample_count=None) -> tuple[jax.Array, dict[str, MetricStat]]:
-    """Any loss kind from ``hidden [B,T,H]`` and ``lm_head [H,V]``; metrics as :class:`MetricStat`."""
+                            temperature=1.0, chunk_size: int = DEFAULT_CHUNK_SIZE, sample_count=None,
+                            with_k_star: bool = False):
+    """Any loss kind from ``hidden [B,T,H]`` and ``lm_head [H,V]``; metrics as :class:`MetricStat`
+    (with ``with_k_star``: ``(loss, (stats, k* [B,T]))``, the hint the loss chose per token)."""
     b, t, _, _ = batch.dims()
     if jnp.ndim(hidden) != 3 or tuple(jnp.shape(hidden)[:2]) != (b, t):
         raise ValueError(f"hidden must be [B,T,H] = [{b},{t},H] to match the batch, got shape {jnp.shape(hidden)}")
@@ -353,7 +363,7 @@ def chunked_loss_with_stats(hidden, lm_head, batch: HybridBatch, cfg: LossConfig
     )
     if cfg.entropy_coef == 0:
         entropy = jax.lax.stop_gradient(entropy)
-    return _loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count)
+    return _with_k_star(_loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count), plan, with_k_star)
 
 
 def hybrid_loss_with_stats(logits, batch: HybridBatch, cfg: LossConfig = LossConfig(), *,

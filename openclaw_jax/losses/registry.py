@@ -1,35 +1,25 @@
 """Losses registered by name with decorators, so a loss is one file that registers itself.
 
-A *loss kind* is a ``losses.hybrid.LossKind`` subclass (which ids it needs from the vocabulary,
-how it turns the current log-probs there into loss terms) decorated with ``@loss_kind("name")``.
-A *named loss* is a kind plus an optional config adjustment, added with ``register_loss``; the
-trainer picks one by name (``get_loss(name)``). A new loss is a new file under ``losses/``
-(imported by ``losses/__init__.py``) that defines its kind and registers its names; nothing else
-changes. This module is a leaf: it stores what the loss files register and never imports them.
-
-``get_loss(name)`` returns a :class:`RegisteredLoss` whose ``dense(logits, batch, cfg)`` and
-``chunked(hidden, lm_head, batch, cfg, *, temperature, chunk_size)`` both return
-``(loss, metrics)``; ``*_with_stats`` variants return metrics as ``(sum, count)`` pairs.
-
-Built-ins:
-  ``combine``        hybrid GRPO + top-K OPD with the config's weights (the method's default; ``hybrid.py``);
-  ``rl``             the same with ``w_opd = 0`` (GRPO only; OPD metrics still reported);
-  ``opd``            the same with ``w_rl = 0`` (top-K OPD only);
-  ``token_combine``  legacy token-level advantage ``w_OPD (l_T - l_old) + w_RL r``, PPO on y_t (``token_combine.py``);
-  ``tail_kl``        ``w_rl`` GRPO + ``w_opd`` top-K tail reverse KL to the k* teacher (``tail_kl.py``).
+A *loss kind* (``losses.hybrid.LossKind`` subclass, ``@loss_kind("name")``) says which vocabulary ids
+it needs and how it turns the current log-probs there into loss terms. A *named loss*
+(``register_loss``) is a kind plus the weights it fixes: ``rl`` is the hybrid kind with
+``w_opd = 0``. ``loss.name`` picks one; the allowed names are this registry's. A weight a loss fixes
+is resolved once, when the ``LossConfig`` is built, and an explicit conflicting weight is refused
+there (``losses/config.py``). This module is a leaf: it never imports the loss files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, TypeVar
 
-from openclaw_jax.losses.config import LossConfig
 from openclaw_jax.losses.policy import finalize_metrics
 from openclaw_jax.ops.logprobs import DEFAULT_CHUNK_SIZE
 
 _KINDS: dict[str, Any] = {}  # name -> LossKind instance
 _REGISTRY: dict[str, "RegisteredLoss"] = {}
+WEIGHTS = ("w_rl", "w_opd")   # the loss weights a named loss may fix (default 1.0 each)
 
 K = TypeVar("K", bound=type)
 
@@ -65,41 +55,56 @@ def available_kinds() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class RegisteredLoss:
-    """A named loss: the loss kind it computes and how it adjusts the config."""
+    """A named loss: the loss kind it computes and the loss weights it fixes (e.g. ``{"w_opd": 0.0}``).
+
+    Its methods take a ``LossConfig`` built for this name (``cfg.name``): the weights are resolved there.
+    """
 
     name: str
     kind: str
-    adjust_config: Callable[[LossConfig], LossConfig]
+    fixed_weights: Mapping[str, float]
     description: str
+    uses_hints: bool = True   # False: no teacher candidates, no hint votes, hint-only samples dropped
 
-    def dense_with_stats(self, logits, batch, cfg: LossConfig = LossConfig(), *, sample_count=None):
-        return get_kind(self.kind).dense_with_stats(logits, batch, self.adjust_config(cfg), sample_count=sample_count)
+    def _check(self, cfg) -> None:
+        if cfg.name != self.name:
+            raise ValueError(f"loss {self.name!r} was given a LossConfig for loss.name={cfg.name!r}; build the "
+                             f"config with name={self.name!r} (its weights are resolved for that name)")
 
-    def chunked_with_stats(self, hidden, lm_head, batch, cfg: LossConfig = LossConfig(), *, temperature=1.0,
-                           chunk_size: int = DEFAULT_CHUNK_SIZE, sample_count=None):
-        return get_kind(self.kind).chunked_with_stats(hidden, lm_head, batch, self.adjust_config(cfg),
-                                                      temperature=temperature, chunk_size=chunk_size,
-                                                      sample_count=sample_count)
+    def dense_with_stats(self, logits, batch, cfg, *, sample_count=None, with_k_star: bool = False):
+        self._check(cfg)
+        return get_kind(self.kind).dense_with_stats(logits, batch, cfg, sample_count=sample_count,
+                                                    with_k_star=with_k_star)
 
-    def dense(self, logits, batch, cfg: LossConfig = LossConfig(), *, sample_count=None):
+    def chunked_with_stats(self, hidden, lm_head, batch, cfg, *, temperature=1.0,
+                           chunk_size: int = DEFAULT_CHUNK_SIZE, sample_count=None, with_k_star: bool = False):
+        self._check(cfg)
+        return get_kind(self.kind).chunked_with_stats(hidden, lm_head, batch, cfg, temperature=temperature,
+                                                      chunk_size=chunk_size, sample_count=sample_count,
+                                                      with_k_star=with_k_star)
+
+    def dense(self, logits, batch, cfg, *, sample_count=None):
         loss, stats = self.dense_with_stats(logits, batch, cfg, sample_count=sample_count)
         return loss, finalize_metrics(stats)
 
-    def chunked(self, hidden, lm_head, batch, cfg: LossConfig = LossConfig(), *, temperature=1.0,
-                chunk_size: int = DEFAULT_CHUNK_SIZE, sample_count=None):
+    def chunked(self, hidden, lm_head, batch, cfg, *, temperature=1.0, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                sample_count=None):
         loss, stats = self.chunked_with_stats(hidden, lm_head, batch, cfg, temperature=temperature,
                                               chunk_size=chunk_size, sample_count=sample_count)
         return loss, finalize_metrics(stats)
 
 
-def register_loss(name: str, kind: str, adjust_config: Callable[[LossConfig], LossConfig] | None = None,
-                  description: str = "", *, overwrite: bool = False) -> RegisteredLoss:
-    """Register ``name`` as the registered loss kind ``kind`` with an optional config adjustment."""
+def register_loss(name: str, kind: str, fixed_weights: Mapping[str, float] | None = None, description: str = "",
+                  *, uses_hints: bool = True, overwrite: bool = False) -> RegisteredLoss:
+    """Register ``name`` as loss kind ``kind`` with the weights it fixes (``w_rl`` / ``w_opd``)."""
     if kind not in _KINDS:
         raise ValueError(f"cannot register loss {name!r}: kind {kind!r} is not one of {available_kinds()}")
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"a loss named {name!r} is already registered; pass overwrite=True to replace it")
-    entry = RegisteredLoss(name, kind, adjust_config or (lambda cfg: cfg), description)
+    unknown = set(fixed_weights or {}) - set(WEIGHTS)
+    if unknown:
+        raise ValueError(f"loss {name!r} fixes {sorted(unknown)}; only {WEIGHTS} can be fixed")
+    entry = RegisteredLoss(name, kind, MappingProxyType(dict(fixed_weights or {})), description, uses_hints)
     _REGISTRY[name] = entry
     return entry
 

@@ -136,7 +136,7 @@ def step_window(run_dir: str | os.PathLike, step: int) -> tuple[int, int]:
     for record in read_jsonl(Path(run_dir) / "steps.jsonl"):
         if int(record.get("step", -1)) == step:
             return int(record["start_offset"]), int(record["end_offset"])
-    batch = load_config(run_dir).trainer.rollout_batch_size
+    batch = load_config(run_dir).trainer.samples_per_step
     return (step - 1) * batch, step * batch
 
 

@@ -104,7 +104,7 @@ class AgenticDriver:
         self.runner = episode_runner(a, self.env, tokenizer)
         self.heldout = self.env.tasks("heldout", a.heldout_tasks, seed=a.seed)
         self.train_tasks = self.env.tasks("train", a.train_tasks, seed=a.seed)
-        self.backlog = a.backlog or 2 * cfg.trainer.rollout_batch_size
+        self.backlog = a.backlog or 2 * cfg.trainer.samples_per_step
         self.client = None
         self.store = None
         self.rollouts: GroupRollouts | None = None
@@ -120,7 +120,7 @@ class AgenticDriver:
         start = (len(self.store) // a.group_size) % len(self.train_tasks)
         tasks = self.train_tasks[start:] + self.train_tasks[:start]
         self.rollouts = GroupRollouts(self.runner, PoolPolicy(self.client), self.store, tasks, group_size=a.group_size,
-                                      temperature=self.cfg.trainer.temperature, normalize_std=a.normalize_std,
+                                      temperature=self.cfg.gateway.temperature, normalize_std=a.normalize_std,
                                       all_equal=a.all_equal, all_equal_scale=a.all_equal_scale, step_vote=vote,
                                       prm_weight=a.prm_weight)
         return self

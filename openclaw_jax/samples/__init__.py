@@ -6,10 +6,11 @@ durable append-only :class:`SampleStore`: the gateway and the agentic runner wri
 fixed range, for notebooks and offline pipelines). Imports nothing else of ours.
 """
 
-from openclaw_jax.samples.sample import SAMPLE_FORMAT_VERSION, SAMPLE_KINDS, Sample, SampleError, decode_sample, encode_sample
+from openclaw_jax.samples.sample import (SAMPLE_FORMAT_VERSION, SAMPLE_KINDS, Sample, SampleError, SampleSpec,
+                                         decode_sample, encode_sample)
 from openclaw_jax.samples.source import SampleStoreDataSource
 from openclaw_jax.samples.store import SampleStore, SampleStoreError, SampleStoreLockedError
 from openclaw_jax.samples.tail import SampleTail
 
-__all__ = ["SAMPLE_FORMAT_VERSION", "SAMPLE_KINDS", "Sample", "SampleError", "SampleStore", "SampleStoreDataSource",
+__all__ = ["SAMPLE_FORMAT_VERSION", "SAMPLE_KINDS", "Sample", "SampleError", "SampleSpec", "SampleStore", "SampleStoreDataSource",
            "SampleStoreError", "SampleStoreLockedError", "SampleTail", "decode_sample", "encode_sample"]

@@ -67,7 +67,7 @@ class Sample:
     # environment appended (0, e.g. tool observations), and a per-token advantage (e.g. the
     # group-normalised GRPO advantage, per step with PRM votes). None: every response token is
     # trained with advantage `reward` (a conversation turn).
-    loss_mask: list[int] | None = None
+    response_mask: list[int] | None = None
     token_advantages: list[float] | None = None
 
     def __post_init__(self) -> None:
@@ -79,7 +79,7 @@ class Sample:
                 "log-probs; they must be one per response token")
         if not self.response_ids:
             raise SampleError("sample has no response tokens; an empty response cannot be trained on")
-        for name in ("loss_mask", "token_advantages"):
+        for name in ("response_mask", "token_advantages"):
             value = getattr(self, name)
             if value is not None and len(value) != len(self.response_ids):
                 raise SampleError(f"sample has {len(self.response_ids)} response ids but {len(value)} {name} "
@@ -98,10 +98,6 @@ class Sample:
             raise SampleError(f"an 'rl' sample needs reward +-1 and no hints (reward={self.reward!r}, "
                               f"{len(self.hints)} hints)")
 
-    @property
-    def num_candidates(self) -> int:
-        return len(self.hints)
-
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["format_version"] = SAMPLE_FORMAT_VERSION
@@ -114,7 +110,26 @@ class Sample:
             raise SampleError(f"sample format_version={version!r} is not supported (this code reads "
                               f"{SAMPLE_FORMAT_VERSION})")
         names = {f.name for f in dataclasses.fields(cls)}
+        data = {**data}
+        if "loss_mask" in data:   # records written before the field was named response_mask
+            data.setdefault("response_mask", data.pop("loss_mask"))
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What the trainer knows of where its samples come from (the serving side's settings, handed to
+    it by whoever builds it): the temperature they were sampled at, which is the trainer's tau, and
+    the most hint candidates a sample carries (the teacher's batch shape)."""
+
+    temperature: float = 1.0
+    max_candidates: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"sampling temperature {self.temperature} must be > 0 (it is the trainer's tau)")
+        if self.max_candidates < 1:
+            raise ValueError(f"max_candidates={self.max_candidates} must be >= 1")
 
 
 def encode_sample(sample: Sample) -> bytes:

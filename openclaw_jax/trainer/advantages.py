@@ -1,25 +1,38 @@
-"""Baselines for the GRPO advantage of conversation turns (host-side, on a packed batch).
+"""The GRPO advantages, all of them here: from a sample, the batch baseline, the off-policy correction.
 
-A conversation turn has no group of rollouts to compare with: its advantage is its reward (+1 / -1,
-docs/design.md §6). Uncentred, that keeps reinforcing whatever the policy samples once most turns
-satisfy the user (every sampled answer is pushed up, so the policy sharpens onto one answer form,
-right or wrong), and while most turns fail it pushes every sampled token down, the good ones too.
-`batch_mean` subtracts the mean reward of the step's evaluated turns (the REINFORCE baseline over
-the batch): a step where every turn earned the same reward then has no GRPO gradient, and the
-better-than-usual turns are the ones pushed up.
+A conversation turn's advantage is its reward (+1 / -1, docs/design.md §6) on every response token; an
+environment sample brings its own per-token advantages (`token_advantages`, group-normalised). The
+runner finishes them in one order: `sample_advantages` (written by `pack`), `apply_reward_baseline`
+(host, before the step), `importance_weighted` (inside the jitted step, where pi_old is known).
 
-Only conversation turns that carry a reward (kinds "rl" and "opd+rl") are centred, and only they
-form the mean: hint-only turns (reward 0) have no evaluation, and environment samples
-(`token_advantages` set) come with their own group-normalised advantages.
+`batch_mean` subtracts the mean reward of the step's evaluated conversation turns (the REINFORCE
+baseline over the batch). Uncentred, +-1 rewards keep reinforcing whatever the policy samples once most
+turns satisfy the user, and push every sampled token down while most fail; centred, a step where every
+turn earned the same reward has no GRPO gradient. Only turns that carry a reward (kinds "rl" and
+"opd+rl") are centred and form the mean: hint-only turns have no evaluation, and environment samples
+come with their own advantages.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from openclaw_jax.trainer.batcher import PackedBatch
+from openclaw_jax.samples import Sample
+
+if TYPE_CHECKING:   # batcher.py imports this module (pack writes `sample_advantages`)
+    from openclaw_jax.trainer.batcher import PackedBatch
 
 BASELINES = ("none", "batch_mean")
+
+
+def sample_advantages(sample: Sample) -> np.ndarray | float:
+    """A sample's advantage per response token: its `token_advantages`, else its reward (broadcast)."""
+    return float(sample.reward) if sample.token_advantages is None else np.asarray(sample.token_advantages,
+                                                                                    np.float32)
 
 
 def evaluated_turns(packed: PackedBatch) -> list[int]:
@@ -40,3 +53,16 @@ def apply_reward_baseline(packed: PackedBatch, baseline: str) -> float | None:
     for i in rows:  # advantages keep the [B, T] sample layout when packed (trainer/batcher.py)
         packed.student["advantages"][i, :len(packed.samples[i].response_ids)] = packed.samples[i].reward - mean
     return mean
+
+
+def importance_weights(old_logprobs: jax.Array, rollout_logprobs: jax.Array, mask: jax.Array,
+                       cap: float) -> jax.Array:
+    """Truncated importance weights min(pi_old / pi_rollout, cap) per token (1 where masked)."""
+    ratio = jnp.exp(jnp.clip(old_logprobs - rollout_logprobs, -20.0, 20.0))
+    return jnp.where(mask > 0, jnp.minimum(ratio, cap), 1.0)
+
+
+def importance_weighted(advantages: jax.Array, old_logprobs: jax.Array, rollout_logprobs: jax.Array,
+                        mask: jax.Array, cap: float) -> jax.Array:
+    """The advantages of stale samples weighted by `importance_weights` (`staleness_mode=importance`)."""
+    return advantages * importance_weights(old_logprobs, rollout_logprobs, mask, cap)

@@ -63,6 +63,7 @@ import numpy as np
 
 from openclaw_jax.models.attention import SHARED_SEGMENT  # keys every segment of a row sees
 from openclaw_jax.samples import Sample, SampleTail
+from openclaw_jax.trainer.advantages import sample_advantages
 from openclaw_jax.trainer.prefix_rows import batch_prefix, rows_held, shared_prefix_teacher
 from openclaw_jax.trainer.step import num_micro_batches  # the phases split rows the same way
 
@@ -152,10 +153,6 @@ class PackedBatch:
     staleness: np.ndarray                 # [n_real] versions behind the trainer
     kinds: dict[str, int] = field(default_factory=dict)
     real_tokens: dict[str, int] = field(default_factory=dict)   # "student" / "teacher": unpadded tokens
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.student["response_mask"].sum())
 
     @property
     def has_teacher(self) -> bool:
@@ -417,31 +414,12 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         "response_start": np.ones((b, c), np.int32),
         "candidate_mask": np.zeros((b, c), np.float32),
     }
-    student_seqs: list[list[int] | None] = [None] * b
-    teacher_seqs: list[list[int] | None] = [None] * (b * c)
+    student_seqs, teacher_seqs = _write_samples(samples, spec, student, teacher, packed_too)
     kinds: dict[str, int] = {}
-    staleness = []
-    for i, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        if p < 1:
-            raise ValueError(f"sample {s.sample_id} has an empty prompt")
-        student_seqs[i] = list(s.prompt_ids) + list(s.response_ids)
-        student["input_ids"][i, :p + r] = student_seqs[i]
-        student["response_start"][i] = p
-        student["response_ids"][i, :r] = s.response_ids
-        student["response_mask"][i, :r] = 1.0 if s.loss_mask is None else np.asarray(s.loss_mask, np.float32)
-        student["advantages"][i, :r] = (float(s.reward) if s.token_advantages is None
-                                        else np.asarray(s.token_advantages, np.float32))
-        student["rollout_logprobs"][i, :r] = np.maximum(np.asarray(s.rollout_logprobs, np.float32), -1e4)
-        student["sample_mask"][i] = 1.0
-        for j, prompt in enumerate(teacher_prompts(s, spec) if packed_too else []):
-            teacher_seqs[i * c + j] = prompt + list(s.response_ids)
-            teacher["input_ids"][i, j, :len(teacher_seqs[i * c + j])] = teacher_seqs[i * c + j]
-            teacher["response_start"][i, j] = len(prompt)
-            teacher["candidate_mask"][i, j] = 1.0
+    for s in samples:
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
-        v = parse_version(s.weight_version)
-        staleness.append(0 if current_version is None or v is None else max(current_version - v, 0))
+    versions = [parse_version(s.weight_version) for s in samples]
+    staleness = [0 if current_version is None or v is None else max(current_version - v, 0) for v in versions]
     real = {"student": sum(len(x) for x in student_seqs if x is not None),
             "teacher": sum(len(x) for x in teacher_seqs if x is not None)}
     ladder = shape_ladder(spec)
@@ -460,7 +438,8 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
             seen["teacher"] if not spec.shares_prefix else set(seen["teacher"]))
         real["teacher"] += _pack_teacher(teacher, teacher_seqs, spec, ladder, trial)
     if spec.shares_prefix:
-        shared, shared_real = shared_prefix_teacher(samples, spec)
+        shared, shared_real = shared_prefix_teacher(samples, spec, [teacher_prompts(s, spec) for s in samples],
+                                                    bucket_length)
         # per-sample rows (each sample's prefix once) or packed rows (the batch's prefix once per row, each
         # candidate's own context repeated): the fewer token slots (short contexts after a long common
         # system prompt, OpenClaw's first turns: packed)
@@ -470,6 +449,33 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
         elif seen is not None:
             seen["teacher"].update(trial)
     return PackedBatch(student, teacher, list(samples), np.asarray(staleness, np.int64), kinds, real)
+
+
+def _write_samples(samples: Sequence[Sample], spec: BatchSpec, student: dict[str, np.ndarray],
+                   teacher: dict[str, np.ndarray], with_teacher: bool) -> tuple[list, list]:
+    """Each sample's rows of the padded `[B, ...]` student arrays (and, `with_teacher`, of the `[B, C, ...]`
+    teacher arrays); returns the student sequences (one per row) and the teacher's (B * C, None: padding)."""
+    b, c = spec.batch_size, spec.max_candidates
+    student_seqs: list[list[int] | None] = [None] * b
+    teacher_seqs: list[list[int] | None] = [None] * (b * c)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        if p < 1:
+            raise ValueError(f"sample {s.sample_id} has an empty prompt")
+        student_seqs[i] = list(s.prompt_ids) + list(s.response_ids)
+        student["input_ids"][i, :p + r] = student_seqs[i]
+        student["response_start"][i] = p
+        student["response_ids"][i, :r] = s.response_ids
+        student["response_mask"][i, :r] = 1.0 if s.response_mask is None else np.asarray(s.response_mask, np.float32)
+        student["advantages"][i, :r] = sample_advantages(s)
+        student["rollout_logprobs"][i, :r] = np.maximum(np.asarray(s.rollout_logprobs, np.float32), -1e4)
+        student["sample_mask"][i] = 1.0
+        for j, prompt in enumerate(teacher_prompts(s, spec) if with_teacher else []):
+            teacher_seqs[i * c + j] = prompt + list(s.response_ids)
+            teacher["input_ids"][i, j, :len(teacher_seqs[i * c + j])] = teacher_seqs[i * c + j]
+            teacher["response_start"][i, j] = len(prompt)
+            teacher["candidate_mask"][i, j] = 1.0
+    return student_seqs, teacher_seqs
 
 
 def _pack_teacher(teacher: dict[str, np.ndarray], teacher_seqs: list[list[int] | None], spec: BatchSpec,
@@ -522,8 +528,8 @@ class SampleBatcher:
             self.dropped["temperature"] += 1
             if not self._warned_temperature:
                 self._warned_temperature = True
-                log.warning("refusing sample %s: sampled at temperature %g but trainer.temperature=%g (the rollout "
-                            "log-probs and tau must match; make gateway.temperature equal trainer.temperature and "
+                log.warning("refusing sample %s: sampled at temperature %g but the trainer's tau is %g (the rollout "
+                            "log-probs and tau must match: samples from another source must be drawn at gateway.temperature, and "
                             "leave gateway.honor_client_sampling off); counted in samples/dropped_temperature, "
                             "logged once", sample.sample_id, sample.temperature, tau)
             return False

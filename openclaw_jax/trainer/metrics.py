@@ -27,9 +27,6 @@ class MetricAccumulator:
         self._sums[name] += float(total)
         self._counts[name] += float(count)
 
-    def add_mean(self, name: str, value: float) -> None:
-        self.add(name, value, 1.0)
-
     def merge(self, other: "MetricAccumulator") -> None:
         for name in other._sums:
             self.add(name, other._sums[name], other._counts[name])

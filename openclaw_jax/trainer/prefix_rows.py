@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -43,7 +43,8 @@ def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[dict[str, np.ndarray], int]:
+def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec, prompts: Sequence[Sequence[list[int]]],
+                          bucket: Callable[..., int]) -> tuple[dict[str, np.ndarray], int]:
     """Teacher arrays with each sample's common candidate-prompt prefix run once (`TeacherInputs`): row i
     of input_ids [B, Ls] holds sample i's prefix (segment `SHARED_SEGMENT`, seen by every segment of
     the row), then its candidates' rests (the prompt past the prefix + the response) back to back,
@@ -51,11 +52,11 @@ def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[d
     `spec.reference` the un-hinted prompt is one more sequence of the row (unless it is a candidate
     already): reference_offset / reference_start [B] say where. The prefix stops one token short of
     the shortest prompt, so every rest holds the position that predicts the first response token.
-    Returns (arrays, real teacher tokens)."""
-    from openclaw_jax.trainer.batcher import bucket_length, teacher_prompts  # (batcher imports this module)
+    `prompts`: each sample's teacher prompts, `bucket`: the length bucketing (`batcher.teacher_prompts`,
+    `batcher.bucket_length`: passed in, as the batcher imports this module). Returns (arrays, real
+    teacher tokens)."""
 
     b, c = spec.batch_size, spec.max_candidates
-    prompts = [teacher_prompts(s, spec) for s in samples]
     n_cand = [len(ps) for ps in prompts]
     ref_index = [0] * len(samples)
     if spec.reference:   # the un-hinted prompt: a candidate already (RL-only samples) or one more sequence
@@ -65,7 +66,7 @@ def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec) -> tuple[d
     plen = [min(_common_prefix(ps), min(len(p) for p in ps) - 1) if ps else 0 for ps in prompts]
     rests = [[p[n:] + list(s.response_ids) for p in ps] for s, ps, n in zip(samples, prompts, plen)]
     used = [n + sum(map(len, r)) for n, r in zip(plen, rests)]
-    ls = bucket_length(max(used + [1]), spec.min_seq_bucket, (c + spec.reference) * spec.max_seq_len,
+    ls = bucket(max(used + [1]), spec.min_seq_bucket, (c + spec.reference) * spec.max_seq_len,
                        spec.bucket_quantum)
     n_micro = num_micro_batches(b, spec.micro_batch_size)
     teacher = {"input_ids": np.full((b, ls), spec.pad_id, np.int32), "response_start": np.ones((b, c), np.int32),

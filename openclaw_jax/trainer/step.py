@@ -1,45 +1,26 @@
-"""Pure, jittable trainer step functions (docs/design.md §7), one per phase.
+"""Pure, jittable functions of one trainer step (docs/design.md §7): no I/O, no config parsing.
 
-Nothing here does I/O or reads configs: the trainer loop (`loop.py`) owns state, builds the
-jitted versions with explicit shardings, and calls them in order:
+`runner.py` builds the jitted versions (settings, shardings) and runs them in this order:
 
-1. `old_pass`       no grad: student forward over prompt+response; per response token the
-                    log-prob of the sampled token and the top-K (S^q), chunked over the vocab.
-2. `teacher_pass`   no grad: the frozen teacher over every hint candidate of the batch as one
-                    batched forward ([B*C, L]); its own top-K and its log-probs at S^q.
-3. `old_logprobs_at` the old policy's log-probs at the teacher's top-K ids (from the old
-                    hidden states kept by phase 1, so the student runs once).
-4. `train_step`     value_and_grad of the registered loss on the chunked path over the
-                    trainable params (full model or LoRA adapters), then the optax update.
+1. `old_pass`         no grad: the student's log-prob of y_t and top-K (S^q), and its response hidden states.
+2. `teacher_pass`     no grad: the frozen teacher over every hint candidate at once ([B*C, L], or one
+                      row per sample with the shared prefix): its top-K and its log-probs at S^q.
+3. `old_logprobs_at`  l_old at the teacher's top-K ids, from phase 1's hidden states.
+4. `reference_pass`   (only with a KL anchor the teacher pass did not give) the frozen base model's
+                      log-prob of y_t.
+5. `importance`       (only with `staleness_mode=importance`) the truncated importance weights.
+6. `assemble_batch`   the loss batch (`HybridBatch`) from the phases above.
+7. `train_step`       value_and_grad of the registered loss (chunked over the vocab), the optax update;
+                      `train_step_serving` also returns the serving weights (`serving_state`).
 
-Models cross the jit boundary as (graphdef, state) pairs (`nnx.split` / `nnx.merge`).
-
-Precision: `settings.compute_dtype` (e.g. bfloat16) is the dtype the floating params are cast to
-inside each phase, before the model runs; the state passed in stays in its own dtype (float32
-master weights), so gradients and optimizer updates are float32. Norms, softmax, log-probs and
-losses are float32 in the decoder and the loss whatever the compute dtype.
-
-Micro-batches: with `settings.micro_batch_size` m > 0 every phase runs over micro-batches of m
-rows in a `lax.scan` (the old pass over B rows, the teacher pass over the B*C candidate rows, or
-over the B sample rows with the shared-prefix teacher, the train step accumulating float32
-gradients), so activations are bounded by m rows whatever B is.
-Micro-batch i holds rows i, i + n, i + 2n, ... (n = B / m): with the batch sharded in contiguous
-blocks over the devices, every micro-batch stays spread over all of them. The loss of each
-micro-batch is divided by the real samples of the whole batch and metrics add up as (sum, count),
-so one step with micro-batches equals one step without (to float rounding).
-
-Response positions are addressed by `response_start[b]` (= prompt length): the hidden state
-that predicts response token t sits at sequence index `response_start[b] - 1 + t`.
-
-Packing: when the inputs carry `segment_ids` (batcher.py), `input_ids` are packed rows `[R, L]`
-holding several sequences, each with its own segment id and positions from 0 (attention never
-crosses a segment); sequence b starts at `offset[b]` of row `row[b]`, so response token t is
-predicted at `row[b], offset[b] + response_start[b] - 1 + t`. The hidden states are gathered back
-to the per-sample `[B, T, H]` layout at once, so everything after the forward is unchanged.
-Under micro-batching `row` indexes the rows of the sequence's own micro-batch. A prompt prefix
-shared by several sequences of a row (the batch's system prompt; a sample's prompt before its
-hints) sits once at the row's start as segment `SHARED_SEGMENT`, which every segment of the row
-attends to (batcher.py); each sequence's own tokens follow at positions continuing after it.
+Models cross the jit boundary as (graphdef, state) pairs. `settings.compute_dtype` is what floating
+params are cast to inside each phase (the state passed in keeps its master dtype, so gradients and
+updates are in it). With `settings.micro_batch_size` m > 0 each phase runs over micro-batches of m
+rows in a scan; micro-batch i holds rows i, i + n, i + 2n, ... so it stays spread over the devices,
+and the loss divides by the real samples of the whole batch: one step with micro-batches equals one
+without. Response token t of sequence b is predicted at `response_start[b] - 1 + t`; packed rows
+(`segment_ids`; batcher.py) place sequence b at `row[b], offset[b]` and the hidden states are
+gathered back to `[B, T, H]` at once, so nothing after the forward sees the packing.
 """
 
 from __future__ import annotations
@@ -55,6 +36,7 @@ from flax import nnx
 from openclaw_jax import ops
 from openclaw_jax.losses import HybridBatch, LossConfig, get_loss
 from openclaw_jax.losses.policy import MetricStat, finalize_metrics
+from openclaw_jax.models.lora import merge_lora as merge_lora_adapters
 
 
 @jax.tree_util.register_dataclass
@@ -126,15 +108,18 @@ class TeacherPassOutput(NamedTuple):
 
 @dataclass(frozen=True)
 class StepSettings:
-    """Static settings of the jitted phases (hashable; part of the compile cache key)."""
+    """Static settings of the jitted phases (hashable; part of the compile cache key). `loss` names the
+    loss and holds its K (`loss.top_k`); `temperature` is tau, the samples' sampling temperature."""
 
-    loss_name: str = "combine"
     loss: LossConfig = LossConfig()
     temperature: float = 1.0
-    top_k: int = 4
     chunk_size: int = 128
     compute_dtype: str | None = None   # cast floating params to this in every phase (None: as stored)
     micro_batch_size: int = 0          # rows per micro-batch (0: the whole batch at once)
+
+    @property
+    def top_k(self) -> int:
+        return self.loss.top_k
 
 
 jax.tree_util.register_static(StepSettings)
@@ -338,23 +323,15 @@ def old_logprobs_at(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, 
     return jax.lax.stop_gradient(logp.reshape(b, t, c, k).transpose(0, 2, 1, 3))
 
 
-def importance_weights(old_logprobs: jax.Array, rollout_logprobs: jax.Array, mask: jax.Array,
-                       cap: float) -> jax.Array:
-    """Truncated importance weights min(pi_old / pi_rollout, cap) per token (1 where masked)."""
-    ratio = jnp.exp(jnp.clip(old_logprobs - rollout_logprobs, -20.0, 20.0))
-    return jnp.where(mask > 0, jnp.minimum(ratio, cap), 1.0)
-
-
 def assemble_batch(inputs: StudentInputs, teacher: TeacherInputs, old: OldPassOutput,
-                   teach: TeacherPassOutput, old_at_teacher: jax.Array,
-                   advantage_weights: jax.Array | None = None, ref_logprobs: jax.Array | None = None
-                   ) -> HybridBatch:
-    """The loss batch from the no-grad phases (advantages optionally importance-weighted; the
-    reference pass's log-probs when the loss has a KL anchor)."""
-    advantages = inputs.advantages if advantage_weights is None else inputs.advantages * advantage_weights
+                   teach: TeacherPassOutput, old_at_teacher: jax.Array, advantages: jax.Array | None = None,
+                   ref_logprobs: jax.Array | None = None) -> HybridBatch:
+    """Phase 6: the loss batch from the no-grad phases (`advantages`: finished by the runner, e.g.
+    importance-weighted, else the inputs'; the reference log-probs when the loss has a KL anchor)."""
+    advantages = inputs.advantages if advantages is None else advantages
     return HybridBatch(
-        tokens=inputs.response_ids,
-        loss_mask=inputs.response_mask,
+        response_ids=inputs.response_ids,
+        response_mask=inputs.response_mask,
         old_logprobs=old.old_logprobs,
         advantages=advantages,
         student_topk_ids=old.topk_ids,
@@ -373,53 +350,54 @@ def assemble_batch(inputs: StudentInputs, teacher: TeacherInputs, old: OldPassOu
 
 def loss_fn(trainable: nnx.State, graphdef: nnx.GraphDef, frozen: nnx.State, inputs: StudentInputs,
             batch: HybridBatch, settings: StepSettings, sample_count: jax.Array | None = None
-            ) -> tuple[jax.Array, dict[str, MetricStat]]:
-    """The registered loss on the chunked path, metrics as (sum, count); differentiable w.r.t.
-    `trainable` (master dtype: the cast to the compute dtype is inside, so gradients come back in
-    the master dtype). `sample_count` is the real-sample count of the whole step's batch."""
+            ) -> tuple[jax.Array, tuple[dict[str, MetricStat], jax.Array]]:
+    """The registered loss on the chunked path: `(loss, (metric stats as (sum, count), k* [B, T]))`, k*
+    the hint the loss chose per token; differentiable w.r.t. `trainable` (master dtype: the cast to the
+    compute dtype is inside). `sample_count` is the real-sample count of the whole step's batch."""
     model = nnx.merge(graphdef, *cast_floating((trainable, frozen), settings.compute_dtype))
     hidden = _student_hidden(model, inputs, inputs.response_ids.shape[1])
-    return get_loss(settings.loss_name).chunked_with_stats(
-        hidden, model.lm_head_kernel(), batch, settings.loss,
-        temperature=settings.temperature, chunk_size=settings.chunk_size, sample_count=sample_count)
+    return get_loss(settings.loss.name).chunked_with_stats(
+        hidden, model.lm_head_kernel(), batch, settings.loss, temperature=settings.temperature,
+        chunk_size=settings.chunk_size, sample_count=sample_count, with_k_star=True)
 
 
 def loss_and_grads(trainable: nnx.State, graphdef: nnx.GraphDef, frozen: nnx.State, inputs: StudentInputs,
                    batch: HybridBatch, settings: StepSettings
-                   ) -> tuple[jax.Array, dict[str, MetricStat], nnx.State]:
-    """(loss, metric stats, gradients) of the whole batch, accumulated over micro-batches."""
+                   ) -> tuple[jax.Array, dict[str, MetricStat], nnx.State, jax.Array]:
+    """(loss, metric stats, gradients, k* [B, T]) of the whole batch, accumulated over micro-batches."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     b = inputs.response_ids.shape[0]
     n = num_micro_batches(b, settings.micro_batch_size)
     if n == 1:
-        (loss, stats), grads = grad_fn(trainable, graphdef, frozen, inputs, batch, settings)
-        return loss, stats, grads
+        (loss, (stats, k_star)), grads = grad_fn(trainable, graphdef, frozen, inputs, batch, settings)
+        return loss, stats, grads, k_star
     sample_count = jnp.maximum(jnp.sum(jnp.asarray(batch.sample_mask, jnp.float32) > 0), 1).astype(jnp.float32)
     micro = split_micro((inputs, batch), n)
 
     def body(carry, xs):
         loss_acc, stats_acc, grads_acc = carry
-        (loss, stats), grads = grad_fn(trainable, graphdef, frozen, xs[0], xs[1], settings, sample_count)
+        (loss, (stats, k_star)), grads = grad_fn(trainable, graphdef, frozen, xs[0], xs[1], settings, sample_count)
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grads_acc, grads)
         stats_acc = jax.tree.map(jnp.add, stats_acc, stats)
-        return (loss_acc + loss, stats_acc, grads_acc), None
+        return (loss_acc + loss, stats_acc, grads_acc), k_star
 
     # The carry's metric structure is that of one micro-batch's stats (shapes only, no compute).
     first = jax.tree.map(lambda x: x[0], micro)
     stats_shape = jax.eval_shape(lambda: loss_fn(trainable, graphdef, frozen, first[0], first[1], settings,
-                                                 sample_count)[1])
+                                                 sample_count)[1][0])
     zeros_stats = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats_shape)
     zeros_grads = jax.tree.map(jnp.zeros_like, trainable)
-    (loss, stats, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros_stats, zeros_grads), micro)
-    return loss, stats, grads
+    (loss, stats, grads), k_star = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros_stats, zeros_grads),
+                                                micro)
+    return loss, stats, grads, join_micro(k_star)
 
 
 def train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, opt_state: Any,
                inputs: StudentInputs, batch: HybridBatch, settings: StepSettings,
-               optimizer: optax.GradientTransformation,
-               lr_schedule: optax.Schedule | None = None) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
-    """Phase 4: one optimizer update; returns (new trainable, new opt state, metrics)."""
-    loss, stats, grads = loss_and_grads(trainable, graphdef, frozen, inputs, batch, settings)
+               optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None
+               ) -> tuple[nnx.State, Any, dict[str, jax.Array], jax.Array]:
+    """Phase 7: one optimizer update; returns (new trainable, new opt state, metrics, k* [B, T])."""
+    loss, stats, grads, k_star = loss_and_grads(trainable, graphdef, frozen, inputs, batch, settings)
     updates, opt_state = optimizer.update(grads, opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
     metrics = finalize_metrics(stats)
@@ -427,7 +405,7 @@ def train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, 
     metrics["grad_norm"] = optax.global_norm(grads)
     if lr_schedule is not None:
         metrics["lr"] = jnp.asarray(lr_schedule(_optimizer_count(opt_state) - 1), jnp.float32)
-    return trainable, opt_state, metrics
+    return trainable, opt_state, metrics, k_star
 
 
 def _optimizer_count(opt_state: Any) -> jax.Array:
@@ -455,31 +433,40 @@ def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.
     return tx, schedule
 
 
-def serving_state(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, *, merge_lora: bool,
-                  dtype: str | jnp.dtype | None) -> nnx.State:
-    """The state of the plain serving model (LoRA merged in the master dtype, then floating leaves in
-    `dtype`): what weight sync pushes. Its graphdef is `nnx.split` of the same model outside jit."""
+def serving_model(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, *, merge_lora: bool,
+                  dtype: str | jnp.dtype | None) -> nnx.Module:
+    """The plain serving model: LoRA merged (in the master dtype), then floating params cast to `dtype`
+    (None: as stored). The one place the trainer's weights become servable, under jit or not."""
     model = nnx.merge(graphdef, trainable, frozen)
     if merge_lora:
-        from openclaw_jax.models.lora import merge_lora as merge
-
         # merge_lora builds the plain model abstractly; its logical sharding names mean nothing to the
         # trainer's mesh, so trace it without one (the merged arrays' layout is left to XLA)
         with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
-            model = merge(model)
-    return cast_floating(nnx.state(model), dtype)
+            model = merge_lora_adapters(model)
+    if dtype is not None and jnp.dtype(dtype) != jnp.dtype(model.cfg.param_dtype):
+        plain, state = nnx.split(model)
+        model = nnx.merge(plain, cast_floating(state, dtype))
+        model.cfg = model.cfg.replace(param_dtype=jnp.dtype(dtype).name)
+    return model
+
+
+def serving_state(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, *, merge_lora: bool,
+                  dtype: str | jnp.dtype | None) -> nnx.State:
+    """The state of `serving_model` (what weight sync pushes); its graphdef is `nnx.split` of
+    `serving_model` traced abstractly (`nnx.eval_shape`)."""
+    return nnx.state(serving_model(graphdef, trainable, frozen, merge_lora=merge_lora, dtype=dtype))
 
 
 def train_step_serving(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, opt_state: Any,
                        inputs: StudentInputs, batch: HybridBatch, settings: StepSettings,
                        optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None, *,
                        merge_lora: bool, serving_dtype: str | jnp.dtype | None
-                       ) -> tuple[nnx.State, Any, dict[str, jax.Array], nnx.State]:
+                       ) -> tuple[nnx.State, Any, dict[str, jax.Array], jax.Array, nnx.State]:
     """`train_step`, plus the updated weights as `serving_state` (an extra output of the same program).
 
     The weight sync gets arrays the step already wrote, in their own buffers: the next step, which
     donates the trainable state, cannot invalidate them, and nothing is copied outside XLA."""
-    trainable, opt_state, metrics = train_step(graphdef, trainable, frozen, opt_state, inputs, batch, settings,
-                                               optimizer, lr_schedule)
-    return trainable, opt_state, metrics, serving_state(graphdef, trainable, frozen, merge_lora=merge_lora,
-                                                        dtype=serving_dtype)
+    trainable, opt_state, metrics, k_star = train_step(graphdef, trainable, frozen, opt_state, inputs, batch,
+                                                       settings, optimizer, lr_schedule)
+    return trainable, opt_state, metrics, k_star, serving_state(graphdef, trainable, frozen, merge_lora=merge_lora,
+                                                                dtype=serving_dtype)
