@@ -392,3 +392,25 @@ def test_per_row_pixel_layout_equals_flat(checkpoint):
     one = nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=[grid]))(
         model, ids[1:], jnp.asarray(pixels.reshape(2, 16, -1)[1:]))
     assert np.abs(np.asarray(one)[0] - np.asarray(flat)[1]).max() <= TOL
+
+
+def test_bfloat16_forward_tracks_float32(checkpoint, tmp_path):
+    """The checkpoint loaded with bfloat16 compute and params (norms, softmax, rotary in float32)
+    runs an image prompt with finite logits close to the float32 ones."""
+    from openclaw_jax.models.qwen_vl import save_qwen_vl_checkpoint
+
+    _, model, _ = checkpoint
+    save_qwen_vl_checkpoint(model, tmp_path / "ck")
+    half, cfg = load_qwen_vl_checkpoint(tmp_path / "ck", dtype="bfloat16")
+    assert cfg.text.dtype == cfg.vision.dtype == cfg.vision.param_dtype == "bfloat16"
+    assert half.visual.patch_embed[...].dtype == jnp.bfloat16
+    rng = np.random.default_rng(10)
+    grid = [(1, 4, 6)]
+    ids = jnp.asarray([_prompt(rng, 2, grid[0], 4)], jnp.int32)
+    pixels = jnp.asarray(_patches(rng, grid))
+    fwd = nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=grid))
+    ref, low = np.asarray(fwd(model, ids, pixels)), np.asarray(fwd(half, ids, pixels))
+    assert low.dtype == np.float32 and np.isfinite(low).all()
+    rel = np.abs(low - ref).max() / np.abs(ref).max()
+    print(f"bfloat16 vs float32: max |diff| / max |logit| = {rel:.3f}")
+    assert rel < 0.1, rel
