@@ -71,6 +71,16 @@ def test_sample_rejects_inconsistent_kind(kind, reward, hints):
                rollout_logprobs=[-0.5], hints=hints, hint_prompt_ids=[[1]] * len(hints))
 
 
+def test_records_written_with_loss_mask_read_as_response_mask():
+    """Stores on disk hold records from before the field was renamed: `loss_mask` reads as `response_mask`."""
+    s = Sample(**{**make_sample(2).__dict__, "response_mask": [1, 0, 1, 1, 0]})
+    old = encode_sample(s).replace(b'"response_mask":', b'"loss_mask":')
+    assert b'"response_mask"' not in old
+    back = decode_sample(old)
+    assert back == s and back.response_mask == [1, 0, 1, 1, 0]
+    with pytest.raises(SampleError, match="response_mask"):
+        decode_sample(old.replace(b'"loss_mask":[1,0,1,1,0]', b'"loss_mask":[1,0]'))
+
 def test_sample_rejects_length_mismatch():
     with pytest.raises(SampleError, match="log-probs"):
         Sample(session_id="s", turn_index=0, kind="rl", reward=1, prompt_ids=[1], response_ids=[2, 3],
