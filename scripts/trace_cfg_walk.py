@@ -6,7 +6,10 @@ the sequence of files as *stays* (consecutive calls in one file), how often each
 and how many stays return to a file already left (issue 25: `trainer/loop.py` entered at most
 twice, at most 4 returns).
 
-  python scripts/trace_cfg_walk.py [--verbose]
+  python scripts/trace_cfg_walk.py [--verbose] [--derived]
+
+`--derived` also follows the settings objects built from the config (`StepSettings`, `BatchSpec`,
+`SampleSpec`): the walk of everything the config decides, not only of the config tree itself.
 """
 
 from __future__ import annotations
@@ -62,7 +65,10 @@ def tiny_samples(n: int, vocab: int = 200):
     return out
 
 
-def trace(verbose: bool = False) -> dict:
+DERIVED = ("StepSettings", "BatchSpec", "SampleSpec")
+
+
+def trace(verbose: bool = False, derived: bool = False) -> dict:
     from openclaw_jax import train
     from openclaw_jax.trainer.batcher import pack
 
@@ -82,14 +88,21 @@ def trace(verbose: bool = False) -> dict:
             nargs = code.co_argcount + code.co_kwonlyargcount
             for name in code.co_varnames[:nargs]:
                 value = frame.f_locals.get(name)
-                if value is not None and id(value) in nodes and dataclasses.is_dataclass(value):
-                    calls.append((os.path.relpath(path, os.path.dirname(PKG)), code.co_name, nodes[id(value)]))
+                if value is None or not dataclasses.is_dataclass(value):
+                    continue
+                label = nodes.get(id(value))
+                if label is None and derived and type(value).__name__ in DERIVED:
+                    label = type(value).__name__
+                if label is not None:
+                    calls.append((os.path.relpath(path, os.path.dirname(PKG)), code.co_name, label))
                     return
 
         sys.setprofile(profile)
         try:
             trainer = train.build_trainer(cfg, base)
-            trainer.train_on(pack(tiny_samples(cfg.trainer.samples_per_step), trainer.spec, current_version=0))
+            # (the old key too: the script also measures commits before trainer.samples_per_step)
+            n = getattr(cfg.trainer, "samples_per_step", None) or getattr(cfg.trainer, "rollout_batch_size")
+            trainer.train_on(pack(tiny_samples(n), trainer.spec, current_version=0))
         finally:
             sys.setprofile(None)
 
@@ -113,4 +126,4 @@ def trace(verbose: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    trace(verbose="--verbose" in sys.argv)
+    trace(verbose="--verbose" in sys.argv, derived="--derived" in sys.argv)
