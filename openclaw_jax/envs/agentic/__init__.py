@@ -1,7 +1,8 @@
 """General agentic RL (docs/design.md §13): episodes, environments, group rollouts.
 
 Environments: `toolcall` (python interpreter; math), `terminal` (bash in a prepared directory),
-`swe` (fix a small repository until its tests pass) and `easy` (a one-turn environment a tiny
+`swe` (fix a small repository until its tests pass), `gui` (a real Tk application on its own Xvfb display,
+acted on with click/type/key) and `easy` (a one-turn environment a tiny
 random model can learn, for tests), each registered with `@register_environment(name)`.
 `make_env(cfg)` builds one from the `agentic:` config, `episode_runner(cfg, env, tokenizer)` the
 runner of its episodes.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from openclaw_jax.envs.agentic import swe, terminal, toolcall  # noqa: F401  (they register their environments)
+from openclaw_jax.envs.agentic import gui, swe, terminal, toolcall  # noqa: F401  (they register their environments)
 from openclaw_jax.envs.agentic.config import AgenticConfig
 from openclaw_jax.envs.agentic.episode import (
     ENVIRONMENTS,

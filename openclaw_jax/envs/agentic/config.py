@@ -14,7 +14,7 @@ class AgenticConfig:
     """Group rollouts of an environment feeding the trainer (instead of the gateway's conversations)."""
 
     enabled: bool = False
-    # a registered environment (`@register_environment`: toolcall | terminal | swe | easy). Importing this
+    # a registered environment (`@register_environment`: toolcall | terminal | swe | gui | easy). Importing this
     # module runs `envs/agentic/__init__.py` first, which imports (and so registers) the built-in ones.
     env: str = "toolcall"
     families: tuple[str, ...] = ()       # task families of the environment (empty = its defaults)
