@@ -11,4 +11,10 @@ bash scripts/sglang_cpu.sh setup
 # The real OpenClaw agent (pinned Node 24 + openclaw from the npm registry, in .openclaw; about a
 # minute the first time) for tests/test_openclaw_real.py.
 bash scripts/openclaw.sh setup
+# A real X server and input injection for the GUI environment (tests/test_gui_env.py): Debian's
+# xvfb and xdotool, installed once when missing (root, or sudo).
+if ! command -v Xvfb >/dev/null || ! command -v xdotool >/dev/null; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends xvfb xdotool
+fi
 python3 -m pytest -q "$@"

@@ -283,10 +283,31 @@ class _AppJail(Sandbox):
             try:
                 proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                         start_new_session=True, close_fds=True, pass_fds=(status_w,))
+            except BaseException:
+                os.close(status_r)
+                raise
             finally:
                 os.close(status_w)
-        os.close(status_r)
+        self.status_r = status_r  # the jail's init writes the app's exit status here
         return proc
+
+    def exit_status(self) -> str:
+        """How the app ended, from the jail's status pipe ("" when not reported)."""
+        fd = getattr(self, "status_r", None)
+        if fd is None or not select.select([fd], [], [], 0.5)[0]:
+            return ""
+        try:
+            code = int(json.loads(os.read(fd, 256))["exit_code"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+    def close(self) -> None:
+        fd = getattr(self, "status_r", None)
+        if fd is not None:
+            self.status_r = None
+            os.close(fd)
+        super().close()
 
     def stderr_tail(self, n: int = 400) -> str:
         try:
@@ -327,12 +348,12 @@ class GuiState:
         if self.failure:
             raise ToolError(self.failure)
         if not self.alive():
-            self.fail(f"the application crashed (exit status {self.app.returncode})")
+            self.fail("the application crashed")
         try:
             self.app.stdin.write((json.dumps({"cmd": cmd}) + "\n").encode())
             self.app.stdin.flush()
         except (BrokenPipeError, OSError):
-            self.fail(f"the application crashed (exit status {self.app.poll()})")
+            self.fail("the application crashed")
         return self.read_reply()
 
     def read_reply(self) -> dict[str, Any]:
@@ -344,8 +365,7 @@ class GuiState:
                 self.fail(f"the application stopped responding (no reply in {self.reply_timeout_s:g} s)")
             chunk = os.read(fd, 65536)
             if not chunk:
-                self.app.wait(timeout=2)
-                self.fail(f"the application crashed (exit status {self.app.returncode})")
+                self.fail("the application crashed")
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         reply = json.loads(line)
@@ -354,9 +374,12 @@ class GuiState:
         return reply
 
     def fail(self, reason: str):
+        if reason.endswith("crashed"):
+            status = self.jail.exit_status()
+            reason += f" ({status})" if status else ""
+        _kill_group(self.app)
         detail = self.jail.stderr_tail()
         self.failure = reason + (f"; its stderr ends: {detail}" if detail else "")
-        _kill_group(self.app)
         raise ToolError(self.failure)
 
     def grab(self) -> bytes:
@@ -506,7 +529,7 @@ class GuiEnv(Environment):
     def act(self, state: GuiState, task: Task, name: str, arguments: dict[str, Any]) -> str:
         """Blocking: one action, then the application's state and a fresh screenshot."""
         if state.failure:
-            raise ToolError(state.failure + "; the episode is over")
+            raise ToolError("the episode is over: " + state.failure)
         if state.done:
             raise ToolError("the task was declared done; no further actions are taken")
         t0 = time.monotonic()
