@@ -263,6 +263,7 @@ class StepRunner:
                                                     (len(packed.student["sample_mask"]),
                                                      packed.student["response_ids"].shape[1], self.settings.top_k)))
             trainable, opt_state, metrics, k_star = out[:4]
+            times.setdefault("teacher_pass", 0.0)   # no candidate in the batch (or `rl`): no teacher pass ran
             metrics = multihost.tree_to_host(metrics)
             times["train_step"] = time.perf_counter() - t0 - sum(times.values())
         times["step"] = time.perf_counter() - t0
