@@ -22,7 +22,8 @@ import pytest
 from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
 from openclaw_jax.envs.agentic.episode import ToolError
 from openclaw_jax.envs.agentic.gui import (FAMILIES, HEIGHT, INSTALL_HINT, WIDTH, GuiEnv, center, check,
-                                           demonstration_conversations, descendants, missing_tools)
+                                           checker_step_vote, demonstration_conversations, descendants,
+                                           missing_tools)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -229,18 +230,20 @@ def test_a_crashed_or_hung_app_ends_the_episode_with_a_clear_failure_and_leaks_n
     task = _task(env, "button")
     state = env.launch(task)
     pids = state.pids()
-    assert len(pids) >= 3  # Xvfb, unshare, the jail's init and the app
-    os.kill(_app_pid(state), signal.SIGKILL if how == "crash" else signal.SIGSTOP)
-    x, y = center(state.geometry[task.answer["press"]])
-    expected = r"crashed \(killed by signal 9\)" if how == "crash" else "stopped responding"
-    t0 = time.monotonic()
-    with pytest.raises(ToolError, match=expected):
-        env.act(state, task, "click", {"x": x, "y": y})
-    assert time.monotonic() - t0 < env.reply_timeout_s + 3
-    with pytest.raises(ToolError, match="the episode is over: the application " + expected):
-        env.act(state, task, "click", {"x": x, "y": y})
-    assert asyncio.run(env.score(state, task, "")) == 0.0
-    asyncio.run(env.close(state))
+    try:
+        assert len(pids) >= 4  # Xvfb, unshare, the jail's init and the app
+        os.kill(_app_pid(state), signal.SIGKILL if how == "crash" else signal.SIGSTOP)
+        x, y = center(state.geometry[task.answer["press"]])
+        expected = r"crashed \(killed by signal 9\)" if how == "crash" else "stopped responding"
+        t0 = time.monotonic()
+        with pytest.raises(ToolError, match=expected):
+            env.act(state, task, "click", {"x": x, "y": y})
+        assert time.monotonic() - t0 < env.reply_timeout_s + 3
+        with pytest.raises(ToolError, match="the episode is over: the application " + expected):
+            env.act(state, task, "click", {"x": x, "y": y})
+        assert asyncio.run(env.score(state, task, "")) == 0.0
+    finally:
+        asyncio.run(env.close(state))
     time.sleep(0.2)
     assert not [p for p in pids if _alive(p)], "processes outlived the episode"
     assert not os.path.exists(state.jail._host)
@@ -270,7 +273,29 @@ def test_the_checker_needs_the_right_press_with_the_right_values():
     goal = {"entries": {"e": "v"}, "press": "ok"}
     assert check(goal, {"pressed": [{"name": "ok", "entries": {"e": "v"}}]}) == 1.0
     assert check(goal, {"pressed": [{"name": "ok", "entries": {"e": "w"}}]}) == 0.0
-    assert check(goal, {"pressed": [{"name": "ok", "entries": {"e": "w"}}, {"name": "ok", "entries": {"e": "v"}}]}) == 0.0
+    twice = [{"name": "ok", "entries": {"e": "w"}}, {"name": "ok", "entries": {"e": "v"}}]
+    assert check(goal, {"pressed": twice}) == 0.0
     assert check(goal, {"pressed": [], "entries": {"e": "v"}}) == 0.0
     assert check({"press": "b"}, {"pressed": [{"name": "a", "entries": {}}]}) == 0.0
     assert check({"menu": "m", "item": "i"}, {"pressed": [], "menu": "i", "menu_of": "n"}) == 0.0
+
+
+def test_step_check_votes_follow_the_checker_through_an_episode():
+    """With `step_check=True` each action's observation carries the checker's progress and
+    `checker_step_vote` votes +1 on steps that advance the task, 0 on neutral ones, -1 on refused ones."""
+    from openclaw_jax.envs.agentic.rollout import step_votes
+    from openclaw_jax.models.tokenizer import smollm2_tokenizer
+
+    env = GuiEnv(["form"], step_check=True)
+    task = env.tasks("train", 1, 0)[0]
+    turns = env.demonstration(task)
+    bad = '<tool_call>\n{"name": "click", "arguments": {"x": -5, "y": 0}}\n</tool_call>'
+    turns = [bad] + turns
+    tok = smollm2_tokenizer()
+    ep = asyncio.run(EpisodeRunner(env, tok, EpisodeLimits(max_turns=12, max_response_tokens=2048)).run(
+        task, ScriptedPolicy(tok, turns), temperature=0.0))
+    assert ep.success, ep.observations
+    votes = asyncio.run(step_votes(checker_step_vote, ep))
+    # refused click, then per field: click (no progress) and type (progress), then Submit (done), then the answer
+    n = len(task.answer["entries"])
+    assert votes == [-1] + [0, 1] * n + [1, 0], (votes, ep.observations)

@@ -22,8 +22,9 @@ Per episode:
     is text-only today: putting the PNG into the tool message as an image part is item 2's work;
   * **the checker** reads the application's own state through a control pipe (stdin/stdout of
     the jailed process; the agent only has the display): entry values, button presses (each with
-    the entries at that moment), the chosen menu item. `progress(state)` grades the current state
-    (fraction of the task done) after every action, for PRM-style step grading;
+    the entries at that moment), the chosen menu item. `progress` grades the state after every
+    action (fraction of the task done, `state.step_progress`); with `step_check=True` the
+    observation carries it and `checker_step_vote` turns it into PRM step votes;
   * a crashed (exited) or hung (no reply within `reply_timeout_s`) application ends the episode:
     later calls raise a ToolError naming the failure, the score is 0, and `close` kills both
     process groups (the jail's PID namespace takes every process the app started with it).
@@ -49,7 +50,6 @@ import select
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -460,11 +460,13 @@ class GuiEnv(Environment):
     tools = _TOOLS
 
     def __init__(self, families: Sequence[str] = FAMILIES, sandbox: SandboxLimits | None = None, *,
-                 a11y: bool = False, reply_timeout_s: float = 5.0, max_type_chars: int = 200):
+                 a11y: bool = False, step_check: bool = False, reply_timeout_s: float = 5.0,
+                 max_type_chars: int = 200):
         self.families = self.check_families(families, FAMILIES)
         # the jail's limits: the app lives for the whole episode (wall and CPU), Tk needs some memory
         self.sandbox = sandbox or SandboxLimits(timeout_s=600.0, memory_mb=512)
         self.a11y = a11y
+        self.step_check = step_check
         self.reply_timeout_s = reply_timeout_s
         self.max_type_chars = max_type_chars
 
@@ -539,7 +541,8 @@ class GuiEnv(Environment):
                 raise ToolError('click needs integer pixel coordinates {"x": <int>, "y": <int>}')
             if not (0 <= x < WIDTH and 0 <= y < HEIGHT):
                 raise ToolError(f"({x}, {y}) is off the {WIDTH}x{HEIGHT} screen")
-            state.xdotool("mousemove", str(x), str(y), "click", "1")
+            # press + release rather than `click`, which sleeps its 100 ms repeat delay even for one click
+            state.xdotool("mousemove", str(x), str(y), "mousedown", "1", "mouseup", "1")
             what = f"clicked ({x}, {y})"
         elif name == "type":
             text = arguments.get("text")
@@ -564,10 +567,14 @@ class GuiEnv(Environment):
             raise ToolError(f"unknown tool {name!r}")
         state.actions += 1
         state.request("state")  # the app has handled the action's events when it replies
+        before = state.step_progress[-1] if state.step_progress else 0.0
         state.step_progress.append(progress(task.answer, state.app_state))
         state.grab()
         state.timings["action_s"] = time.monotonic() - t0
-        return what + ". " + self.describe(state)
+        out = what + ". " + self.describe(state)
+        if self.step_check:
+            out += f" [step check: progress {before:.2f} -> {state.step_progress[-1]:.2f}]"
+        return out
 
     def describe(self, state: GuiState) -> str:
         """The text half of an observation (the screenshot is `state.screenshot`)."""
@@ -631,6 +638,19 @@ class GuiEnv(Environment):
         return [format_tool_call(n, a) for n, a in calls] + ["Done."]
 
 
+_STEP = re.compile(r"\[step check: progress ([0-9.]+) -> ([0-9.]+)\]")
+
+
+async def checker_step_vote(turn_text: str, observation: str, seed: int) -> int:
+    """A `rollout.StepVote` from the checker (a `GuiEnv(step_check=True)` observation): +1 when the
+    step moved the task forward, -1 when it undid progress or the action was refused, else 0."""
+    found = _STEP.search(observation)
+    if found is None:
+        return -1 if observation.startswith("Error") else 0
+    before, after = float(found.group(1)), float(found.group(2))
+    return 1 if after > before else -1 if after < before else 0
+
+
 def demonstration_conversations(env: GuiEnv, tasks: Sequence[Task]) -> list[list[dict[str, Any]]]:
     """The demonstrations as OpenAI-style conversations (system, user, then assistant tool calls and
     tool results), with text observations; for inspection or a warm-up outside `rollout.demonstrations`."""
@@ -647,4 +667,5 @@ def demonstration_conversations(env: GuiEnv, tasks: Sequence[Task]) -> list[list
 
 
 __all__ = ["FAMILIES", "GuiEnv", "GuiError", "GuiState", "HEIGHT", "INSTALL_HINT", "WIDTH", "center", "check",
+           "checker_step_vote",
            "demonstration_conversations", "missing_tools", "progress", "start_xvfb"]
