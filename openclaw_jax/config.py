@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from openclaw_jax.configlib import load_config, require
+from openclaw_jax.configlib import load_config, load_yaml, require
 from openclaw_jax.envs.agentic.config import AgenticConfig
 from openclaw_jax.envs.config import EnvConfig
 from openclaw_jax.gateway.config import GatewayConfig
@@ -244,3 +244,32 @@ def load_experiment_config(config_files=(), overrides=(), gin_files=(), gin_bind
     """YAML file(s), then gin, then dotted overrides -> a validated ExperimentConfig."""
     return load_config(ExperimentConfig, yaml_files=config_files, gin_files=gin_files,
                        gin_bindings=gin_bindings, overrides=overrides)
+
+
+def upgrade_run_config(data: dict) -> dict:
+    """A run directory's resolved `config.yaml` written before the loss section and the one temperature
+    (issue 25), in today's keys: trainer.method -> loss.name (the weight `rl` / `opd` fixed was
+    rewritten then, so it is left to the loss), trainer.top_k -> loss.top_k, trainer.rollout_batch_size
+    -> trainer.samples_per_step, loss.ppo_kl_clamp -> loss.log_ratio_clamp; trainer.temperature and
+    trainer.allow_temperature_mismatch are dropped (tau is gateway.temperature). Only for reading old
+    runs: a config written by hand gets the error naming the new key."""
+    trainer, loss = dict(data.get("trainer") or {}), dict(data.get("loss") or {})
+    if "method" in trainer:
+        loss["name"] = trainer.pop("method")
+        fixed = {"rl": "w_opd", "opd": "w_rl"}.get(loss["name"])
+        if fixed is not None:
+            loss[fixed] = None
+    for old, new, target in (("top_k", "top_k", loss), ("rollout_batch_size", "samples_per_step", trainer)):
+        if old in trainer:
+            target[new] = trainer.pop(old)
+    if "ppo_kl_clamp" in loss:
+        loss["log_ratio_clamp"] = loss.pop("ppo_kl_clamp")
+    trainer.pop("temperature", None)
+    trainer.pop("allow_temperature_mismatch", None)
+    return {**data, "trainer": trainer, "loss": loss}
+
+
+def load_run_config(path, overrides=()) -> ExperimentConfig:
+    """A run directory's resolved config (`<run_dir>/config.yaml`), from any version (`upgrade_run_config`),
+    then dotted overrides."""
+    return load_config(ExperimentConfig, base=upgrade_run_config(load_yaml(path)), overrides=overrides)

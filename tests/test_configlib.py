@@ -159,3 +159,25 @@ def test_the_experiment_config_names_the_new_home_of_a_moved_key(old, new):
 
     with pytest.raises(ConfigError, match=f"{old.split('=')[0]}.*is gone.*{new}"):
         load_experiment_config([], [old])
+
+
+def test_an_old_run_directorys_config_still_loads(tmp_path):
+    """A run's resolved config.yaml from before the loss section: read with today's keys (the weight `rl`
+    rewrote then is left to the loss), while the same file as a hand-written config is refused."""
+    import yaml
+
+    from openclaw_jax.config import load_experiment_config, load_run_config
+
+    old = {"run_dir": "runs/old", "gateway": {"temperature": 0.7},
+           "trainer": {"method": "rl", "top_k": 8, "rollout_batch_size": 6, "temperature": 0.7,
+                       "allow_temperature_mismatch": False, "max_steps": 3},
+           "loss": {"w_rl": 1.0, "w_opd": 1.0, "ppo_kl_clamp": 10.0, "kl_coef": 0.0}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    cfg = load_run_config(path, [f"run_dir={tmp_path}"])
+    assert (cfg.loss.name, cfg.loss.w_rl, cfg.loss.w_opd, cfg.loss.top_k, cfg.loss.log_ratio_clamp) == (
+        "rl", 1.0, 0.0, 8, 10.0)
+    assert (cfg.trainer.samples_per_step, cfg.trainer.max_steps, cfg.sample_spec().temperature) == (6, 3, 0.7)
+    assert cfg.run_dir == str(tmp_path)
+    with pytest.raises(ConfigError, match="is gone"):
+        load_experiment_config([str(path)])

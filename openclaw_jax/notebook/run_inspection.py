@@ -86,13 +86,14 @@ def ensure_run(run_dir: str | os.PathLike, *, steps: int = 2, overrides: Sequenc
 
 def load_config(run_dir: str | os.PathLike):
     """The resolved `ExperimentConfig` the run was started with (with `run_dir` set to `run_dir`)."""
-    from openclaw_jax.config import load_experiment_config
+    from openclaw_jax.config import load_run_config
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{str(path)!r} not found; is {str(run_dir)!r} a run directory?")
-    # run_dir is re-pointed at where the run is now, so a moved or copied run still finds its files.
-    return load_experiment_config([str(path)], [f"run_dir={Path(run_dir).resolve()}"])
+    # run_dir is re-pointed at where the run is now, so a moved or copied run still finds its files;
+    # a run written before the config's keys moved reads in today's keys (`upgrade_run_config`)
+    return load_run_config(path, [f"run_dir={Path(run_dir).resolve()}"])
 
 
 def load_samples(run_dir: str | os.PathLike, start: int = 0, stop: int | None = None) -> list:
