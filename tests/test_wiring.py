@@ -18,7 +18,6 @@ Config keys are built in `overrides` only, so a rename of a key changes one plac
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import types
 
 import jax
@@ -36,30 +35,10 @@ VOCAB = 96
 
 # ------------------------------------------------------------------ configs (the one place keys are named)
 
-def _section_fields(name: str) -> set[str]:
-    """Field names of the ExperimentConfig section `name` (e.g. "loss", "trainer")."""
-    section = {f.name: f for f in dataclasses.fields(ExperimentConfig)}[name]
-    cls = section.default_factory() if section.default_factory is not dataclasses.MISSING else section.default
-    return {f.name for f in dataclasses.fields(cls)}
-
-
-def _key(logical: str) -> str:
-    """The dotted config key of a setting whose name is being moved (old or new layout)."""
-    loss, trainer = _section_fields("loss"), _section_fields("trainer")
-    if logical == "loss_name":
-        return "loss.name" if "name" in loss else "trainer.method"
-    if logical == "top_k":
-        return "loss.top_k" if "top_k" in loss else "trainer.top_k"
-    if logical == "samples_per_step":
-        return "trainer.samples_per_step" if "samples_per_step" in trainer else "trainer.rollout_batch_size"
-    raise KeyError(logical)
-
-
 def overrides(*, loss_name: str = "combine", samples_per_step: int = 4, top_k: int = 4, extra=()) -> list[str]:
-    return [f"{_key('loss_name')}={loss_name}", f"{_key('samples_per_step')}={samples_per_step}",
-            f"{_key('top_k')}={top_k}", "trainer.chunk_size=8", "gateway.max_candidates=3",
-            "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.optimizer.lr=1e-2",
-            *extra]
+    return [f"loss.name={loss_name}", f"trainer.samples_per_step={samples_per_step}", f"loss.top_k={top_k}",
+            "trainer.chunk_size=8", "gateway.max_candidates=3", "trainer.min_seq_bucket=16",
+            "trainer.min_response_bucket=8", "trainer.optimizer.lr=1e-2", *extra]
 
 
 def experiment(**kw) -> ExperimentConfig:
