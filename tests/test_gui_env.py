@@ -28,7 +28,7 @@ from openclaw_jax.envs.agentic.gui import (FAMILIES, HEIGHT, INSTALL_HINT, WIDTH
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def require_gui_tools():
     missing = missing_tools()
     if not missing:
@@ -40,7 +40,7 @@ def require_gui_tools():
 
 
 @pytest.fixture(scope="module")
-def env():
+def env(require_gui_tools):
     return GuiEnv(reply_timeout_s=2.0)
 
 
@@ -106,7 +106,8 @@ def _wrong(env, state, task) -> None:
     env.act(state, task, "click", {"x": x, "y": y})
 
 
-def test_task_sets_are_seeded_disjoint_and_laid_out_on_the_screen(env):
+def test_task_sets_are_seeded_disjoint_and_laid_out_on_the_screen():
+    env = GuiEnv()  # no display needed
     train, heldout = env.tasks("train", 40, 0), env.tasks("heldout", 20, 0)
     assert {t.family for t in train} == set(FAMILIES) == {t.family for t in heldout}
     key = lambda t: json.dumps([t.prompt, t.data, t.answer], sort_keys=True)  # noqa: E731
@@ -280,7 +281,7 @@ def test_the_checker_needs_the_right_press_with_the_right_values():
     assert check({"menu": "m", "item": "i"}, {"pressed": [], "menu": "i", "menu_of": "n"}) == 0.0
 
 
-def test_step_check_votes_follow_the_checker_through_an_episode():
+def test_step_check_votes_follow_the_checker_through_an_episode(require_gui_tools):
     """With `step_check=True` each action's observation carries the checker's progress and
     `checker_step_vote` votes +1 on steps that advance the task, 0 on neutral ones, -1 on refused ones."""
     from openclaw_jax.envs.agentic.rollout import step_votes

@@ -50,6 +50,7 @@ import select
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -335,6 +336,7 @@ class GuiState:
     step_progress: list[float] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     _buf: bytes = b""
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # an episode timeout can leave a call running
 
     @property
     def env(self) -> dict[str, str]:
@@ -345,6 +347,10 @@ class GuiState:
 
     def request(self, cmd: str) -> dict[str, Any]:
         """One command to the application and its reply; a dead or silent application fails the episode."""
+        with self._lock:
+            return self._request(cmd)
+
+    def _request(self, cmd: str) -> dict[str, Any]:
         if self.failure:
             raise ToolError(self.failure)
         if not self.alive():
