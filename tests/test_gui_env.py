@@ -300,3 +300,27 @@ def test_step_check_votes_follow_the_checker_through_an_episode(require_gui_tool
     # refused click, then per field: click (no progress) and type (progress), then Submit (done), then the answer
     n = len(task.answer["entries"])
     assert votes == [-1] + [0, 1] * n + [1, 0], (votes, ep.observations)
+
+
+def test_an_episode_dies_with_the_process_that_started_it(require_gui_tools):
+    """A host killed mid-episode (no `close`) leaves nothing: Xvfb's shell sees its lifeline pipe
+    close, the app sees its control pipe close and exits, and the jail's PID namespace goes with it."""
+    import subprocess
+    import sys
+
+    code = ("from openclaw_jax.envs.agentic.gui import GuiEnv\n"
+            "env = GuiEnv(); s = env.launch(env.tasks('train', 1, 0)[0])\n"
+            "print(s.display, *s.pids(), flush=True)\n"
+            "import time; time.sleep(60)\n")
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        display, *pids = (int(x) for x in host.stdout.readline().split())
+    finally:
+        host.kill()
+        host.wait()
+    assert len(pids) >= 4  # Xvfb (and its shell), unshare, the jail init, the app
+    deadline = time.monotonic() + 10
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "processes outlived their host"
+    assert not os.path.exists(f"/tmp/.X11-unix/X{display}")

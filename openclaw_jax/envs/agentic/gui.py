@@ -50,6 +50,7 @@ import select
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -199,6 +200,11 @@ def progress(goal: dict[str, Any], app_state: dict[str, Any]) -> float:
 def _kill_group(proc: subprocess.Popen | None, term_first: float = 0.0) -> None:
     if proc is None:
         return
+    if proc.stdin is not None and proc.args and proc.args[0] == "sh":  # start_xvfb's lifeline
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
     if term_first and proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -237,13 +243,22 @@ def descendants(pid: int) -> list[int]:
 def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0) -> tuple[subprocess.Popen, int]:
     """(process, display number) of a fresh Xvfb that picked a free display itself."""
     r, w = os.pipe()
+    log = tempfile.TemporaryFile()  # Xvfb's stderr (a file: an unread pipe could block or SIGPIPE it)
     try:
-        proc = subprocess.Popen(["Xvfb", "-displayfd", str(w), "-screen", "0", f"{width}x{height}x24", "-nolisten",
-                                 "tcp", "-nocursor", "-noreset"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, pass_fds=(w,), start_new_session=True)
+        if shutil.which("Xvfb") is None:
+            raise FileNotFoundError("Xvfb")
+        # Under a shell that waits on a pipe from us: if this process dies without closing the episode
+        # (killed, crashed), the pipe's end reaches `read` and the shell takes Xvfb down with it.
+        # (The shell ignores SIGTERM once Xvfb runs, and on the pipe's end waits for Xvfb's clean exit.)
+        proc = subprocess.Popen(["sh", "-c", 'Xvfb "$@" & x=$!; trap "" TERM; read _; kill $x; wait $x', "sh",
+                                 "-displayfd", str(w),
+                                 "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-nocursor", "-noreset"],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
+                                pass_fds=(w,), start_new_session=True)
     except FileNotFoundError as err:
         os.close(r)
         os.close(w)
+        log.close()
         raise GuiError(f"Xvfb is not installed ({INSTALL_HINT})") from err
     os.close(w)
     data, deadline = b"", time.monotonic() + timeout_s
@@ -260,10 +275,11 @@ def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0
         os.close(r)
     if not data.strip().isdigit():
         _kill_group(proc)
-        err = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
+        log.seek(0)
+        err = log.read().decode(errors="replace")[-500:]
+        log.close()
         raise GuiError(f"Xvfb did not report a display: {err.strip()}")
-    proc.stderr.close()
-    proc.stderr = None
+    log.close()
     return proc, int(data)
 
 
