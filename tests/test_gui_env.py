@@ -11,6 +11,7 @@ and for the menu family on the geometry of the menu it reports as posted.
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunne
 from openclaw_jax.envs.agentic.episode import ToolError
 from openclaw_jax.envs.agentic.gui import (FAMILIES, HEIGHT, INSTALL_HINT, WIDTH, GuiEnv, center, check,
                                            checker_step_vote, demonstration_conversations, descendants,
-                                           missing_tools)
+                                           missing_tools, observation_content)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -183,6 +184,14 @@ def test_screenshots_are_pngs_of_the_screen_that_change_with_actions_and_bad_cal
             env.act(state, task, "click", {"x": 1, "y": 1})
         a11y = GuiEnv(a11y=True).describe(state)
         assert f"target at {tx},{ty} size {tw}x{th}" in a11y
+        # every screenshot is kept; each goes through the Qwen2.5-VL patcher without a resize
+        assert state.frames[0] == first and state.frames[-1] == state.screenshot and len(state.frames) == 4
+        from openclaw_jax.models.image_processing import image_token_count, process_image
+
+        pixels, grid = process_image(after)
+        assert tuple(grid) == (1, HEIGHT // 14, WIDTH // 14) and image_token_count(grid) == HEIGHT * WIDTH // 28 ** 2
+        part = observation_content("x", after)[1]
+        assert base64.b64decode(part["image_url"]["url"].split(",", 1)[1]) == after
     finally:
         asyncio.run(env.close(state))
 

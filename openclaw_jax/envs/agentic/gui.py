@@ -40,6 +40,7 @@ disjoint by a hash of the task):
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import io
 import json
@@ -342,7 +343,8 @@ class GuiState:
     jail: _AppJail
     app: subprocess.Popen
     reply_timeout_s: float
-    screenshot: bytes = b""
+    screenshot: bytes = b""                       # the latest (PNG)
+    frames: list[bytes] = field(default_factory=list)   # every screenshot of the episode, the first at start
     geometry: dict[str, list[int]] = field(default_factory=dict)
     app_state: dict[str, Any] = field(default_factory=dict)
     menu: dict[str, Any] | None = None
@@ -412,6 +414,7 @@ class GuiState:
         buf = io.BytesIO()
         image.save(buf, format="PNG", compress_level=1)
         self.screenshot = buf.getvalue()
+        self.frames.append(self.screenshot)
         self.timings["screenshot_s"] = time.monotonic() - t0
         return self.screenshot
 
@@ -660,6 +663,17 @@ class GuiEnv(Environment):
         return [format_tool_call(n, a) for n, a in calls] + ["Done."]
 
 
+def image_part(png: bytes) -> dict[str, Any]:
+    """An OpenAI `image_url` content part carrying `png` as a data URL (what the gateway accepts)."""
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
+
+
+def observation_content(text: str, png: bytes) -> list[dict[str, Any]]:
+    """A multimodal message content: the observation's text and its screenshot (for an image-aware
+    runner; today's `EpisodeRunner` carries the text only)."""
+    return [{"type": "text", "text": text}, image_part(png)]
+
+
 _STEP = re.compile(r"\[step check: progress ([0-9.]+) -> ([0-9.]+)\]")
 
 
@@ -689,5 +703,5 @@ def demonstration_conversations(env: GuiEnv, tasks: Sequence[Task]) -> list[list
 
 
 __all__ = ["FAMILIES", "GuiEnv", "GuiError", "GuiState", "HEIGHT", "INSTALL_HINT", "WIDTH", "center", "check",
-           "checker_step_vote",
+           "checker_step_vote", "image_part", "observation_content",
            "demonstration_conversations", "missing_tools", "progress", "start_xvfb"]
