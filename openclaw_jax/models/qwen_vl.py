@@ -46,7 +46,7 @@ from openclaw_jax.models.config import LoRAConfig, ModelConfig, ModelConfigError
 from openclaw_jax.models.decoder import Decoder, KVCache
 from openclaw_jax.models.vision import VisionConfig, VisionTransformer, as_grid
 from openclaw_jax.models.weights import (CheckpointError, DictSource, SafetensorsSource, TensorMapping,
-                                         TensorSource, _identity, _make_param, apply_dtypes, hf_name_map,
+                                         TensorSource, _identity, apply_dtypes, hf_name_map, place_params,
                                          read_hf_config)
 
 logger = logging.getLogger(__name__)
@@ -408,28 +408,11 @@ def _validate(cfg: QwenVLConfig, mappings, source: _AliasSource) -> None:
 
 def build_vl_model(cfg: QwenVLConfig, source: TensorSource, mesh: jax.sharding.Mesh | None = None) -> QwenVL:
     """The abstract QwenVL, then each param read from `source` and placed on its shards."""
-    from openclaw_jax.parallel.sharding import state_shardings
-
     source = _AliasSource(source)
     mappings = vl_name_map(cfg)
     _validate(cfg, mappings, source)
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: QwenVL(cfg, rngs=nnx.Rngs(0))))
-    if mesh is not None:
-        shardings = dict(nnx.to_flat_state(state_shardings(abstract, mesh, cfg.text.family)))
-    else:
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        shardings = None
-    by_path = {mp.path: mp for mp, _ in mappings}
-    values = []
-    for path, var in nnx.to_flat_state(abstract):
-        path = tuple(path)
-        mp = by_path.get(path)
-        if mp is None:
-            raise CheckpointError(f"internal: no HF name for param {'.'.join(map(str, path))}")
-        target = var.get_value()
-        sharding = shardings[path] if shardings is not None else device
-        values.append((path, var.replace(_make_param(mp, source, target.shape, target.dtype, sharding))))
-    return nnx.merge(graphdef, nnx.from_flat_state(values))
+    return place_params(lambda: QwenVL(cfg, rngs=nnx.Rngs(0)), [(mp.path, mp) for mp, _ in mappings], source,
+                        mesh, cfg.text.family)
 
 
 def vl_model_from_state_dict(cfg: QwenVLConfig, state_dict: Mapping[str, Any],

@@ -369,17 +369,26 @@ def build_model(cfg: ModelConfig, source: TensorSource, mesh: jax.sharding.Mesh 
     """The abstract model (`nnx.eval_shape`), its target shardings, then each param placed straight
     onto its shards, one HF tensor at a time (host memory ~ the largest tensor)."""
     from openclaw_jax.models.decoder import Decoder
-    from openclaw_jax.parallel.sharding import state_shardings
 
     mappings = hf_name_map(cfg)
     _validate(cfg, mappings, source)
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    return place_params(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), [(mp.path, mp) for mp in mappings], source, mesh,
+                        cfg.family)
+
+
+def place_params(make_model, paths: list[tuple[tuple, "TensorMapping"]], source: TensorSource,
+                 mesh: jax.sharding.Mesh | None, family: str):
+    """`make_model()` built abstractly, then each param (its HF tensor found through `paths`: param path ->
+    mapping) read from `source` and placed straight onto its shards (on one device without a mesh)."""
+    from openclaw_jax.parallel.sharding import state_shardings
+
+    graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
     if mesh is not None:
-        shardings = dict(nnx.to_flat_state(state_shardings(abstract, mesh, cfg.family)))
+        shardings = dict(nnx.to_flat_state(state_shardings(abstract, mesh, family)))
     else:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         shardings = None
-    by_path = {mp.path: mp for mp in mappings}
+    by_path = dict(paths)
     values = []
     for path, var in nnx.to_flat_state(abstract):
         path = tuple(path)
