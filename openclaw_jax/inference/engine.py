@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from openclaw_jax.inference import stops
-from openclaw_jax.inference.kernels import (decode_jit, extend_jit, gather_prefix_jit, insert_jit, prefill_jit,
+from openclaw_jax.inference.kernels import (decode_loop_jit, extend_jit, gather_prefix_jit, insert_jit, prefill_jit,
                                             store_blocks_jit, zeros_cache_jit)
 from openclaw_jax.inference.prefill import Prefiller
 from openclaw_jax.inference.prefix_cache import PrefixCache
@@ -92,7 +92,7 @@ class Engine:
         # Module-level jitted steps with the graphdef as a static argument: engines serving the
         # same architecture (weight reloads, several engines in one process) share compilations.
         self._insert = insert_jit
-        self._decode = functools.partial(decode_jit, self._graphdef)
+        self._decode = functools.partial(decode_loop_jit, self._graphdef)
 
         self._lock = threading.Lock()  # guards params during a step
         self._cv = threading.Condition()
@@ -118,7 +118,7 @@ class Engine:
     def compile_counts(self) -> dict[str, int]:
         """Number of compiled variants per jitted function (tests check buckets compile once)."""
         return {name: fn._cache_size() for name, fn in
-                (("prefill", prefill_jit), ("extend", extend_jit), ("insert", insert_jit), ("decode", decode_jit),
+                (("prefill", prefill_jit), ("extend", extend_jit), ("insert", insert_jit), ("decode", decode_loop_jit),
                  ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit))}
 
     def prefix_cache_stats(self) -> dict[str, int]:
@@ -452,29 +452,56 @@ class Engine:
                 seq.position = seq.prompt_len
                 self._accept_token(seq, host, i)
 
+    def _decode_steps_for(self, batch: Batch) -> int:
+        """How many decode steps the next call may run before the host looks at the tokens.
+
+        Stop strings need the tokenizer after every token, so a batch holding such a row takes one
+        step per call; otherwise up to `decode_steps` (the device stops rows itself on length and
+        stop ids, see kernels.decode_loop_jit)."""
+        if any(seq is not None and seq.stop_strs for seq in batch.rows):
+            return 1
+        return max(1, self.config.decode_steps)
+
     def _decode_step(self) -> None:
+        """One decode call: up to `_decode_steps_for` steps of every row, then the host accepts
+        the tokens step by step (exactly as if each step had been its own call)."""
         batch = self._batch
         size = batch.size
         tokens = np.zeros((size,), np.int32)
         positions = np.full((size,), batch.cache_len, np.int32)  # empty rows write past the end
+        remaining = np.zeros((size,), np.int32)  # <= 0: the row is empty / stopped on device
+        n_stop = max((len(seq.stop_ids) for seq in batch.rows if seq is not None), default=0)
+        stop_ids = np.full((size, bucket(n_stop, 4)), -1, np.int32)
         for i, seq in enumerate(batch.rows):
             if seq is not None:
                 tokens[i] = seq.last_token
                 positions[i] = seq.position
+                remaining[i] = seq.max_new - len(seq.out.output_ids)
+                stop_ids[i, :len(seq.stop_ids)] = sorted(seq.stop_ids)
+        limit = min(self.context_length, batch.cache_len)
+        limits = np.full((size,), limit, np.int32)
         temps, top_p, top_k, min_p, keys, steps, tids, n_top, k_ids = sampling_arrays(batch.rows, size, self.config, self.vocab_size)
+        n_steps = self._decode_steps_for(batch)
+        with self._cv:
+            # a waiting request gets the first row that frees up
+            stop_on_finish = bool(self._pending)
         with self._lock:
             out = self._decode(self._state, batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
-                               tids, n_top=n_top, k_ids=k_ids)
+                               tids, stop_ids, remaining, limits, np.int32(n_steps), np.bool_(stop_on_finish),
+                               n_top=n_top, k_ids=k_ids, max_steps=max(1, self.config.decode_steps))
             version = self._weight_version
         batch.cache = out.pop("cache")
         host = jax.device_get(out)
-        self._steps += 1
-        for i, seq in enumerate(list(batch.rows)):
-            if seq is None:
-                continue
-            seq.position += 1
-            seq.step_version = version
-            self._accept_token(seq, host, i)
+        n_run = int(host.pop("n_run"))
+        self._steps += n_run
+        for j in range(n_run):
+            step = {name: value[j] for name, value in host.items()}
+            for i, seq in enumerate(list(batch.rows)):
+                if seq is None:
+                    continue
+                seq.position += 1
+                seq.step_version = version
+                self._accept_token(seq, step, i)
 
     # ------------------------------------------------------------------ per-token host work
     def _accept_token(self, seq: Seq, host: dict, i: int) -> None:

@@ -96,6 +96,54 @@ def _decode_impl(graphdef, state, cache, tokens, positions, temps, top_p, top_k,
     return out
 
 
+def _decode_loop_impl(graphdef, state, cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps, token_ids,
+                      stop_ids, remaining, limits, n_steps, stop_on_finish, *, n_top: int, k_ids: int,
+                      max_steps: int):
+    """Up to `n_steps` (<= static `max_steps`) decode steps in one call, without a host round trip.
+
+    Each step is exactly `_decode_impl` (same model call, same per-row key `fold_in(key, step)`),
+    fed its own sampled token. A row stops on device once it would finish on the host without a
+    tokenizer (SGLang's order: `remaining` new tokens reached, its next slot at `limits`, a token in
+    its `stop_ids` row, -1 padded); stopped rows (and empty rows: remaining <= 0) write past the
+    cache end, which the decoder drops. The loop ends after `n_steps`, when every row stopped, or,
+    with `stop_on_finish`, as soon as one row stopped (its slot can take a waiting request).
+    Returns the per-step outputs `[max_steps, B, ...]` (only the first `n_run` steps are
+    meaningful), `n_run` and the cache.
+    """
+    model = nnx.merge(graphdef, state)
+    b = tokens.shape[0]
+    cache_len = cache.k.shape[2]
+    done0 = remaining <= 0
+    bufs = {"tokens": jnp.zeros((max_steps, b), jnp.int32), "token_lp": jnp.zeros((max_steps, b), jnp.float32)}
+    if n_top:
+        bufs["top_vals"] = jnp.zeros((max_steps, b, n_top), jnp.float32)
+        bufs["top_ids"] = jnp.zeros((max_steps, b, n_top), jnp.int32)
+    if k_ids:
+        bufs["ids_lp"] = jnp.zeros((max_steps, b, token_ids.shape[-1]), jnp.float32)
+
+    def cond(carry):
+        i, _, _, done, _, _ = carry
+        some_finished = jnp.any(done & ~done0)
+        return (i < n_steps) & ~jnp.all(done) & ~(stop_on_finish & some_finished)
+
+    def body(carry):
+        i, tok, pos, done, cache, bufs = carry
+        write = jnp.where(done, cache_len, pos)
+        logits, cache = model.decode(tok[:, None], write[:, None], cache)
+        out = _sample_outputs(logits[:, 0], temps, top_p, top_k, min_p, keys, steps + i, token_ids, n_top, k_ids)
+        bufs = {name: buf.at[i].set(out[name].astype(buf.dtype)) for name, buf in bufs.items()}
+        new = out["tokens"]
+        pos = pos + 1
+        finished = (remaining <= i + 1) | (pos >= limits) | jnp.any(new[:, None] == stop_ids, axis=-1)
+        return i + 1, jnp.where(done, tok, new), pos, done | finished, cache, bufs
+
+    n_run, _, _, _, cache, bufs = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), tokens, positions, done0, cache, bufs))
+    bufs["n_run"] = n_run
+    bufs["cache"] = cache
+    return bufs
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def zeros_cache_jit(shape, dtype_name):
     # Made by a jitted function so the cache is placed like every other step output (a host-made
@@ -138,6 +186,8 @@ extend_jit = jax.jit(_extend_impl, static_argnums=(0,), static_argnames=("n_top"
                      donate_argnums=(2,))
 insert_jit = jax.jit(_insert_impl, donate_argnums=(0,))
 decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids"), donate_argnums=(2,))
+decode_loop_jit = jax.jit(_decode_loop_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids", "max_steps"),
+                          donate_argnums=(2,))
 gather_prefix_jit = jax.jit(_gather_prefix_impl, static_argnums=(2,))
 store_blocks_jit = jax.jit(_store_blocks_impl, donate_argnums=(0,))
 grow_pool_jit = jax.jit(_grow_pool_impl, static_argnums=(1,))

@@ -35,6 +35,9 @@ class EngineConfig:
     # how long the scheduler waits for more requests before forming a new batch
     batch_wait_s: float = 0.003
     min_batch_bucket: int = 1
+    # decode steps one device call may run before the host sees the tokens (rows stop on device
+    # on length and stop ids; a batch with stop strings runs one step per call)
+    decode_steps: int = 8
     # top-N log-probs are computed for a power-of-two N >= this (fewer compiled variants)
     min_top_logprobs_bucket: int = 8
     # K/V of prompt prefixes kept for reuse across requests (see prefix_cache.py); 0 turns the
@@ -46,6 +49,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size={self.max_batch_size} must be >= 1")
+        if self.decode_steps < 1:
+            raise ValueError(f"decode_steps={self.decode_steps} must be >= 1")
         if self.prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes={self.prefix_cache_bytes} must be >= 0 (0 turns the cache off)")
         blk = self.prefix_cache_block
