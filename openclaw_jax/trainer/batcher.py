@@ -1,54 +1,23 @@
 """From stored samples to padded, bucketed training batches (host side, NumPy).
 
-`SampleBatcher.batches(start, stop)` reads the samples in `[start, stop)` through the run's one
-`SampleTail` (an incremental reader: it reads only those records, never rescans the store), drops
-those that cannot train (too stale, too long, another temperature), and packs `batch_size` of
-them per batch. `pack` turns a list of samples into the padded arrays of
-`StudentInputs` / `TeacherInputs`, with every length rounded up to a bucket so each shape
-compiles once.
+`SampleBatcher.batches(start, stop)` reads store offsets `[start, stop)` through the run's one
+`SampleTail`, drops samples that cannot train (too stale, too long, drawn at another temperature,
+hint-only under `rl`) and `pack`s them into the arrays of `StudentInputs` / `TeacherInputs`.
 
-Buckets: powers of two up to `bucket_quantum`, then multiples of it (quantum 0: powers of two
-throughout), so a length costs at most one quantum of padding. The response length T of the
-per-sample `[B, T]` arrays is a power of two.
-
-Packing (`BatchSpec.packing`): the sequences (the student's prompt+response per sample, the
-teacher's hint prompt+response per candidate) are laid first-fit-decreasing into rows, several
-per row. Each gets a segment id (1, 2, ... within its row; padding slots are segment 0) and
-positions restarting at 0, so attention never crosses a segment and RoPE sees each sequence as if
-it were alone; `row` / `offset` say where each sequence starts. The per-sample arrays (response
-ids, masks, advantages, ...) keep their `[B, T]` layout, so the loss and its metrics are those of
-the unpacked batch. With micro-batches the sequences of micro-batch g (samples g, g + n, ...) go
-into rows g, g + n, ... only, and `row` is the index among that micro-batch's rows.
-
-Bounded shapes (`shape_ladder`): a packed batch is `rows x length` with rows from a fixed ladder
-(k0, 2 k0, 4 k0, ... rows per micro-batch, up to one sequence per row; k0 makes the count split over
-the batch shards) and length from the bucket ladder up to `max_seq_len`; the packer takes the pair
-with the fewest token slots that first-fit-decreasing fills (ties: shorter rows; rows at most 4
-times the longest sequence's bucket, which bounds the extra attention). So the shapes a run can
-compile are known from the spec alone: `ShapeLadder.bound` (the trainer logs it at start). A batch
-in which no sample has a teacher candidate runs no teacher pass (its teacher slots count 0).
-
-Shared prefix (`BatchSpec.shared_prefix`, teacher only): the prompt tokens common to all
-candidates of a sample (everything before the hint) run once per sample: row i holds sample i's
-prefix as a segment every other segment of the row sees (`SHARED_SEGMENT`), then each candidate's
-rest of the prompt and the response, one segment each, at positions continuing after the prefix;
-one forward of packed rows (no KV cache: memory like any packed row). It applies when a sample
-can have several candidates (`max_candidates` >= 2, hints used: `BatchSpec.shares_prefix`); with
-one candidate there is nothing to share and the packed layout wastes fewer slots. Micro-batches
-split the B prefix/suffix rows like the student's (sample i in micro-batch i mod n).
-
-Batch prefix (`BatchSpec.batch_prefix_min`, packing): a prompt prefix common to every sequence of
-the batch (OpenClaw sends the same system prompt on every turn of every session) at least that long
-is written once per packed row, as a segment every sequence of the row sees, and only the rests
-follow (`response_start` then counts from a sequence's rest). With the shared-prefix teacher the
-packed teacher layout (batch prefix once per row, each candidate's own context repeated) is built
-too and the layout with fewer token slots is taken: a long common system prompt before short
-per-sample contexts (OpenClaw's first turns) packs; long per-sample contexts keep one row per sample.
-
-Staleness: a sample generated with weight version v is `current - v` versions old. With
-`staleness_mode="drop"` samples older than `max_staleness` are dropped; with `"importance"`
-they are kept and the trainer weights their GRPO advantages by the truncated importance
-ratio min(pi_old / pi_rollout, cap).
+Why the layouts look as they do:
+- Lengths are bucketed (powers of two up to `bucket_quantum`, then multiples of it; the response
+  length T a power of two), and packed batches take `rows x length` from a ladder known from the
+  spec alone (`shape_ladder`, logged at start), so a run compiles a bounded set of step shapes.
+- Packing (`BatchSpec.packing`) lays sequences first-fit-decreasing into rows, each with its own
+  segment id and positions from 0, so attention never crosses a sequence; the per-sample `[B, T]`
+  arrays keep their layout, so the loss is that of the unpacked batch. Micro-batch g's sequences
+  stay in its own rows.
+- A prompt prefix run once: the candidates' common prefix per sample (`shared_prefix`, when a
+  sample can have 2+ candidates) or the batch's common prefix per packed row (`batch_prefix_min`,
+  OpenClaw's system prompt), as a segment every sequence of the row sees (`prefix_rows.py`); the
+  layout with fewer token slots is taken.
+- Staleness: `drop` refuses samples more than `max_staleness` versions old; `importance` keeps them
+  and the runner weights their advantages (`advantages.py`).
 """
 
 from __future__ import annotations
