@@ -507,7 +507,11 @@ class GuiEnv(Environment):
         rng = random.Random(f"gui/{seed}")
         out: list[Task] = []
         seen: set[str] = set()
+        tries = 0
         while len(out) < n:
+            tries += 1
+            if tries > 100 * n + 1000:
+                raise ValueError(f"could not generate {n} distinct {split} gui tasks of {self.families}")
             family = self.families[len(out) % len(self.families)]
             prompt, spec, goal = _generate(family, rng)
             key = json.dumps([family, spec, goal], sort_keys=True)
