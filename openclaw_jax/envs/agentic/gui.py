@@ -392,7 +392,10 @@ class GuiState:
                 self.fail("the application crashed")
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
-        reply = json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            self.fail(f"the application sent a malformed reply: {line[:200]!r}")
         if "state" in reply:
             self.app_state, self.geometry, self.menu = reply["state"], reply["geometry"], reply.get("menu")
         return reply
