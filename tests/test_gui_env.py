@@ -313,17 +313,19 @@ def test_step_check_votes_follow_the_checker_through_an_episode(require_gui_tool
 
 def test_an_episode_dies_with_the_process_that_started_it(require_gui_tools):
     """A host killed mid-episode (no `close`) leaves nothing: Xvfb's shell sees its lifeline pipe
-    close, the app sees its control pipe close and exits, and the jail's PID namespace goes with it."""
+    close (stops Xvfb, removes the sandbox directory), the app sees its control pipe close and exits,
+    and the jail's PID namespace goes with it."""
     import subprocess
     import sys
 
     code = ("from openclaw_jax.envs.agentic.gui import GuiEnv\n"
             "env = GuiEnv(); s = env.launch(env.tasks('train', 1, 0)[0])\n"
-            "print(s.display, *s.pids(), flush=True)\n"
+            "print(s.jail._host, s.display, *s.pids(), flush=True)\n"
             "import time; time.sleep(60)\n")
     host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        display, *pids = (int(x) for x in host.stdout.readline().split())
+        directory, display, *pids = host.stdout.readline().split()
+        display, pids = int(display), [int(p) for p in pids]
     finally:
         host.kill()
         host.wait()
@@ -333,3 +335,4 @@ def test_an_episode_dies_with_the_process_that_started_it(require_gui_tools):
         time.sleep(0.1)
     assert not [p for p in pids if _alive(p)], "processes outlived their host"
     assert not os.path.exists(f"/tmp/.X11-unix/X{display}")
+    assert not os.path.exists(directory), "the sandbox directory outlived its host"

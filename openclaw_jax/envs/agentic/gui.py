@@ -241,8 +241,10 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0) -> tuple[subprocess.Popen, int]:
-    """(process, display number) of a fresh Xvfb that picked a free display itself."""
+def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0,
+               cleanup_dir: str | None = None) -> tuple[subprocess.Popen, int]:
+    """(process, display number) of a fresh Xvfb that picked a free display itself; `cleanup_dir` is
+    removed when it ends (also when this process dies without closing it)."""
     r, w = os.pipe()
     log = tempfile.TemporaryFile()  # Xvfb's stderr (a file: an unread pipe could block or SIGPIPE it)
     try:
@@ -251,11 +253,13 @@ def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0
         # Under a shell that waits on a pipe from us: if this process dies without closing the episode
         # (killed, crashed), the pipe's end reaches `read` and the shell takes Xvfb down with it.
         # (The shell ignores SIGTERM once Xvfb runs, and on the pipe's end waits for Xvfb's clean exit.)
-        proc = subprocess.Popen(["sh", "-c", 'Xvfb "$@" & x=$!; trap "" TERM; read _; kill $x; wait $x', "sh",
+        script = 'Xvfb "$@" & x=$!; trap "" TERM; read _; kill $x; wait $x; [ -z "$GUI_DIR" ] || rm -rf -- "$GUI_DIR"'
+        proc = subprocess.Popen(["sh", "-c", script, "sh",
                                  "-displayfd", str(w),
                                  "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-nocursor", "-noreset"],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
-                                pass_fds=(w,), start_new_session=True)
+                                pass_fds=(w,), start_new_session=True,
+                                env={**os.environ, "GUI_DIR": cleanup_dir or ""})
     except FileNotFoundError as err:
         os.close(r)
         os.close(w)
@@ -532,17 +536,19 @@ class GuiEnv(Environment):
         if missing:
             raise GuiError(f"missing {', '.join(missing)}; install with: {INSTALL_HINT}")
         t0 = time.monotonic()
-        xvfb, display = start_xvfb()
-        jail = None
+        jail = _AppJail(self.sandbox, files={"app.json": json.dumps(task.data["app"]), "fonts.conf": FONTS_CONF},
+                        base_dir="/tmp")  # the X socket is hard-linked into it: same filesystem as /tmp
         try:
-            jail = _AppJail(self.sandbox, files={"app.json": json.dumps(task.data["app"]), "fonts.conf": FONTS_CONF},
-                            base_dir="/tmp")
+            xvfb, display = start_xvfb(cleanup_dir=str(jail._host))
+        except BaseException:
+            jail.close()
+            raise
+        try:
             os.link(f"/tmp/.X11-unix/X{display}", jail.directory / ".X11-socket")  # same filesystem as /tmp
             app = jail.start(APP_SOURCE.read_text())
         except BaseException:
             _kill_group(xvfb, term_first=2.0)
-            if jail is not None:
-                jail.close()
+            jail.close()
             raise
         state = GuiState(display, xvfb, jail, app, max(self.reply_timeout_s, 20.0))  # Tk's first start is slower
         try:
