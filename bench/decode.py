@@ -1,27 +1,43 @@
-"""Decode throughput: our JAX engine vs HF transformers `generate` (PyTorch CPU) on SmolLM2-135M.
+"""Decode throughput: our JAX engine vs the real SGLang server (CPU) and HF transformers `generate` on SmolLM2-135M.
 
-Both use the same dequantised float32 weights (the packaged GGUF via `load_pretrained("smollm2")`;
-the PyTorch model is built from that same state dict) and the same chat-templated prompts, in one
-process, greedy, exactly N new tokens (EOS ignored). Compilation and warm-up are excluded; each
-number is the median of the timed repeats.
+All three use the same dequantised float32 weights (the packaged GGUF via `load_pretrained("smollm2")`;
+the PyTorch model is built from that same state dict; SGLang loads them exported to an HF directory
+with `save_hf_checkpoint`) and the same chat-templated prompts, greedy, exactly N new tokens (EOS
+ignored). Ours and transformers run in this process; SGLang is `scripts/sglang_cpu.sh serve` (its
+CPU venv, `bash scripts/sglang_cpu.sh setup`; skipped with a note when missing or with --no-sglang),
+sent each batch as one `/generate` request of token ids (so its numbers include HTTP and its
+tokenizer-manager / scheduler IPC, as a client sees them). Compilation and warm-up are excluded;
+each number is the median of the timed repeats, the three engines timed in turn in one run.
 
   * end-to-end tokens/s = batch * N / time(generate N tokens)   (prefill included)
   * decode tokens/s     = batch * (N - 1) / (time(N tokens) - time(1 token))   (prefill cancels out)
 
-    python bench/decode.py [--new-tokens 64] [--repeats 3] [--batches 1 16]
+    python bench/decode.py [--new-tokens 64] [--repeats 3] [--batches 1 16] [--json] [--no-sglang]
+
+--json prints one line `{"ours_over_sglang": {"1": r, "16": r}, "ours_over_transformers": {...}}`
+(decode tokens/s ratios by batch) after the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import signal
+import socket
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 logger = logging.getLogger("bench.decode")
+
+REPO = Path(__file__).resolve().parents[1]
+SGLANG_SCRIPT = REPO / "scripts" / "sglang_cpu.sh"
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -40,6 +56,22 @@ QUESTIONS = [
     "What should I cook for dinner tonight if I only have eggs, rice and spinach?",
     "Describe the colour green to someone who cannot see.",
     "What is the boiling point of water at sea level in Fahrenheit?",
+    "Write a limerick about a cat who loves coffee.",
+    "What causes the seasons on Earth?",
+    "Name three famous painters from the Renaissance.",
+    "How does a bicycle stay upright while moving?",
+    "What is the difference between weather and climate?",
+    "Give me a short motivational quote.",
+    "Explain what a black hole is to a ten year old.",
+    "What are the primary colours?",
+    "How many minutes are there in a day?",
+    "Recommend a good book for a long flight.",
+    "What is the tallest mountain in the world?",
+    "Why do cats purr?",
+    "Write one sentence about autumn leaves.",
+    "What is the square root of 144?",
+    "How do I make a cup of green tea?",
+    "What language is spoken in Brazil?",
 ]
 
 
@@ -52,11 +84,78 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+class SGLangServer:
+    """`scripts/sglang_cpu.sh serve` on a free port in its own process group (killed by `stop`)."""
+
+    def __init__(self, model_dir: Path, log_path: Path, threads: int):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(["bash", str(SGLANG_SCRIPT), "serve", "--model", str(model_dir),
+                                          "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, cwd=str(REPO), env=env, start_new_session=True)
+
+    def wait(self, timeout: float = 600.0) -> None:
+        import requests
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"SGLang exited with {self.proc.returncode}; log {self.log_path}:\n"
+                                   + self.log_path.read_text(errors="replace")[-3000:])
+            try:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"SGLang not healthy after {timeout:.0f}s (log {self.log_path})")
+
+    def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
+        import requests
+        body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+        resp = requests.post(self.url + "/generate", json=body, timeout=600)
+        resp.raise_for_status()
+        outs = resp.json()
+        outs = outs if isinstance(outs, list) else [outs]
+        ids = [list(o["output_ids"]) for o in outs]
+        assert all(len(x) == n for x in ids), [len(x) for x in ids]
+        return ids
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+def sglang_ready() -> bool:
+    return subprocess.run(["bash", str(SGLANG_SCRIPT), "check"], capture_output=True).returncode == 0
+
+
+def export_hf(pre, out_dir: Path) -> Path:
+    """The served weights as an HF checkpoint directory (config.json + safetensors + tokenizer), once."""
+    from openclaw_jax.models.weights import save_hf_checkpoint
+    if (out_dir / "config.json").exists():
+        return out_dir
+    save_hf_checkpoint(pre.model, None, out_dir, extra_config=pre.hf_config)
+    pre.tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--json", action="store_true", help="also print the decode ratios as one JSON line")
+    parser.add_argument("--no-sglang", action="store_true", help="skip the SGLang server reference")
+    parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "openclaw_bench_smollm2_hf"),
+                        help="where the weights are exported for SGLang (reused when present)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     n_new = args.new_tokens
@@ -78,6 +177,17 @@ def main() -> None:
     max_batch = max(args.batches)
     if max_batch > len(prompts):
         raise SystemExit(f"at most {len(prompts)} prompts are defined; --batches {max_batch} is too large")
+
+    # --- SGLang: started first, it loads while the other two are set up
+    server = None
+    sglang_note = ""
+    if args.no_sglang:
+        sglang_note = "SGLang skipped (--no-sglang)"
+    elif not sglang_ready():
+        sglang_note = "SGLang skipped: no CPU venv (bash scripts/sglang_cpu.sh setup)"
+    else:
+        hf_dir = export_hf(pre, Path(args.hf_dir))
+        server = SGLangServer(hf_dir, Path(tempfile.gettempdir()) / "bench_decode_sglang.log", os.cpu_count() or 1)
 
     # --- ours
     engine = Engine(pre.model, tok, context_length=pre.config.max_position_embeddings,
@@ -118,36 +228,67 @@ def main() -> None:
         assert out.shape[1] == ids.shape[1] + n, out.shape
         return out[:, ids.shape[1]:]
 
-    rows = []
-    agreement = None
-    for batch in args.batches:
-        ours(batch, n_new), ours(batch, 1)  # compile + warm-up
-        theirs(batch, 2)
-        t_ours_n = median_time(lambda: ours(batch, n_new), args.repeats)
-        t_ours_1 = median_time(lambda: ours(batch, 1), args.repeats)
-        t_hf_n = median_time(lambda: theirs(batch, n_new), args.repeats)
-        t_hf_1 = median_time(lambda: theirs(batch, 1), args.repeats)
-        if batch == 1:
-            a = ours(1, n_new)[0].output_ids
-            b = theirs(1, n_new)[0].tolist()
-            agreement = sum(x == y for x, y in zip(a, b)) / n_new
-        rows.append(dict(batch=batch,
-                         ours_e2e=batch * n_new / t_ours_n, hf_e2e=batch * n_new / t_hf_n,
-                         ours_dec=batch * (n_new - 1) / max(t_ours_n - t_ours_1, 1e-9),
-                         hf_dec=batch * (n_new - 1) / max(t_hf_n - t_hf_1, 1e-9)))
-    engine.shutdown()
+    try:
+        if server is not None:
+            server.wait()
+        rows, agreement = [], {}
+        for batch in args.batches:
+            ours(batch, n_new), ours(batch, 1)  # compile + warm-up
+            theirs(batch, 2)
+            row = dict(batch=batch)
+            t_ours_n = median_time(lambda: ours(batch, n_new), args.repeats)
+            t_ours_1 = median_time(lambda: ours(batch, 1), args.repeats)
+            t_hf_n = median_time(lambda: theirs(batch, n_new), args.repeats)
+            t_hf_1 = median_time(lambda: theirs(batch, 1), args.repeats)
+            row.update(ours_e2e=batch * n_new / t_ours_n, hf_e2e=batch * n_new / t_hf_n,
+                       ours_dec=batch * (n_new - 1) / max(t_ours_n - t_ours_1, 1e-9),
+                       hf_dec=batch * (n_new - 1) / max(t_hf_n - t_hf_1, 1e-9))
+            mine = [o.output_ids for o in ours(batch, n_new)]
+            if server is not None:
+                rows_ids = [list(p) for p in prompts[:batch]]
+                server.generate(rows_ids, 2)  # warm-up
+                t_sg_n = median_time(lambda: server.generate(rows_ids, n_new), args.repeats)
+                t_sg_1 = median_time(lambda: server.generate(rows_ids, 1), args.repeats)
+                row.update(sg_e2e=batch * n_new / t_sg_n, sg_dec=batch * (n_new - 1) / max(t_sg_n - t_sg_1, 1e-9))
+                sg = server.generate(rows_ids, n_new)
+                agreement[("SGLang", batch)] = sum(a == b for a, b in zip(mine, sg))
+            if batch == 1:
+                hf = theirs(1, n_new)[0].tolist()
+                agreement[("transformers", 1)] = int(mine[0] == hf)
+                row["hf_token_match"] = sum(x == y for x, y in zip(mine[0], hf)) / n_new
+            rows.append(row)
+    finally:
+        engine.shutdown()
+        if server is not None:
+            server.stop()
 
+    load = os.getloadavg()
     print(f"\nSmolLM2-135M-Instruct greedy generation, float32, {n_new} new tokens per sequence, "
           f"{jax.devices()[0].platform} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}), "
-          f"median of {args.repeats}")
-    print(f"{'batch':>5} | {'decode tok/s ours':>17} {'transformers':>12} {'ratio':>6} | "
-          f"{'end-to-end tok/s ours':>21} {'transformers':>12} {'ratio':>6}")
+          f"median of {args.repeats}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    has_sg = server is not None
+    sg_head = f" {'SGLang':>8} {'ratio':>6}" if has_sg else ""
+    print(f"{'batch':>5} | {'decode tok/s ours':>17}{sg_head} {'transformers':>12} {'ratio':>6} | "
+          f"{'end-to-end tok/s ours':>21}{sg_head} {'transformers':>12} {'ratio':>6}")
     for r in rows:
-        print(f"{r['batch']:>5} | {r['ours_dec']:>17.1f} {r['hf_dec']:>12.1f} {r['ours_dec'] / r['hf_dec']:>5.2f}x | "
-              f"{r['ours_e2e']:>21.1f} {r['hf_e2e']:>12.1f} {r['ours_e2e'] / r['hf_e2e']:>5.2f}x")
-    if agreement is not None:
-        print(f"greedy token agreement with transformers at batch 1: {agreement:.0%} of {n_new} tokens")
+        sg_dec = f" {r['sg_dec']:>8.1f} {r['ours_dec'] / r['sg_dec']:>5.2f}x" if has_sg else ""
+        sg_e2e = f" {r['sg_e2e']:>8.1f} {r['ours_e2e'] / r['sg_e2e']:>5.2f}x" if has_sg else ""
+        print(f"{r['batch']:>5} | {r['ours_dec']:>17.1f}{sg_dec} {r['hf_dec']:>12.1f} {r['ours_dec'] / r['hf_dec']:>5.2f}x | "
+              f"{r['ours_e2e']:>21.1f}{sg_e2e} {r['hf_e2e']:>12.1f} {r['ours_e2e'] / r['hf_e2e']:>5.2f}x")
+    for (name, batch), same in sorted(agreement.items()):
+        print(f"greedy tokens identical to {name} at batch {batch}: {same} of {batch} sequences")
+    for r in rows:
+        if "hf_token_match" in r:
+            print(f"greedy token agreement with transformers at batch 1: {r['hf_token_match']:.0%} of {n_new} tokens")
+    if sglang_note:
+        print(sglang_note)
     print(f"(transformers {transformers.__version__}, torch {torch.__version__}, jax {jax.__version__})")
+    if args.json:
+        result = {"ours_over_transformers": {str(r["batch"]): round(r["ours_dec"] / r["hf_dec"], 3) for r in rows}}
+        if has_sg:
+            result = {"ours_over_sglang": {str(r["batch"]): round(r["ours_dec"] / r["sg_dec"], 3) for r in rows},
+                      **result}
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":
