@@ -336,3 +336,27 @@ def test_an_episode_dies_with_the_process_that_started_it(require_gui_tools):
     assert not [p for p in pids if _alive(p)], "processes outlived their host"
     assert not os.path.exists(f"/tmp/.X11-unix/X{display}")
     assert not os.path.exists(directory), "the sandbox directory outlived its host"
+
+
+def test_screenshot_demonstrations_embed_every_screen_and_leave_out_failures(env, tmp_path):
+    """`demonstration_conversations(screenshots=True)` (and the gui_demos CLI) runs each demonstration:
+    the user message and every tool result carry the real screenshot; one the checker rejects is left out."""
+    from openclaw_jax.envs.agentic.gui_demos import main
+
+    task = _task(env, "button")
+    (conv,) = demonstration_conversations(env, [task], screenshots=True)
+    parts = [m["content"] for m in conv if m["role"] in ("user", "tool")]
+    assert len(parts) == 2 and all(p[1]["image_url"]["url"].startswith("data:image/png;base64,") for p in parts)
+    pngs = [base64.b64decode(p[1]["image_url"]["url"].split(",", 1)[1]) for p in parts]
+    assert all(png.startswith(PNG) for png in pngs) and pngs[0] != pngs[1]  # the press redrew the button
+    assert parts[0][0]["text"] == task.prompt
+
+    class Wrong(GuiEnv):
+        def demonstration(self, task):
+            return ['<tool_call>\n{"name": "click", "arguments": {"x": 1, "y": 330}}\n</tool_call>', "Done."]
+
+    assert demonstration_conversations(Wrong(), [task], screenshots=True) == []
+    out = tmp_path / "demos.jsonl"
+    assert main(["--n", "2", "--families", "button,menu", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["family"] for r in rows] == ["button", "menu"] and rows[0]["messages"][0]["role"] == "system"

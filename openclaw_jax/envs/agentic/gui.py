@@ -700,18 +700,45 @@ async def checker_step_vote(turn_text: str, observation: str, seed: int) -> int:
     return 1 if after > before else -1 if after < before else 0
 
 
-def demonstration_conversations(env: GuiEnv, tasks: Sequence[Task]) -> list[list[dict[str, Any]]]:
-    """The demonstrations as OpenAI-style conversations (system, user, then assistant tool calls and
-    tool results), with text observations; for inspection or a warm-up outside `rollout.demonstrations`."""
+def demonstration_conversations(env: GuiEnv, tasks: Sequence[Task], *, screenshots: bool = False
+                                ) -> list[list[dict[str, Any]]]:
+    """The demonstrations as OpenAI-style conversations (system, user, assistant tool calls, tool results).
+
+    `screenshots=False`: text only, no display (the observations are placeholders). `screenshots=True`:
+    each demonstration really runs (its own Xvfb and app), the user message and every tool result carry
+    the real observation text and screenshot as `image_url` content parts, and a demonstration that
+    does not solve its task (checker) is left out -- the multimodal warm-up set for a VLM policy."""
+    from openclaw_jax.envs.agentic.episode import parse_assistant_turn
+
+    names = [t["function"]["name"] for t in env.tools]
     out = []
     for task in tasks:
-        messages = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": task.prompt}]
         turns = env.demonstration(task)
-        for i, turn in enumerate(turns):
-            messages.append({"role": "assistant", "content": turn})
-            if i < len(turns) - 1:
-                messages.append({"role": "tool", "content": "Screenshot updated."})
-        out.append(messages)
+        system = {"role": "system", "content": env.system_prompt}
+        if not screenshots:
+            messages = [system, {"role": "user", "content": task.prompt}]
+            for i, turn in enumerate(turns):
+                messages.append({"role": "assistant", "content": turn})
+                if i < len(turns) - 1:
+                    messages.append({"role": "tool", "content": "Screenshot updated."})
+            out.append(messages)
+            continue
+        state = env.launch(task)
+        try:
+            messages = [system, {"role": "user", "content": observation_content(task.prompt, state.screenshot)}]
+            for turn in turns:
+                messages.append({"role": "assistant", "content": turn})
+                _, attempts = parse_assistant_turn(turn, names, 1)
+                if not attempts:
+                    break
+                a = attempts[0]
+                text = env.act(state, task, a.name, a.arguments or {})
+                messages.append({"role": "tool", "name": a.name, "content": observation_content(text, state.screenshot)})
+            final = env.final_state(state)
+        finally:
+            state.close()
+        if final is not None and check(task.answer, final) >= 1.0:
+            out.append(messages)
     return out
 
 
