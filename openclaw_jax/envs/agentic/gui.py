@@ -1,9 +1,9 @@
 """The GUI environment: a real X server per episode running a small real Tk application (issue 28, item 3).
 
 Per episode:
-  * **Xvfb** on a display of its own (`-displayfd` lets the server pick a free number), started in
-    its own session / process group, `-nolisten tcp`, screen `448x336x24` (16 x 12 patches of 28
-    pixels for the Qwen2.5-VL patcher);
+  * **Xvfb** on a display of its own (`-displayfd` lets the server pick a free number), started
+    (under a small shell, see below) in its own session / process group, `-nolisten tcp`, screen
+    `448x336x24` (16 x 12 patches of 28 pixels for the Qwen2.5-VL patcher);
   * **the application** (`gui_apps.py`, Tk) runs **inside the sandbox jail** (`envs/sandbox.py`:
     own mount / PID / network / IPC namespaces, chroot of read-only system paths, an unprivileged
     uid of its own, rlimits). The jail's /tmp is private and its network namespace cannot reach
@@ -15,11 +15,14 @@ Per episode:
   * **actions** are injected with `xdotool` (XTEST): `click(x, y)`, `type(text)`, `key(name)`, and
     `done` ends the agent's work (later actions are refused);
   * **observations** are screenshots, PNG bytes (`state.screenshot`, `GuiEnv.screenshot(state)`),
-    captured with Pillow's `ImageGrab.grab(xdisplay=":N")`: one in-process XCB GetImage (a few ms)
-    instead of `xwd | convert` or ImageMagick `import` (two or one extra processes of 50-150 ms
-    each), no file on disk. The tool result text says what happened; with `a11y=True` it also
-    lists the widgets and their boxes (for text-only policies and debugging). The episode runner
-    is text-only today: putting the PNG into the tool message as an image part is item 2's work;
+    captured with Pillow's `ImageGrab.grab(xdisplay=":N")`: one in-process XCB GetImage plus a
+    fast PNG encode (about 3 ms here), no extra package (Pillow is already a dependency), no
+    process per frame and no file on disk, where `xwd | convert` or ImageMagick `import` start one
+    or two processes per frame (and need x11-apps / imagemagick). The tool result text says what
+    happened; with `a11y=True` it also lists the widgets and their boxes (for text-only policies and
+    debugging). Every frame is kept (`state.frames`); `observation_content` makes the OpenAI
+    `image_url` parts. The episode runner is text-only today: putting the screenshot into the tool
+    message is item 2's work;
   * **the checker** reads the application's own state through a control pipe (stdin/stdout of
     the jailed process; the agent only has the display): entry values, button presses (each with
     the entries at that moment), the chosen menu item. `progress` grades the state after every
@@ -27,7 +30,14 @@ Per episode:
     observation carries it and `checker_step_vote` turns it into PRM step votes;
   * a crashed (exited) or hung (no reply within `reply_timeout_s`) application ends the episode:
     later calls raise a ToolError naming the failure, the score is 0, and `close` kills both
-    process groups (the jail's PID namespace takes every process the app started with it).
+    process groups (the jail's PID namespace takes every process the app started with it). Xvfb
+    runs under a shell holding a lifeline pipe from this process, and the app reads its control
+    pipe: a host that dies without `close` still takes Xvfb, the app and the sandbox directory along.
+
+Demonstrations: `demonstration(task)` (one action per turn, from the task's widget boxes; menus
+are walked with the keyboard) for `rollout.demonstrations`; `demonstration_conversations(...,
+screenshots=True)` and `python -m openclaw_jax.envs.agentic.gui_demos` run them and embed the real
+screenshots (the multimodal warm-up set).
 
 Task families (generated from a seed; layouts, labels and values vary; train and held-out are
 disjoint by a hash of the task):
