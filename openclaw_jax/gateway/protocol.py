@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import WireError
+from openclaw_jax.wire.images import ImageInput, extract_images
 from openclaw_jax.wire.openai import short as _short
 from openclaw_jax.wire.fields import optional_bool
 
@@ -156,6 +157,9 @@ class ChatCompletionRequest:
     tools: list[dict[str, Any]] | None = None     # None when tool_choice is "none"
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The request's images in prompt order (data-URL image_url parts); each message that had some
+    # holds their placeholders in its text (`wire.images.extract_images`).
+    images: tuple[ImageInput, ...] = ()
 
 
 def _number(body: Mapping[str, Any], name: str, ok, bounds: str) -> float | None:
@@ -241,7 +245,8 @@ def parse_agent_chat_request(body: Any) -> ChatCompletionRequest:
     _check_fields(body)
     try:
         _check_no_effect_fields(body)
-        msgs = O.parse_messages(body, strict=True)
+        raw_messages, images = extract_images(body.get("messages"))
+        msgs = O.parse_messages({"messages": raw_messages}, strict=True)
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise bad_request(f"model={_short(model)} must be a string", param="model")
@@ -264,6 +269,6 @@ def parse_agent_chat_request(body: Any) -> ChatCompletionRequest:
             stop=O.parse_stop(body, max_count=MAX_STOP_SEQUENCES), seed=seed, logprobs=logprobs,
             top_logprobs=O.parse_top_logprobs(body, logprobs, max_value=MAX_TOP_LOGPROBS),
             tools=None if tool_choice == "none" else tools, tool_choice=tool_choice,
-            chat_template_kwargs=O.parse_chat_template_kwargs(body))
+            chat_template_kwargs=O.parse_chat_template_kwargs(body), images=tuple(images))
     except WireError as err:
         raise GatewayHTTPError.of(err) from None

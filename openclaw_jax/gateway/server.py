@@ -303,6 +303,10 @@ class Gateway(JudgePipeline, SessionRoutes):
         # Typical prompts render inline (a thread hand-off would cost more than the rendering); a
         # large conversation renders and tokenizes on a worker thread; one that could not fit
         # gateway.max_prompt_tokens in any tokenization is refused before any work.
+        if req.images:
+            # Parsed and checked (wire/images.py); the policy path (/generate with pixels) is not wired yet.
+            raise bad_request("this gateway does not serve images yet (image_url parts are accepted by the "
+                              "parser only); send text content", param="messages")
         chars = message_chars(req.messages, req.tools)
         why = self.budget.conversation_too_long(req.messages, chars)
         if why is not None:

@@ -31,6 +31,10 @@ class OpenAIRoutes:
 
     # ------------------------------------------------------------------ /v1/chat/completions
     async def _chat_prompt(self, req: P.ChatRequest) -> list[int]:
+        if req.images:
+            # Parsed and checked (wire/images.py); the engine's image prefill is not wired to this route yet.
+            raise WireError("this server does not serve images yet (image_url parts are accepted by the parser "
+                            "only); send text content", param="messages")
         if req.input_ids is not None:
             return list(req.input_ids)
         messages = req.messages

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import WireError, with_context_advice
+from openclaw_jax.wire.images import ImageInput, extract_images
 from openclaw_jax.wire.fields import as_float, as_int, is_int, optional_bool
 from openclaw_jax.wire.sglang import SamplingParams, parse_sampling_params
 
@@ -106,12 +107,14 @@ class ChatRequest:
     input_ids: tuple[int, ...] | None = None
     rid: str | None = None
     continue_final_message: bool = False
+    images: tuple[ImageInput, ...] = ()  # data-URL image_url parts, in prompt order (wire/images.py)
 
 
 def parse_chat_request(body: Any, *, vocab_size: int) -> ChatRequest:
     if not isinstance(body, Mapping):
         raise WireError(f"the request body must be a JSON object, got {type(body).__name__}")
-    msgs = O.parse_messages(body, strict=False)
+    raw_messages, images = extract_images(body.get("messages"))
+    msgs = O.parse_messages({"messages": raw_messages}, strict=False)
     model, rid = _model_and_rid(body)
     sampling = _openai_sampling(body, vocab_size=vocab_size, max_new_tokens=O.parse_max_tokens(body))
     logprobs = optional_bool(body, "logprobs", False)
@@ -130,7 +133,8 @@ def parse_chat_request(body: Any, *, vocab_size: int) -> ChatRequest:
                        top_logprobs=min(top_logprobs, vocab_size) if logprobs else 0, tools=tools,
                        tool_choice=tool_choice if tool_choice is not None else ("auto" if tools else "none"),
                        chat_template_kwargs=O.parse_chat_template_kwargs(body), input_ids=input_ids, rid=rid,
-                       continue_final_message=optional_bool(body, "continue_final_message", False))
+                       continue_final_message=optional_bool(body, "continue_final_message", False),
+                       images=tuple(images))
 
 
 @dataclass(frozen=True)

@@ -240,3 +240,31 @@ QWEN3_CHAT_TEMPLATE = r"""
 {%- endif -%}
 """.strip("\n")
 
+
+
+# Qwen2.5-VL's image form. The chat template renders one `<|vision_start|><|image_pad|><|vision_end|>`
+# per image (`wire.images.extract_images` puts it where the image part was); the processor then
+# widens the k-th one to `image_token_count(grid_k)` pads, as HF's `Qwen2_5_VLProcessor` does.
+VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+_IMAGE_PLACEHOLDER = VISION_START + IMAGE_PAD + VISION_END
+
+
+def expand_image_placeholders(text: str, token_counts: Sequence[int]) -> str:
+    """The rendered prompt with the k-th image placeholder widened to ``token_counts[k]`` pads.
+
+    The text must hold exactly one `<|image_pad|>` per image, each inside its placeholder (a
+    conversation whose text spells the marker itself would misplace the images): otherwise
+    TokenizerError."""
+    pads = text.count(IMAGE_PAD)
+    placeholders = text.count(_IMAGE_PLACEHOLDER)
+    if pads != len(token_counts) or placeholders != len(token_counts):
+        raise TokenizerError(f"the rendered prompt has {pads} {IMAGE_PAD} markers ({placeholders} image placeholders) "
+                             f"for {len(token_counts)} images; message text may not spell the image markers")
+    pieces = text.split(_IMAGE_PLACEHOLDER)
+    out = [pieces[0]]
+    for n, rest in zip(token_counts, pieces[1:]):
+        if int(n) < 1:
+            raise TokenizerError(f"an image needs at least one token, got {n}")
+        out.append(VISION_START + IMAGE_PAD * int(n) + VISION_END)
+        out.append(rest)
+    return "".join(out)
