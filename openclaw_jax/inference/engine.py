@@ -45,7 +45,7 @@ from flax import nnx
 
 from openclaw_jax.inference import stops
 from openclaw_jax.inference.kernels import (decode_loop_jit, extend_jit, gather_prefix_jit, insert_jit, prefill_jit,
-                                            store_blocks_jit, zeros_cache_jit)
+                                            split_layers, store_blocks_jit, zeros_cache_jit)
 from openclaw_jax.inference.prefill import Prefiller
 from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, plan_batch,
@@ -92,7 +92,8 @@ class Engine:
         # Module-level jitted steps with the graphdef as a static argument: engines serving the
         # same architecture (weight reloads, several engines in one process) share compilations.
         self._insert = insert_jit
-        self._decode = functools.partial(decode_loop_jit, self._graphdef)
+        self._layer_graphdef, self._layer_states = self._decode_layers(self._state)
+        self._decode = functools.partial(decode_loop_jit, self._graphdef, self._layer_graphdef)
 
         self._lock = threading.Lock()  # guards params during a step
         self._cv = threading.Condition()
@@ -277,9 +278,17 @@ class Engine:
             else:
                 self._install_weights(cast, weight_version)
 
+    def _decode_layers(self, state: nnx.State):
+        """(block graphdef, per-layer weights) for the unrolled decode, or (None, None) for the scan."""
+        if not self.config.unrolled_decode:
+            return None, None
+        return split_layers(self._graphdef, state)
+
     def _install_weights(self, state: nnx.State, weight_version: str | None) -> None:
+        _, layer_states = self._decode_layers(state)
         with self._lock:
             self._state = state
+            self._layer_states = layer_states
             self._weights_gen += 1  # the engine thread drops the prefix cache before its next prefill
             if weight_version is not None:
                 self._weight_version = str(weight_version)
@@ -486,7 +495,7 @@ class Engine:
             # a waiting request gets the first row that frees up
             stop_on_finish = bool(self._pending)
         with self._lock:
-            out = self._decode(self._state, batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
+            out = self._decode(self._state, self._layer_states, batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
                                tids, stop_ids, remaining, limits, np.int32(n_steps), np.bool_(stop_on_finish),
                                n_top=n_top, k_ids=k_ids, max_steps=max(1, self.config.decode_steps))
             version = self._weight_version

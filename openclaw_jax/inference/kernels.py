@@ -15,6 +15,8 @@ from flax import nnx
 
 from openclaw_jax.inference import sampling as sampling_ops
 from openclaw_jax.models.decoder import KVCache
+from openclaw_jax.models.rope import rope_sin_cos
+from openclaw_jax.parallel.sharding import constrain
 
 
 def _sample_outputs(log_src_logits, temps, top_p, top_k, min_p, keys, steps, token_ids, n_top, k_ids):
@@ -96,9 +98,51 @@ def _decode_impl(graphdef, state, cache, tokens, positions, temps, top_p, top_k,
     return out
 
 
-def _decode_loop_impl(graphdef, state, cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps, token_ids,
-                      stop_ids, remaining, limits, n_steps, stop_on_finish, *, n_top: int, k_ids: int,
-                      max_steps: int):
+def split_layers(graphdef, state):
+    """(graphdef of one block, a tuple of per-layer param states) from the model's stacked layers.
+
+    The decode steps run the layers unrolled over these separate arrays: a `lax.scan` over the
+    stacked `[layers, ...]` weights makes XLA:CPU copy every layer's weights out of the stack on
+    every step (a dynamic-slice fusion before each dot), which at small batch costs about as much
+    memory traffic as the matmuls themselves. Costs one extra copy of the layer weights in memory.
+    """
+    model = nnx.merge(graphdef, state)
+    layer_graphdef, stacked = nnx.split(model.layers)
+    n = model.cfg.num_layers
+    return layer_graphdef, tuple(jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n))
+
+
+def _decode_logits(model, layer_graphdef, layer_states, tokens, positions, cache):
+    """`model.decode(tokens[:, None], positions[:, None], cache)` with the layers unrolled over
+    separate per-layer weights (see `split_layers`); the same ops layer by layer."""
+    if layer_states is None:
+        logits, cache = model.decode(tokens[:, None], positions[:, None], cache)
+        return logits[:, 0], cache
+    cfg = model.cfg
+    positions = positions[:, None].astype(jnp.int32)
+    h = constrain(model.embed(tokens[:, None]).astype(jnp.dtype(cfg.dtype)), ("batch", "seq", "act_embed"), cfg.family)
+    cos, sin = rope_sin_cos(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.mrope_section)
+    cache_axes = ("cache_layers", "batch", "cache_seq", "act_kv_heads", "act_head_dim")
+    ck = constrain(cache.k, cache_axes, cfg.family)
+    cv = constrain(cache.v, cache_axes, cfg.family)
+    new_k, new_v = [], []
+    for i, layer_state in enumerate(layer_states):
+        block = nnx.merge(layer_graphdef, layer_state)
+        h, k, v = block(h, cos, sin, None, ck[i], cv[i], positions)
+        new_k.append(k)
+        new_v.append(v)
+    new_k = jnp.stack(new_k).astype(ck.dtype)
+    new_v = jnp.stack(new_v).astype(cv.dtype)
+    rows = jnp.broadcast_to(jnp.arange(h.shape[0])[:, None], positions.shape)
+    ck = ck.at[:, rows, positions].set(new_k, mode="drop")
+    cv = cv.at[:, rows, positions].set(new_v, mode="drop")
+    cache = KVCache(constrain(ck, cache_axes, cfg.family), constrain(cv, cache_axes, cfg.family))
+    return model.logits(model.norm(h))[:, 0], cache
+
+
+def _decode_loop_impl(graphdef, layer_graphdef, state, layer_states, cache, tokens, positions, temps, top_p, top_k,
+                      min_p, keys, steps, token_ids, stop_ids, remaining, limits, n_steps, stop_on_finish, *,
+                      n_top: int, k_ids: int, max_steps: int):
     """Up to `n_steps` (<= static `max_steps`) decode steps in one call, without a host round trip.
 
     Each step is exactly `_decode_impl` (same model call, same per-row key `fold_in(key, step)`),
@@ -108,7 +152,8 @@ def _decode_loop_impl(graphdef, state, cache, tokens, positions, temps, top_p, t
     cache end, which the decoder drops. The loop ends after `n_steps`, when every row stopped, or,
     with `stop_on_finish`, as soon as one row stopped (its slot can take a waiting request).
     Returns the per-step outputs `[max_steps, B, ...]` (only the first `n_run` steps are
-    meaningful), `n_run` and the cache.
+    meaningful), `n_run` and the cache. `layer_states` (from `split_layers`, with `layer_graphdef`)
+    run the layers unrolled; None runs the model's layer scan.
     """
     model = nnx.merge(graphdef, state)
     b = tokens.shape[0]
@@ -129,8 +174,8 @@ def _decode_loop_impl(graphdef, state, cache, tokens, positions, temps, top_p, t
     def body(carry):
         i, tok, pos, done, cache, bufs = carry
         write = jnp.where(done, cache_len, pos)
-        logits, cache = model.decode(tok[:, None], write[:, None], cache)
-        out = _sample_outputs(logits[:, 0], temps, top_p, top_k, min_p, keys, steps + i, token_ids, n_top, k_ids)
+        logits, cache = _decode_logits(model, layer_graphdef, layer_states, tok, write, cache)
+        out = _sample_outputs(logits, temps, top_p, top_k, min_p, keys, steps + i, token_ids, n_top, k_ids)
         bufs = {name: buf.at[i].set(out[name].astype(buf.dtype)) for name, buf in bufs.items()}
         new = out["tokens"]
         pos = pos + 1
@@ -186,8 +231,8 @@ extend_jit = jax.jit(_extend_impl, static_argnums=(0,), static_argnames=("n_top"
                      donate_argnums=(2,))
 insert_jit = jax.jit(_insert_impl, donate_argnums=(0,))
 decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids"), donate_argnums=(2,))
-decode_loop_jit = jax.jit(_decode_loop_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids", "max_steps"),
-                          donate_argnums=(2,))
+decode_loop_jit = jax.jit(_decode_loop_impl, static_argnums=(0, 1), static_argnames=("n_top", "k_ids", "max_steps"),
+                          donate_argnums=(4,))
 gather_prefix_jit = jax.jit(_gather_prefix_impl, static_argnums=(2,))
 store_blocks_jit = jax.jit(_store_blocks_impl, donate_argnums=(0,))
 grow_pool_jit = jax.jit(_grow_pool_impl, static_argnums=(1,))

@@ -38,6 +38,9 @@ class EngineConfig:
     # decode steps one device call may run before the host sees the tokens (rows stop on device
     # on length and stop ids; a batch with stop strings runs one step per call)
     decode_steps: int = 8
+    # decode runs the layers unrolled over a per-layer copy of the weights (kernels.split_layers:
+    # faster on CPU, one extra copy of the layer weights in memory); False: the model's layer scan
+    unrolled_decode: bool = True
     # top-N log-probs are computed for a power-of-two N >= this (fewer compiled variants)
     min_top_logprobs_bucket: int = 8
     # K/V of prompt prefixes kept for reuse across requests (see prefix_cache.py); 0 turns the
