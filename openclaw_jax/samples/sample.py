@@ -69,6 +69,10 @@ class Sample:
     # trained with advantage `reward` (a conversation turn).
     response_mask: list[int] | None = None
     token_advantages: list[float] | None = None
+    # The prompt's images in prompt order, by content hash (sha256 hex); their bytes are blobs of the
+    # store (`SampleStore.append(sample, images=...)`, `samples.store.read_image`). Hint prompts show
+    # the same images.
+    image_sha256: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLE_KINDS:

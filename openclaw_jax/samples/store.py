@@ -14,6 +14,13 @@ The :class:`SampleStore` is the one place where the gateway (writer) and the tra
   consumers read by offset (``read(start, max_count)``) and save the offset they reached
   in their checkpoint, so a restart neither loses nor repeats samples.
 
+* **Images.** A sample of a turn with images names them by content hash (``Sample.image_sha256``,
+  sha256 hex, prompt order). The bytes live next to the segments, one blob file per image,
+  ``images/<sha256>``, written to a temporary file, fsynced, renamed into place and the directory
+  fsynced: ``append(sample, images=...)`` writes the blobs first and acknowledges the record only
+  once every image it names is on disk. A blob is written once and never changes (its name is its
+  hash); `read_image` checks the hash when it reads one back.
+
 On-disk format: segment files ``samples-000000.log``, ``samples-000001.log``, ...; each
 record is a 12-byte header ``MAGIC(4) | payload length (u32 LE) | crc32(payload) (u32 LE)``
 followed by the payload (UTF-8 JSON of the sample). A single writer process holds an
@@ -23,6 +30,7 @@ exclusive ``flock`` on ``LOCK``; any number of read-only readers may scan concur
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -30,7 +38,7 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from openclaw_jax.samples.sample import Sample, decode_sample, encode_sample
 
@@ -163,6 +171,60 @@ def _fsync_directory(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+IMAGES_DIR = "images"
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def image_path(directory: str | os.PathLike, sha256: str) -> str:
+    if not isinstance(sha256, str) or not _SHA256_HEX.match(sha256):
+        raise SampleStoreError(f"image hash {sha256!r} is not a sha256 hex digest")
+    return os.path.join(os.fspath(directory), IMAGES_DIR, sha256)
+
+
+def read_image(directory: str | os.PathLike, sha256: str) -> bytes:
+    """The bytes of the image blob ``sha256`` of the store at ``directory``, checked against the hash."""
+    path = image_path(directory, sha256)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise SampleStoreError(f"image {sha256} of sample store {os.fspath(directory)!r} is missing "
+                               f"({path})") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SampleStoreError(f"image blob {path} does not match its hash (corrupt)")
+    return data
+
+
+def write_image(directory: str | os.PathLike, data: bytes, *, fsync: bool = True) -> str:
+    """Write one image blob durably (temporary file, fsync, rename, directory fsync); returns its
+    sha256. A blob already there is kept (same name, same bytes)."""
+    data = bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    final = image_path(directory, sha)
+    folder = os.path.dirname(final)
+    if os.path.exists(final):
+        return sha
+    if not os.path.isdir(folder):
+        os.makedirs(folder, exist_ok=True)
+        if fsync:
+            _fsync_directory(os.fspath(directory))
+    tmp = os.path.join(folder, f".{sha}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_fully(fd, data)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, final)
+    if fsync:
+        _fsync_directory(folder)
+    return sha
 
 
 class SampleStore:
@@ -365,9 +427,30 @@ class SampleStore:
         return {segment_name(s): why for s, why in self._torn.items()}
 
     # ----------------------------------------------------------------- writing
-    def append(self, sample: Sample) -> int:
-        """Append durably; returns the sample's offset once it is on disk (fsynced)."""
+    def append(self, sample: Sample, images: Iterable[bytes] = ()) -> int:
+        """Append durably; returns the sample's offset once it is on disk (fsynced). ``images``: the
+        encoded images the sample names (``sample.image_sha256``), written as blobs first; every image
+        the sample names must be on disk (given now or stored before), else SampleStoreError."""
+        if self.readonly:
+            raise SampleStoreError(f"sample store {self.directory!r} was opened read-only")
+        written = {self.put_image(data) for data in images}
+        names = list(getattr(sample, "image_sha256", None) or ())
+        missing = [h for h in names if h not in written and not os.path.exists(image_path(self.directory, h))]
+        if missing:
+            raise SampleStoreError(f"sample {sample.sample_id} names {len(missing)} image(s) the store does not "
+                                   f"hold (first {missing[0]}); pass their bytes in append(..., images=...)")
         return self.append_payload(encode_sample(sample))
+
+    def put_image(self, data: bytes) -> str:
+        """Write one image blob durably (see the module docstring); returns its sha256."""
+        self._check_open()
+        if self.readonly:
+            raise SampleStoreError(f"sample store {self.directory!r} was opened read-only")
+        return write_image(self.directory, data, fsync=self.fsync)
+
+    def image(self, sha256: str) -> bytes:
+        """An image blob's bytes, checked against its hash."""
+        return read_image(self.directory, sha256)
 
     def append_payload(self, payload: bytes) -> int:
         record = encode_record(payload)
