@@ -21,6 +21,7 @@ each number is the median of the timed repeats, the three engines timed in turn 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -188,6 +190,8 @@ def main() -> None:
     else:
         hf_dir = export_hf(pre, Path(args.hf_dir))
         server = SGLangServer(hf_dir, Path(tempfile.gettempdir()) / "bench_decode_sglang.log", os.cpu_count() or 1)
+        atexit.register(server.stop)  # also when killed with SIGTERM (handler below) or a setup error
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     # --- ours
     engine = Engine(pre.model, tok, context_length=pre.config.max_position_embeddings,
