@@ -9,7 +9,14 @@ Shape discipline (each bucket compiles once):
     prompt and earlier turns of a session) prefills only its new tokens over the gathered K/V
     (`prefill.py`); `SequenceOutput.cached_tokens` says how many prompt tokens were reused;
   * every decode step runs all B rows at once (empty rows write nowhere: their position is
-    Lc, past the cache end, and the decoder drops such writes).
+    Lc, past the cache end, and the decoder drops such writes);
+  * one decode call runs up to `EngineConfig.decode_steps` steps in a jitted while loop (rows stop
+    on device on length, stop ids and the cache end; one step per call when a row has stop strings,
+    the loop ends early when a waiting request could take a freed row), so the host round trip,
+    argument transfer and Python bookkeeping are paid once per call, not once per token; the host
+    then accepts the tokens step by step, exactly as if each step had been its own call;
+  * decode runs the layers unrolled over per-layer copies of the weights (`kernels.split_layers`):
+    XLA:CPU copies each layer's weights out of the stacked array on every step of a layer scan.
 Sequences join free rows while others are still decoding (continuous batching); when a
 batch has no active row left it is dropped and the next one is sized for what is waiting.
 
