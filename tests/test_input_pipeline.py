@@ -11,7 +11,7 @@ import pytest
 from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.samples.sample import encode_sample
 from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
-from openclaw_jax.trainer.input_pipeline import WindowPipeline, demonstration_batches, sample_dataset, task_stream
+from openclaw_jax.trainer.input_pipeline import WindowPipeline, demonstration_batches, sample_dataset
 
 VOCAB = 200
 
@@ -130,11 +130,15 @@ def test_sample_dataset_parses_records():
     assert [ds[i].to_dict() for i in range(5)] == [s.to_dict() for s in samples]
 
 
-def test_task_stream_cycles_the_tasks_in_order():
+def test_group_rollouts_cycle_the_tasks_in_order():
+    """`GroupRollouts` reads its task set through grain: the tasks in order, forever (as `itertools.cycle`)."""
     import itertools
 
+    from openclaw_jax.envs.agentic.rollout import GroupRollouts
+
     tasks = [f"task{i}" for i in range(3)]
-    got = list(itertools.islice(iter(task_stream(tasks)), 8))
+    rollouts = GroupRollouts(None, None, None, tasks, group_size=2, temperature=1.0)
+    got = list(itertools.islice(rollouts.tasks, 8))
     assert got == list(itertools.islice(itertools.cycle(tasks), 8))
 
 

@@ -18,8 +18,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from openclaw_jax.config import ExperimentConfig
 from openclaw_jax.envs.agentic import PoolPolicy, episode_runner, make_env
 from openclaw_jax.envs.agentic.rollout import GroupRollouts, StepVote, demonstrations, evaluate
@@ -28,6 +26,7 @@ from openclaw_jax.models.hub import load_pretrained
 from openclaw_jax.models.weights import save_hf_checkpoint
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.samples import SampleStore
+from openclaw_jax.trainer.input_pipeline import demonstration_batches
 from openclaw_jax.trainer.sft import SFTTrainer
 
 log = logging.getLogger(__name__)
@@ -54,12 +53,9 @@ def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
     pad = base.tokenizer.pad_token_id
     sft = SFTTrainer(base.model, lr=a.warmup_lr, pad_id=int(pad) if pad is not None else 0,
                      chunk_size=cfg.trainer.chunk_size)
-    rng = np.random.default_rng(a.seed)
     losses = []
-    for step in range(a.warmup_steps):
-        idx = rng.choice(len(pairs), size=min(a.warmup_batch_size, len(pairs)), replace=False)
-        # similar lengths per batch keep the padded shapes (and compiles) few
-        batch = sorted((pairs[i] for i in idx), key=lambda p: len(p[0]) + len(p[1]))
+    batches = demonstration_batches(pairs, steps=a.warmup_steps, batch_size=a.warmup_batch_size, seed=a.seed)
+    for step, batch in enumerate(batches):   # batches sorted by length: few padded shapes (and compiles)
         losses.append(sft.step(batch))
         if step % 10 == 0 or step == a.warmup_steps - 1:
             log.info("warm-up step %d/%d: loss %.4f", step + 1, a.warmup_steps, losses[-1])

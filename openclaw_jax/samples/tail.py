@@ -46,6 +46,11 @@ class SampleTail:
 
         Reading moves the tail forward: the records before ``start`` are released (reading one of
         them later is an error); the window itself may be read again."""
+        return [decode_sample(p) for p in self.read_payloads(start, stop)]
+
+    def read_payloads(self, start: int, stop: int) -> list[bytes]:
+        """The undecoded records ``[start, stop)``, read as :meth:`read` reads them (the trainer's
+        input pipeline parses them as a stage of its own)."""
         if stop > len(self._store):
             self._store.refresh()
         if stop > len(self._store):
@@ -55,7 +60,7 @@ class SampleTail:
         payloads = self._store.read_payloads(start, stop - start)
         self.records_decoded += len(payloads)
         self.position = stop
-        return [decode_sample(p) for p in payloads]
+        return payloads
 
     def close(self) -> None:
         self._store.close()

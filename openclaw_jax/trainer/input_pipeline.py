@@ -1,7 +1,7 @@
 """The trainer's input pipeline as grain transformations, with the next window prefetched on a host thread.
 
 A step trains on a window `[start, end)` of new store records. Getting it ready is host work:
-read the records' bytes (the run's one `SampleTail`), parse them into `Sample`s, drop those that
+read the records' bytes (the run's one `SampleTail`, `read_payloads`), parse them into `Sample`s, drop those that
 cannot train, and pack them into the shape ladder's shapes. Here that is one grain graph per window
 
     MapDataset.source(payloads).map(decode_sample)          # parse, on grain's read threads
@@ -31,10 +31,10 @@ records. A prefetched window's drops count in `dropped` when its batches are tak
 have without the prefetch. `bench/input_pipeline.py` measures the host time per step against the
 hand-written path.
 
-The other trainer inputs read through the same grain API: `task_stream(tasks)` (an environment's
-training tasks, cycled, for the group rollouts) and `demonstration_batches(pairs, ...)` (the
-agentic warm-up's SFT batches, the same draws as today); `sample_dataset(records)` parses stored
-sample records.
+The agentic warm-up's SFT batches read through the same grain API (`demonstration_batches(pairs,
+...)`, used by `runs/agentic.warm_up`), as do the group rollouts' task sets (`envs/agentic/rollout.py`,
+which may not import the trainer, builds its own one-line stream); `sample_dataset(records)` parses
+stored sample records.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import os
 from typing import Sequence
 
 import grain
+import numpy as np
 
 from openclaw_jax.samples import Sample, SampleTail
 from openclaw_jax.samples.sample import decode_sample
@@ -55,24 +56,6 @@ from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher, 
 log = logging.getLogger(__name__)
 
 Window = tuple[int, int, "int | None"]
-
-
-def read_window_payloads(tail: SampleTail, start: int, stop: int) -> list[bytes]:
-    """The undecoded records `[start, stop)`, read as `SampleTail.read` reads them (forward: the
-    records before `start` are released), so that parsing can be a pipeline stage of its own."""
-    store = tail._store   # SampleTail.read decodes inside; its store hands out the raw records
-    if stop > len(store):
-        store.refresh()
-    if stop > len(store):
-        from openclaw_jax.samples.store import SampleStoreError
-
-        raise SampleStoreError(f"samples [{start}, {stop}) asked for, but {tail.directory!r} holds only "
-                               f"{len(store)} records")
-    store.release_before(start)
-    payloads = store.read_payloads(start, stop - start)
-    tail.records_decoded += len(payloads)
-    tail.position = stop
-    return payloads
 
 
 def sample_dataset(payloads: Sequence[bytes]) -> grain.MapDataset:
@@ -133,7 +116,7 @@ class WindowPipeline:
             counter = copy.copy(self._batcher)
             counter.dropped = dropped
             keep = counter._keep
-        payloads = read_window_payloads(self.tail, start, end)
+        payloads = self.tail.read_payloads(start, end)
         return list(window_dataset(payloads, self.spec, keep, current_version=version, seen=self.seen_shapes,
                                    parse_threads=self.parse_threads))
 
@@ -199,22 +182,12 @@ class WindowPipeline:
 
 # ------------------------------------------------------------------ the other readers, through the same API
 
-def task_stream(tasks: Sequence) -> grain.IterDataset:
-    """An environment's training tasks, in order, forever (what `itertools.cycle(tasks)` gives the
-    group rollouts today)."""
-    if not tasks:
-        raise ValueError("a task stream needs at least one task")
-    return grain.MapDataset.source(list(tasks)).repeat().to_iter_dataset()
-
-
 def demonstration_batches(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int, batch_size: int,
                           seed: int, prefetch_threads: int = 0) -> grain.IterDataset:
     """The warm-up's batches of (prompt ids, response ids) demonstrations: per step `batch_size` distinct
-    pairs drawn with `np.random.default_rng(seed)` (the draws `runs/agentic.warm_up` makes today), sorted
+    pairs drawn with `np.random.default_rng(seed)` (the draws of the hand-written warm-up loop), sorted
     by length (similar lengths per batch keep the padded shapes few). `prefetch_threads` > 0 builds
     the next batches on host threads while a step runs."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     size = min(batch_size, len(pairs))
     draws = [rng.choice(len(pairs), size=size, replace=False) for _ in range(steps)]
@@ -223,5 +196,4 @@ def demonstration_batches(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], 
             .to_iter_dataset(grain.ReadOptions(num_threads=prefetch_threads, prefetch_buffer_size=2)))
 
 
-__all__ = ["WindowPipeline", "demonstration_batches", "read_window_payloads", "sample_dataset", "task_stream",
-           "window_dataset"]
+__all__ = ["WindowPipeline", "demonstration_batches", "sample_dataset", "window_dataset"]

@@ -21,8 +21,9 @@ from flax import nnx
 
 from openclaw_jax.parallel import multihost
 from openclaw_jax.samples import SampleSpec, SampleTail
-from openclaw_jax.trainer.batcher import PackedBatch, SampleBatcher
+from openclaw_jax.trainer.batcher import PackedBatch
 from openclaw_jax.trainer.checkpoint import Checkpointer
+from openclaw_jax.trainer.input_pipeline import WindowPipeline
 from openclaw_jax.trainer.metrics import MetricsWriter
 from openclaw_jax.trainer.runner import StepRunner, TrainState
 
@@ -185,7 +186,9 @@ class Trainer:
         store = await self._open_store(store_dir, stop)
         if store is None:
             return
-        batcher = SampleBatcher(store, self.spec)  # one reader for the run: each step reads only its window
+        # one reader for the run (each step reads only its window); the next window is parsed and packed
+        # on a host thread while the device runs the step
+        pipeline = WindowPipeline(store, self.spec)
         if weight_sync is not None:
             self.serving_graphdef()  # traced now, so that no hand-off waits for it
         last_arrival = time.monotonic()
@@ -205,23 +208,35 @@ class Trainer:
                 start = self.sample_offset
                 if available < end:  # another process decided: its fsynced records reach us shortly
                     await self._wait_for_records(store, end)
-                packed = next(iter(batcher.batches(start, end, current_version=self.step)), None)
+                t = time.perf_counter()
+                packed = await asyncio.to_thread(pipeline.batch, start, end, self.step)
+                input_wait = time.perf_counter() - t
                 if packed is None:  # every sample of the window was dropped (stale or too long)
                     self._uncommitted_windows.append((self.step, start, end))
                     self.sample_offset = end
                     continue
+                self._prefetch_next(pipeline, store, end)
                 sync_now = weight_sync is not None and (self.step + 1) % self.cfg.trainer.sync_every == 0
                 metrics = await asyncio.to_thread(self.train_on, packed, serve=sync_now)
                 self.sample_offset = end
                 self._uncommitted_windows.append((self.step, start, end))
-                metrics.update({f"samples/dropped_{k}": float(batcher.dropped[k])
+                metrics["time/input_wait"] = input_wait
+                metrics.update({f"samples/dropped_{k}": float(pipeline.dropped[k])
                                 for k in ("stale", "temperature", "hint_only")})
                 metrics["samples/waiting"] = float(max(available - self.sample_offset, 0))
                 await self._after_step(metrics, weight_sync, sync_now, writer, checkpointer, on_step)
         finally:
+            pipeline.close()
             store.close()
             if weight_sync is not None:  # the pool ends on the newest weights
                 await weight_sync.flush()
+
+    def _prefetch_next(self, pipeline: WindowPipeline, store: SampleTail, end: int) -> None:
+        """Start parsing and packing the window after `[.., end)` (the one the next step trains on, at
+        the next weight version) if its records are already in the store and there is a next step."""
+        n = self.cfg.trainer.samples_per_step
+        if self.step + 1 < self.cfg.trainer.max_steps and len(store) >= end + n:
+            pipeline.prefetch(end, end + n, self.step + 1)
 
     async def _next_window(self, available: int, last_arrival: float, stop: asyncio.Event,
                            progress: Callable[[str], None] | None) -> tuple[int, int]:

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
+import grain
 import numpy as np
 
 from openclaw_jax.envs.agentic.episode import Episode, EpisodeRunner, Policy, ScriptedPolicy, Task, oldest_version
@@ -139,7 +140,10 @@ class GroupRollouts:
         if not tasks:
             raise ValueError("group rollouts need at least one training task")
         self.runner, self.policy, self.store = runner, policy, store
-        self.tasks = itertools.cycle(tasks)
+        # the training tasks in order, forever, read through grain as the trainer's inputs are
+        # (no read threads: the tasks are in memory)
+        self.tasks = iter(grain.MapDataset.source(list(tasks)).repeat()
+                          .to_iter_dataset(grain.ReadOptions(num_threads=0)))
         self.group_size = group_size
         self.temperature = temperature
         self.normalize_std, self.all_equal, self.all_equal_scale = normalize_std, all_equal, all_equal_scale
