@@ -122,6 +122,8 @@ class PackedBatch:
     staleness: np.ndarray                 # [n_real] versions behind the trainer
     kinds: dict[str, int] = field(default_factory=dict)
     real_tokens: dict[str, int] = field(default_factory=dict)   # "student" / "teacher": unpadded tokens
+    # the images' grid of every row, when the batch has `pixel_values` (trainer/vision_batch.py)
+    image_grid: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def has_teacher(self) -> bool:

@@ -12,6 +12,7 @@ most hint candidates) comes in as a `SampleSpec`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
@@ -162,6 +163,20 @@ class StepRunner:
                                  merge_lora=self.merge_lora, importance_cap=tcfg.importance_cap)
         self._initial_trainable = trainable
         self._serving_graphdef: nnx.GraphDef | None = None
+        self._importance_cap = tcfg.importance_cap
+        self._image_phases: dict[tuple, dict[str, Callable]] = {}
+
+    def phases_for(self, image_grid: tuple = ()) -> dict[str, Callable]:
+        """The jitted phases for batches whose rows hold images of `image_grid` (static under jit: one set
+        of phases per grid; `()`: text batches)."""
+        if not image_grid:
+            return self.phases
+        if image_grid not in self._image_phases:
+            self._image_phases[image_grid] = jit_phases(
+                dataclasses.replace(self.settings, image_grid=image_grid), self.tx, self.schedule,
+                self.trainable_shardings, self.opt_shardings, merge_lora=self.merge_lora,
+                importance_cap=self._importance_cap)
+        return self._image_phases[image_grid]
 
     @classmethod
     def from_models(cls, cfg: ExperimentConfig, samples: SampleSpec, student: nnx.Module, teacher: nnx.Module,
@@ -242,10 +257,11 @@ class StepRunner:
         importance correction); `serve`: also the updated serving weights. `state` is donated."""
         baseline = A.apply_reward_baseline(packed, self.reward_baseline)
         times: dict[str, float] = {}
+        phases = self.phases_for(packed.image_grid)
 
         def call(name, *args):   # the forward passes are timed on their own; the rest counts as the train step
             t = time.perf_counter()
-            out = self.phases[name](*args)
+            out = phases[name](*args)
             if name in ("old_pass", "teacher_pass", "reference_pass"):
                 out = jax.block_until_ready(out)
                 times[name] = time.perf_counter() - t

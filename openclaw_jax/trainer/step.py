@@ -60,6 +60,9 @@ class StudentInputs:
     segment_ids: jax.Array | None = None
     row: jax.Array | None = None
     offset: jax.Array | None = None
+    # A vision-language student (QwenVL): each row's images as patches `[B, N_row, D]`, every row with
+    # the same grid (`StepSettings.image_grid`: static) and its image tokens in input_ids; unpacked rows.
+    pixel_values: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -89,6 +92,7 @@ class TeacherInputs:
     prefix_len: jax.Array | None = None
     reference_offset: jax.Array | None = None
     reference_start: jax.Array | None = None
+    pixel_values: jax.Array | None = None   # [B, C, N_row, D]: each candidate row's images (as the student's)
 
 
 class OldPassOutput(NamedTuple):
@@ -116,6 +120,8 @@ class StepSettings:
     chunk_size: int = 128
     compute_dtype: str | None = None   # cast floating params to this in every phase (None: as stored)
     micro_batch_size: int = 0          # rows per micro-batch (0: the whole batch at once)
+    # the images of every row of a batch with `pixel_values` (a QwenVL model): one (t, h, w) per image
+    image_grid: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def top_k(self) -> int:
@@ -197,18 +203,24 @@ def _merge(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], *, 
 
 
 def _response_hidden(model, input_ids, response_start, length, positions=None, segment_ids=None, row=None,
-                     offset=None):
+                     offset=None, pixel_values=None, image_grid=()):
     """Hidden states `[N, length, H]` that predict each sequence's response tokens; packed rows
-    (`segment_ids` given) are gathered back to one row per sequence."""
+    (`segment_ids` given) are gathered back to one row per sequence. `pixel_values [N, N_row, D]`
+    (a QwenVL model, unpacked rows): the rows' images of grid `image_grid`, M-RoPE positions from them."""
+    if pixel_values is not None:
+        if segment_ids is not None:
+            raise ValueError("packed rows with images are not supported: batches with images are not packed")
+        return gather_response(model.hidden_states(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid),
+                               response_start, length)
     if segment_ids is None:
         return gather_response(model.hidden_states(input_ids), response_start, length)
     hidden = model.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)    # [R, L, H]
     return gather_response(hidden, offset + response_start, length, row)
 
 
-def _student_hidden(model, inputs: StudentInputs, length: int) -> jax.Array:
+def _student_hidden(model, inputs: StudentInputs, length: int, image_grid=()) -> jax.Array:
     return _response_hidden(model, inputs.input_ids, inputs.response_start, length, inputs.positions,
-                            inputs.segment_ids, inputs.row, inputs.offset)
+                            inputs.segment_ids, inputs.row, inputs.offset, inputs.pixel_values, image_grid)
 
 
 def old_pass(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], inputs: StudentInputs,
@@ -218,7 +230,7 @@ def old_pass(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], i
     length = inputs.response_ids.shape[1]
 
     def rows(x: StudentInputs):
-        hidden = _student_hidden(model, x, length)
+        hidden = _student_hidden(model, x, length, settings.image_grid)
         stats = ops.vocab_stats(hidden, model.lm_head_kernel(), ids=x.response_ids[..., None], top_k=settings.top_k,
                                 temperature=settings.temperature, chunk_size=settings.chunk_size)
         return OldPassOutput(stats.logprobs_at_ids[..., 0], stats.topk_ids, stats.topk_logprobs, hidden)
@@ -234,7 +246,7 @@ def reference_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: StudentInpu
     length = inputs.response_ids.shape[1]
 
     def rows(x: StudentInputs):
-        return ops.logprobs_at_ids(_student_hidden(model, x, length), model.lm_head_kernel(),
+        return ops.logprobs_at_ids(_student_hidden(model, x, length, settings.image_grid), model.lm_head_kernel(),
                                    x.response_ids[..., None], temperature=settings.temperature,
                                    chunk_size=settings.chunk_size)[..., 0]
 
@@ -288,10 +300,13 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
                                temperature=settings.temperature, chunk_size=settings.chunk_size)
 
     def rows(x):
-        ids, start, at, ((positions, segment_ids), (row, offset)) = x
-        return stats_of(_response_hidden(model, ids, start, t, positions, segment_ids, row, offset), at)
+        ids, start, at, ((positions, segment_ids), (row, offset)), pixels = x
+        return stats_of(_response_hidden(model, ids, start, t, positions, segment_ids, row, offset, pixels,
+                                         settings.image_grid), at)
 
     reference = None
+    if inputs.pixel_values is not None and (inputs.prefix_len is not None or inputs.segment_ids is not None):
+        raise ValueError("teacher rows with images must be unpacked, without a shared prefix")
     if inputs.prefix_len is not None:  # shared prefix: row b is sample b's, micro-batched over the B samples
         stats, reference = _shared_prefix_stats(model, inputs, response_ids, at_ids, stats_of, settings)
     else:
@@ -299,8 +314,10 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
         flat_ids = inputs.input_ids if packed else inputs.input_ids.reshape(b * c, -1)
         packing = ((inputs.positions, inputs.segment_ids), (inputs.row.reshape(b * c), inputs.offset.reshape(b * c))
                    ) if packed else ((None, None), (None, None))
+        pixels = None if inputs.pixel_values is None else inputs.pixel_values.reshape(
+            (b * c,) + inputs.pixel_values.shape[2:])
         stats = _map_rows(rows, (flat_ids, inputs.response_start.reshape(b * c), at_ids.reshape(b * c, t, 1 + k),
-                                 packing), settings.micro_batch_size, b * c)
+                                 packing, pixels), settings.micro_batch_size, b * c)
     kt = stats.topk_ids.shape[-1]
     at = stats.logprobs_at_ids.reshape(b, c, t, 1 + k)
     return TeacherPassOutput(
@@ -355,7 +372,7 @@ def loss_fn(trainable: nnx.State, graphdef: nnx.GraphDef, frozen: nnx.State, inp
     the hint the loss chose per token; differentiable w.r.t. `trainable` (master dtype: the cast to the
     compute dtype is inside). `sample_count` is the real-sample count of the whole step's batch."""
     model = nnx.merge(graphdef, *cast_floating((trainable, frozen), settings.compute_dtype))
-    hidden = _student_hidden(model, inputs, inputs.response_ids.shape[1])
+    hidden = _student_hidden(model, inputs, inputs.response_ids.shape[1], settings.image_grid)
     return get_loss(settings.loss.name).chunked_with_stats(
         hidden, model.lm_head_kernel(), batch, settings.loss, temperature=settings.temperature,
         chunk_size=settings.chunk_size, sample_count=sample_count, with_k_star=True)

@@ -1,0 +1,150 @@
+"""A trainer step on samples with images (a QwenVL student and teacher): the images go from the sample
+store's blobs through `trainer.vision_batch.attach_images` into the old, teacher and train passes; the
+passes see the pixels (other pixels, other log-probs) and the vision tower gets a gradient."""
+
+from __future__ import annotations
+
+import io
+
+import jax
+import numpy as np
+import pytest
+import transformers
+from flax import nnx
+
+from openclaw_jax.config import load_experiment_config
+from openclaw_jax.models.image_processing import ImageProcessorConfig, image_token_count, process_image
+from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig
+from openclaw_jax.parallel.mesh import make_mesh
+from openclaw_jax.samples.sample import Sample
+from openclaw_jax.samples.store import SampleStore, read_image
+from openclaw_jax.samples.tail import SampleTail
+from openclaw_jax.trainer import step as S
+from openclaw_jax.trainer.batcher import pack
+from openclaw_jax.trainer.loop import Trainer
+from openclaw_jax.trainer.vision_batch import attach_images
+
+IMAGE, VSTART, VEND, VOCAB = 250, 248, 249, 256
+BASE = ["trainer.samples_per_step=2", "loss.top_k=4", "trainer.chunk_size=8", "gateway.max_candidates=2",
+        "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.optimizer.lr=1e-3",
+        "trainer.packing=false", "trainer.shared_prefix_teacher=false"]
+
+
+def vl_config() -> QwenVLConfig:
+    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0],
+                  hidden_act="silu", tokens_per_second=2)
+    hf = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE,
+                                       video_token_id=251, vision_start_token_id=VSTART, vision_end_token_id=VEND,
+                                       tie_word_embeddings=False)
+    return QwenVLConfig.from_hf_dict(hf.to_dict())
+
+
+def png(seed: int) -> bytes:
+    from PIL import Image
+
+    arr = np.random.default_rng(seed).integers(0, 256, (56, 84, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+PROC = ImageProcessorConfig()
+
+
+def prompt_with_image(rng, n_text: int, image: bytes) -> list[int]:
+    n = image_token_count(process_image(image, PROC)[1], PROC.merge_size)
+    text = [int(x) for x in rng.integers(3, 200, n_text)]
+    return text[:2] + [VSTART] + [IMAGE] * n + [VEND] + text[2:]
+
+
+def write_store(directory, images: list[bytes]):
+    rng = np.random.default_rng(0)
+    with SampleStore(directory) as st:
+        for i, (kind, reward, hints) in enumerate([("opd+rl", 1.0, 1), ("rl", -1.0, 0)]):
+            r = 5 + i
+            image = images[i]
+            prompt = prompt_with_image(rng, 6, image)
+            sample = Sample(session_id=f"s{i}", turn_index=0, kind=kind, reward=reward, prompt_ids=prompt,
+                            response_ids=[int(x) for x in rng.integers(3, 200, r)],
+                            rollout_logprobs=list(-rng.random(r) - 0.5), hints=["look closer"] * hints,
+                            hint_prompt_ids=[prompt + [7, 8, 9]] * hints, weight_version="0",
+                            image_sha256=[__import__("hashlib").sha256(image).hexdigest()])
+            st.append(sample, images=[image])
+
+
+def read_batch(directory, spec, vl_cfg):
+    tail = SampleTail(directory)
+    packed = pack(tail.read(0, 2), spec)
+    packed = attach_images(packed, lambda h: read_image(tail.directory, h), PROC, vl_cfg.image_token_id)
+    tail.close()
+    return packed
+
+
+@pytest.fixture(scope="module")
+def trainer_and_cfg():
+    vl = vl_config()
+    cfg = load_experiment_config([], BASE)
+    mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    trainer = Trainer(cfg, QwenVL(vl, rngs=nnx.Rngs(0)), QwenVL(vl, rngs=nnx.Rngs(1)), mesh,
+                      samples=cfg.sample_spec())
+    return trainer, vl
+
+
+def visual_params(trainer) -> dict[str, np.ndarray]:
+    return {".".join(map(str, p)): np.array(v.get_value(), np.float32) for p, v in nnx.to_flat_state(trainer.trainable)
+            if p[0] == "visual"}
+
+
+def test_images_from_the_store_reach_every_pass_and_train_the_vision_tower(tmp_path, trainer_and_cfg):
+    trainer, vl = trainer_and_cfg
+    write_store(tmp_path / "a", [png(1), png(2)])
+    write_store(tmp_path / "b", [png(3), png(4)])   # the same tokens, other pixels
+    pa, pb = read_batch(tmp_path / "a", trainer.spec, vl), read_batch(tmp_path / "b", trainer.spec, vl)
+    assert pa.image_grid == ((1, 4, 6),) and pa.student["pixel_values"].shape == (2, 24, 3 * 2 * 14 * 14)
+    assert "pixel_values" in pa.teacher and pa.teacher["pixel_values"].shape[:2] == (2, 2)
+    np.testing.assert_array_equal(pa.student["input_ids"], pb.student["input_ids"])
+    assert not np.allclose(pa.student["pixel_values"], pb.student["pixel_values"])
+
+    runner = trainer.runner
+    phases = runner.phases_for(pa.image_grid)
+    with jax.set_mesh(runner.mesh):
+        outs = []
+        for p in (pa, pb):
+            inputs = S.StudentInputs(**runner.put(p.student))
+            old = phases["old_pass"](runner.graphdef, (trainer.trainable, runner.frozen), inputs)
+            tin = S.TeacherInputs(**runner.put(p.teacher))
+            teach = phases["teacher_pass"](runner.teacher_graphdef, runner.teacher_state, tin, inputs.response_ids,
+                                           old.topk_ids)
+            outs.append((np.asarray(old.old_logprobs), np.asarray(teach.logprobs_at_tokens)))
+    mask = pa.student["response_mask"] > 0
+    assert np.all(np.isfinite(outs[0][0][mask]))
+    assert np.abs(outs[0][0][mask] - outs[1][0][mask]).max() > 1e-4     # the old pass sees the pixels
+    tmask = pa.teacher["candidate_mask"] > 0
+    assert np.abs(outs[0][1][tmask] - outs[1][1][tmask]).max() > 1e-4   # so does the teacher's
+
+    before = visual_params(trainer)
+    metrics = trainer.train_on(pa)
+    after = visual_params(trainer)
+    assert np.isfinite(metrics["loss"])
+    moved = [k for k in before if np.abs(after[k] - before[k]).max() > 0]
+    assert any("patch_embed" in k for k in moved), moved   # the gradient reached the pixels' first layer
+
+
+def test_batches_with_images_refuse_packing_and_mixed_grids(tmp_path, trainer_and_cfg):
+    trainer, vl = trainer_and_cfg
+    write_store(tmp_path, [png(1), png(2)])
+    tail = SampleTail(tmp_path)
+    samples = tail.read(0, 2)
+    import dataclasses
+
+    packed_spec = dataclasses.replace(trainer.spec, packing=True)
+    with pytest.raises(ValueError, match="must not be packed"):
+        attach_images(pack(samples, packed_spec), lambda h: read_image(tail.directory, h), PROC, IMAGE)
+    bad = dataclasses.replace(samples[1], prompt_ids=[t for t in samples[1].prompt_ids if t != IMAGE][:4] + [IMAGE])
+    with pytest.raises(ValueError, match="image tokens"):
+        attach_images(pack([samples[0], bad], trainer.spec), lambda h: read_image(tail.directory, h), PROC, IMAGE)
+    tail.close()
