@@ -1,0 +1,115 @@
+"""Generation with images for a Qwen2.5-VL policy (`models.qwen_vl.QwenVL`): prefill with the pixels,
+decode text with the per-sequence rope delta, and the rollout log-probs of every sampled token.
+
+One sequence at a time and no prefix cache: the batched engine (engine.py, its kernels) serves
+text decoders; its prefix cache keys K/V by token ids, and the image tokens of two different images
+are the same ids, so image prompts must not share it. `VisionGenerator` is the image path a server
+can call for requests that carry images (not hooked into the engine yet). The prompt holds each
+image's placeholders (`<|image_pad|>` x `image_token_count(grid)`, `expand_image_placeholders`);
+`prefill_hidden` places the image features there and returns the M-RoPE delta; each decoded token
+at cache slot s then rotates at position s + delta (`QwenVL.decode`). The returned log-probs are
+log_softmax(logits / T) at the sampled token, what the trainer recomputes as pi_old (docs/design.md §6).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from openclaw_jax.models.image_processing import ImageProcessorConfig, process_images
+from openclaw_jax.models.qwen_vl import QwenVL, check_image_tokens
+
+
+def _bucket(n: int, minimum: int = 16) -> int:
+    return max(minimum, 1 << max(n - 1, 0).bit_length())
+
+
+@dataclass
+class VisionOutput:
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "length"
+    rope_delta: int = 0
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
+def _prefill(graphdef, state, ids, length, pixel_values, grid, cache_len):
+    model = nnx.merge(graphdef, state)
+    mask = (jnp.arange(ids.shape[1])[None, :] < length).astype(jnp.int32)
+    cache = model.init_cache(1, cache_len)
+    hidden, cache, deltas = model.prefill_hidden(ids, cache, pixel_values=pixel_values, image_grid_thw=grid,
+                                                 attention_mask=mask)
+    last = jax.lax.dynamic_index_in_dim(hidden, length - 1, axis=1, keepdims=True)
+    return model.logits(last)[:, 0], cache, deltas
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(4,))
+def _decode(graphdef, state, token, position, cache, deltas):
+    model = nnx.merge(graphdef, state)
+    logits, cache = model.decode(token.reshape(1, 1), position.reshape(1, 1), cache, deltas)
+    return logits[:, 0], cache
+
+
+@jax.jit
+def _sample(logits, temperature, key):
+    greedy = temperature <= 0
+    lp = jax.nn.log_softmax(logits / jnp.where(greedy, 1.0, temperature), axis=-1)
+    token = jnp.where(greedy, jnp.argmax(lp, axis=-1), jax.random.categorical(key, lp, axis=-1))
+    return token, jnp.take_along_axis(lp, token[:, None], axis=-1)[:, 0]
+
+
+class VisionGenerator:
+    """`VisionGenerator(model).generate(prompt_ids, images, max_new_tokens=..., temperature=..., seed=...)`."""
+
+    def __init__(self, model: QwenVL, processor: ImageProcessorConfig | None = None):
+        if not isinstance(model, QwenVL):
+            raise TypeError(f"VisionGenerator serves a QwenVL, got {type(model).__name__}")
+        self.vl_cfg = model.vl_cfg
+        self.processor = processor or ImageProcessorConfig.for_vision(model.vl_cfg.vision)
+        self.graphdef, self.state = nnx.split(model)
+
+    def set_state(self, state: Any) -> None:
+        """New weights (a weight sync); same structure."""
+        self.state = state
+
+    def pixels(self, images: Sequence[Any]) -> tuple[np.ndarray, tuple[tuple[int, int, int], ...]]:
+        pv, grid = process_images(list(images), self.processor)
+        return pv, tuple(tuple(int(v) for v in g) for g in grid)
+
+    def generate(self, prompt_ids: Sequence[int], images: Sequence[Any], *, max_new_tokens: int,
+                 temperature: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = ()) -> VisionOutput:
+        n = len(prompt_ids)
+        if n == 0 or max_new_tokens < 1:
+            raise ValueError("generate needs a prompt and max_new_tokens >= 1")
+        pv, grid = self.pixels(images) if images else (None, None)
+        check_image_tokens(np.asarray(prompt_ids)[None], grid, self.vl_cfg.image_token_id,
+                           self.vl_cfg.vision.spatial_merge_size)
+        lp_len = _bucket(n)
+        cache_len = _bucket(n + max_new_tokens)
+        ids = np.zeros((1, lp_len), np.int32)
+        ids[0, :n] = prompt_ids
+        logits, cache, deltas = _prefill(self.graphdef, self.state, jnp.asarray(ids), jnp.int32(n),
+                                         None if pv is None else jnp.asarray(pv), grid, cache_len)
+        out = VisionOutput(rope_delta=int(deltas[0]))
+        key = jax.random.key(seed)
+        stops = set(int(t) for t in stop_token_ids)
+        for step in range(max_new_tokens):
+            key, sub = jax.random.split(key)
+            token, lp = _sample(logits, jnp.float32(temperature), sub)
+            tok = int(token[0])
+            out.output_ids.append(tok)
+            out.output_logprobs.append(float(lp[0]))
+            if tok in stops:
+                out.finish_reason = "stop"
+                break
+            if step + 1 == max_new_tokens:
+                break
+            logits, cache = _decode(self.graphdef, self.state, jnp.asarray([tok], jnp.int32),
+                                    jnp.asarray([n + step], jnp.int32), cache, deltas)
+        return out

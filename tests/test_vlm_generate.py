@@ -1,0 +1,59 @@
+"""Generation with images (inference/vision.py): the rollout log-probs of the sampled tokens equal a
+full forward over prompt + response with the same images (the prefill placed the image features and
+the decode rotated at slot + rope delta), and other pixels change them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import jax
+import jax.numpy as jnp
+
+from openclaw_jax.inference.vision import VisionGenerator
+from openclaw_jax.models.qwen_vl import QwenVL
+
+from test_vlm_train_step import IMAGE, VEND, VSTART, png, prompt_with_image, vl_config
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return VisionGenerator(QwenVL(vl_config(), rngs=nnx.Rngs(3)))
+
+
+def full_forward_logprobs(gen: VisionGenerator, prompt, output, image, temperature):
+    model = nnx.merge(gen.graphdef, gen.state)
+    pv, grid = gen.pixels([image])
+    ids = jnp.asarray([list(prompt) + list(output)], jnp.int32)
+    logits = model(ids, pixel_values=jnp.asarray(pv), image_grid_thw=grid)[0]
+    lp = jax.nn.log_softmax(logits / temperature, axis=-1)
+    n = len(prompt)
+    return np.asarray([lp[n - 1 + i, t] for i, t in enumerate(output)])
+
+
+def test_rollout_logprobs_equal_the_full_forward_with_the_image(generator):
+    rng = np.random.default_rng(0)
+    image = png(5)
+    prompt = prompt_with_image(rng, 7, image)
+    out = generator.generate(prompt, [image], max_new_tokens=8, temperature=1.0, seed=1)
+    assert len(out.output_ids) == 8 and out.rope_delta < 0   # an image of 2x3 merged tokens spans fewer positions
+    ref = full_forward_logprobs(generator, prompt, out.output_ids, image, 1.0)
+    np.testing.assert_allclose(out.output_logprobs, ref, atol=1e-4)
+    # the same tokens under another image: other log-probs (the prefill saw the pixels)
+    other = full_forward_logprobs(generator, prompt, out.output_ids, png(6), 1.0)
+    assert np.abs(other - ref).max() > 1e-3
+
+
+def test_greedy_stops_and_checks_the_image_tokens(generator):
+    rng = np.random.default_rng(1)
+    image = png(7)
+    prompt = prompt_with_image(rng, 5, image)
+    first = generator.generate(prompt, [image], max_new_tokens=3, temperature=0.0)
+    again = generator.generate(prompt, [image], max_new_tokens=3, temperature=0.0, seed=9)
+    assert first.output_ids == again.output_ids
+    stopped = generator.generate(prompt, [image], max_new_tokens=5, temperature=0.0,
+                                 stop_token_ids=[first.output_ids[0]])
+    assert stopped.output_ids == first.output_ids[:1] and stopped.finish_reason == "stop"
+    with pytest.raises(ValueError, match="image tokens"):
+        generator.generate([t for t in prompt if t != IMAGE] + [IMAGE], [image], max_new_tokens=2)
