@@ -244,15 +244,21 @@ def _openclaw_shapes(spec, *, prompt: int, response: int, hint: int, shared: int
 
 
 def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = None,
-               device_memory: int = 80 * 1024 ** 3, lengths: dict[str, int] | None = None) -> dict[str, Any]:
+               device_memory: int = 80 * 1024 ** 3, lengths: dict[str, int] | None = None,
+               images: tuple[int, int, int] = (1, 448, 336)) -> dict[str, Any]:
     """Compile every phase for the visible devices; the report as a dict (see `main`). `lengths`
     (prompt, response, hint, shared: `_openclaw_shapes`) plans the batch of samples of those lengths
-    instead of the largest one the config allows."""
+    instead of the largest one the config allows. A vision-language model (Qwen2.5-VL config.json):
+    every sample shows `images` = (count, width, height) images (screenshots), their patches in the
+    student's and the teacher's rows (`trainer/vision_batch.py`), the vision tower in every pass."""
     import jax
 
     from openclaw_jax.trainer import step as S
 
     mcfg, runner, trainable = _abstract_runner(cfg, hf_config)
+    vision = _vision_inputs(runner, hf_config, images, (trainable, runner.frozen))
+    if vision:
+        runner.phases = runner.phases_for(vision["grid"])   # the phases of batches with these images
     T = response_len or cfg.trainer.max_seq_len
     with jax.set_mesh(runner.mesh):
         init_lowered = jax.jit(runner.tx.init, out_shardings=runner.opt_shardings).lower(trainable)
@@ -266,6 +272,10 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
             student_shapes, teacher_shapes = _largest_shapes(spec, ladder, T)
         else:  # the batch the batcher packs from B samples of these lengths (the same `pack`)
             student_shapes, teacher_shapes, T = _openclaw_shapes(spec, **lengths)
+        if vision:
+            student_shapes["pixel_values"] = ((spec.batch_size,) + vision["row_patches"], "float32")
+            teacher_shapes["pixel_values"] = ((spec.batch_size, spec.max_candidates) + vision["row_patches"],
+                                              "float32")
         inputs = S.StudentInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in student_shapes.items()})
         tinputs = S.TeacherInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in teacher_shapes.items()})
         resident = {"student_params": _tree_bytes(trainable) + _tree_bytes(runner.frozen),
@@ -277,8 +287,39 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         out = runner.run_phases(_lowering_call(runner, report, sum(resident.values())), trainable, opt_state, inputs,
                                 tinputs, run_teacher=True, folded_reference="reference_offset" in teacher_shapes,
                                 serve=True)
-    return _plan_report(cfg, mcfg, runner, report, resident, inputs, tinputs, trainable, lengths, T,
+    plan = _plan_report(cfg, mcfg, runner, report, resident, inputs, tinputs, trainable, lengths, T,
                         serving_bytes=_tree_bytes(out[4]), device_memory=device_memory)
+    if vision:
+        plan["vision"] = {"images_per_sample": images[0], "image_size": list(images[1:]),
+                          "grid": [list(g) for g in vision["grid"]], "image_tokens_per_sample": vision["tokens"],
+                          "vision_params": vision["params"]}
+    return plan
+
+
+def _vision_inputs(runner, hf_config: dict[str, Any], images: tuple[int, int, int], states) -> dict[str, Any] | None:
+    """For a Qwen2.5-VL student: the images' grid, patches per row `(N_row, D)`, image tokens and the
+    vision tower's parameter count (None for a text decoder)."""
+    from openclaw_jax.models.image_processing import ImageProcessorConfig, smart_resize
+    from openclaw_jax.models.qwen_vl import QwenVLConfig, is_vl_config
+
+    if not is_vl_config(hf_config):
+        return None
+    if runner.spec.packing or runner.spec.shares_prefix:
+        raise ValueError("a vision-language model trains on unpacked batches: set trainer.packing=false and "
+                         "trainer.shared_prefix_teacher=false")
+    count, width, height = images
+    proc = ImageProcessorConfig.for_vision(QwenVLConfig.from_hf_dict(hf_config).vision)
+    h, w = smart_resize(height, width, proc.patch_size * proc.merge_size, proc.min_pixels, proc.max_pixels)
+    grid = ((1, h // proc.patch_size, w // proc.patch_size),) * count
+    patches = sum(t * gh * gw for t, gh, gw in grid)
+    import jax
+    import numpy as np
+
+    params = sum(int(np.prod(x.shape)) for path, x in jax.tree_util.tree_leaves_with_path(states)
+                 if "visual" in jax.tree_util.keystr(path[:3]))
+    return {"grid": grid, "row_patches": (patches, 3 * proc.temporal_patch_size * proc.patch_size ** 2),
+            "tokens": patches // proc.merge_size ** 2, "params": params}
+
 
 
 def _abstract_runner(cfg, hf_config: dict[str, Any]):
@@ -293,11 +334,22 @@ def _abstract_runner(cfg, hf_config: dict[str, Any]):
     from openclaw_jax.parallel.mesh import make_mesh, state_shardings
     from openclaw_jax.trainer.runner import StepRunner
 
-    mcfg = apply_dtypes(ModelConfig.from_hf_dict(hf_config), cfg.model.dtype, cfg.model.param_dtype)
+    from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig, apply_vl_dtypes, is_vl_config
+
+    vl = None
+    if is_vl_config(hf_config):   # Qwen2.5-VL: the text decoder as below, the vision tower beside it
+        vl = apply_vl_dtypes(QwenVLConfig.from_hf_dict(hf_config), cfg.model.dtype, cfg.model.param_dtype)
+        mcfg = vl.text
+    else:
+        mcfg = apply_dtypes(ModelConfig.from_hf_dict(hf_config), cfg.model.dtype, cfg.model.param_dtype)
     mcfg = _with_model_options(mcfg.replace(remat=cfg.model.remat), cfg)
     mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
+    if vl is not None:
+        vl = vl.replace(text=mcfg, vision=vl.vision.replace(remat=cfg.model.remat))
 
     def student():
+        if vl is not None:
+            return QwenVL(vl, rngs=nnx.Rngs(0), lora=cfg.model.lora if cfg.model.lora.enabled else None)
         model = Decoder(mcfg, rngs=nnx.Rngs(0))
         if cfg.model.lora.enabled:
             model = add_lora(model, cfg.model.lora, rngs=nnx.Rngs(1))
@@ -308,7 +360,12 @@ def _abstract_runner(cfg, hf_config: dict[str, Any]):
     trainable = _abstract(trainable, state_shardings(trainable, mesh, mcfg.family))
     frozen = _abstract(frozen, state_shardings(frozen, mesh, mcfg.family))
     teacher_model = mcfg.replace(param_dtype=cfg.model.dtype)   # the teacher is held in the compute dtype
-    teacher_graphdef, teacher_state = nnx.split(nnx.eval_shape(lambda: Decoder(teacher_model, rngs=nnx.Rngs(0))))
+    if vl is not None:
+        teacher_vl = apply_vl_dtypes(vl.replace(text=teacher_model), cfg.model.dtype, cfg.model.dtype)
+        teacher_graphdef, teacher_state = nnx.split(nnx.eval_shape(lambda: QwenVL(teacher_vl, rngs=nnx.Rngs(0))))
+    else:
+        teacher_graphdef, teacher_state = nnx.split(nnx.eval_shape(lambda: Decoder(teacher_model,
+                                                                                   rngs=nnx.Rngs(0))))
     teacher_state = _abstract(teacher_state, state_shardings(teacher_state, mesh, mcfg.family))
     return mcfg, StepRunner(cfg, cfg.sample_spec(), mesh, graphdef, trainable, frozen, teacher_graphdef,
                             teacher_state), trainable
@@ -484,6 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --prompt-len: tokens at the start of every prompt common to all samples (a system prompt)")
     p.add_argument("--hint-len", type=int, default=32,
                    help="with --prompt-len: tokens a hint adds to its candidate's prompt (default 32)")
+    p.add_argument("--images", type=int, default=1,
+                   help="a vision-language model: images (screenshots) per sample (default 1)")
+    p.add_argument("--image-size", default="448x336", metavar="WxH",
+                   help="a vision-language model: each image's size in pixels (default 448x336, the GUI env's screen)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return p
@@ -526,8 +587,10 @@ def main(argv: list[str] | None = None) -> int:
         lengths = {"prompt": args.prompt_len, "response": args.response_len or OPENCLAW_RESPONSE_LEN,
                    "hint": args.hint_len, "shared": args.shared_len}
     try:
+        width, _, height = args.image_size.lower().partition("x")
         plan = build_plan(cfg, json.loads(path.read_text()), response_len=args.response_len,
-                          device_memory=args.device_memory, lengths=lengths)
+                          device_memory=args.device_memory, lengths=lengths,
+                          images=(args.images, int(width), int(height)))
     except ValueError as err:  # lengths the config cannot batch (longer than trainer.max_seq_len, ...)
         print(f"plan error: {err}", file=sys.stderr)
         return 2
