@@ -1,0 +1,60 @@
+"""The planner on a (tiny) Qwen2.5-VL config.json: the QwenVL student and teacher with the screenshots'
+patches in the batch (`python -m openclaw_jax.plan ... --images N --image-size WxH`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import transformers
+from flax import nnx
+
+from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny_vl_config() -> dict:
+    text = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=1,
+                eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                  "mrope_section": [1, 1, 2]})
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0],
+                  hidden_act="silu", tokens_per_second=2)
+    return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=250,
+                                         video_token_id=251, vision_start_token_id=248, vision_end_token_id=249,
+                                         tie_word_embeddings=False).to_dict()
+
+
+def test_plan_of_a_vision_language_model_counts_the_images(tmp_path):
+    hf = tiny_vl_config()
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    cmd = [sys.executable, "-m", "openclaw_jax.plan", "--config", str(ROOT / "configs/qwen25vl_7b_gui_gpu.yaml"),
+           "--devices", "1", "--model-config", str(tmp_path / "config.json"), "--json", "--images", "2",
+           "--image-size", "448x336", "trainer.max_seq_len=1024", "trainer.min_seq_bucket=512",
+           "trainer.samples_per_step=2", "trainer.micro_batch_size=1", "mesh.fsdp=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    plan = json.loads(out.stdout.strip().splitlines()[-1])
+    vision = plan["vision"]
+    assert vision["grid"] == [[1, 24, 32]] * 2 and vision["image_tokens_per_sample"] == 2 * 192
+    model = QwenVL(QwenVLConfig.from_hf_dict(hf), rngs=nnx.Rngs(0))
+    want = sum(int(np.prod(v.get_value().shape)) for p, v in nnx.to_flat_state(nnx.state(model)) if p[0] == "visual")
+    assert vision["vision_params"] == want
+    # the batch holds the patches of both images, for the student rows and each teacher candidate row
+    patches = 2 * 24 * 32 * (3 * 2 * 14 * 14) * 4   # float32 bytes per row
+    b, c = 2, 2
+    assert plan["resident_bytes"]["batch"] >= (b + b * c) * patches
+    assert plan["fits"] is True
+
+
+def test_plan_refuses_packing_for_a_vision_language_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_vl_config()))
+    cmd = [sys.executable, "-m", "openclaw_jax.plan", "--config", str(ROOT / "configs/qwen25vl_7b_gui_gpu.yaml"),
+           "--devices", "1", "--model-config", str(tmp_path / "config.json"), "trainer.packing=true", "mesh.fsdp=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 2 and "unpacked batches" in out.stderr
