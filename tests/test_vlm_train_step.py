@@ -141,7 +141,9 @@ def test_batches_with_images_refuse_packing_and_mixed_grids(tmp_path, trainer_an
     samples = tail.read(0, 2)
     import dataclasses
 
-    packed_spec = dataclasses.replace(trainer.spec, packing=True)
+    with pytest.raises(ValueError, match="unpacked batches"):
+        dataclasses.replace(trainer.spec, packing=True)   # a QwenVL student's spec refuses packing
+    packed_spec = dataclasses.replace(trainer.spec, packing=True, image_processor=None)
     with pytest.raises(ValueError, match="must not be packed"):
         attach_images(pack(samples, packed_spec), lambda h: read_image(tail.directory, h), PROC, IMAGE)
     bad = dataclasses.replace(samples[1], prompt_ids=[t for t in samples[1].prompt_ids if t != IMAGE][:4] + [IMAGE])

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -96,6 +96,10 @@ class BatchSpec:
     # packing: a shape used before (compiled) is taken over a new one that saves fewer than this
     # fraction of its token slots (0: always the fewest slots)
     shape_reuse_slack: float = 0.1
+    # a vision-language student (QwenVL): its `ImageProcessorConfig` and image token id; the input
+    # pipeline reads each batch's images from the store and attaches their patches (trainer/vision_batch.py)
+    image_processor: Any = None
+    image_token_id: int | None = None
 
     def __post_init__(self):
         if self.bucket_quantum < 0:
@@ -104,6 +108,9 @@ class BatchSpec:
             raise ValueError(f"row_multiple={self.row_multiple} must be >= 1")
         if not 0 <= self.shape_reuse_slack < 1:
             raise ValueError(f"shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1)")
+        if self.image_processor is not None and (self.packing or self.shares_prefix):
+            raise ValueError("a vision-language student trains on unpacked batches: set trainer.packing=false and "
+                             "trainer.shared_prefix_teacher=false")
 
     @property
     def shares_prefix(self) -> bool:

@@ -44,14 +44,16 @@ import copy
 import functools
 import logging
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import grain
 import numpy as np
 
 from openclaw_jax.samples import Sample, SampleTail
 from openclaw_jax.samples.sample import decode_sample
+from openclaw_jax.samples.store import read_image
 from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher, pack
+from openclaw_jax.trainer.vision_batch import attach_images
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,8 @@ def sample_dataset(payloads: Sequence[bytes]) -> grain.MapDataset:
 
 
 def window_dataset(payloads: Sequence[bytes], spec: BatchSpec, keep, *, current_version: int | None,
-                   seen: dict[str, set] | None, parse_threads: int = 0) -> grain.IterDataset:
+                   seen: dict[str, set] | None, parse_threads: int = 0,
+                   image_bytes: Callable[[str], bytes] | None = None) -> grain.IterDataset:
     """The grain graph of one window: parse -> filter (`keep(sample, current_version)`) -> batches of
     `spec.batch_size` -> `pack` (in order: the packer's seen shapes and the filter's counters are
     stateful, so only the parse runs on several threads)."""
@@ -74,12 +77,18 @@ def window_dataset(payloads: Sequence[bytes], spec: BatchSpec, keep, *, current_
             .to_iter_dataset(read)
             .filter(lambda s: keep(s, current_version))
             .batch(spec.batch_size, batch_fn=list)
-            .map(functools.partial(_pack, spec=spec, current_version=current_version, seen=seen)))
+            .map(functools.partial(_pack, spec=spec, current_version=current_version, seen=seen,
+                                   image_bytes=image_bytes)))
 
 
 def _pack(samples: list[Sample], *, spec: BatchSpec, current_version: int | None,
-          seen: dict[str, set] | None) -> PackedBatch:
-    return pack(samples, spec, current_version=current_version, seen=seen)
+          seen: dict[str, set] | None, image_bytes: Callable[[str], bytes] | None = None) -> PackedBatch:
+    packed = pack(samples, spec, current_version=current_version, seen=seen)
+    if spec.image_processor is not None:   # a QwenVL student: the samples' images (store blobs) as patches
+        if image_bytes is None:
+            raise ValueError("a batch spec with images needs image_bytes (the store's blob reader)")
+        packed = attach_images(packed, image_bytes, spec.image_processor, spec.image_token_id)
+    return packed
 
 
 class WindowPipeline:
@@ -118,7 +127,8 @@ class WindowPipeline:
             keep = counter._keep
         payloads = self.tail.read_payloads(start, end)
         return list(window_dataset(payloads, self.spec, keep, current_version=version, seen=self.seen_shapes,
-                                   parse_threads=self.parse_threads))
+                                   parse_threads=self.parse_threads,
+                                   image_bytes=functools.partial(read_image, self.tail.directory)))
 
     def prefetch(self, start: int, end: int, current_version: int | None = None) -> None:
         """Start building the window `[start, end)` on the pipeline's host thread (the records must

@@ -79,8 +79,10 @@ def batch_shards(samples_per_step: int, mesh: jax.sharding.Mesh) -> int:
     return n if samples_per_step % n == 0 else 1
 
 
-def batch_spec(cfg: ExperimentConfig, samples: SampleSpec, *, row_multiple: int = 1, pad_id: int = 0) -> BatchSpec:
-    """How the trainer batches samples (`row_multiple`: the batch shards)."""
+def batch_spec(cfg: ExperimentConfig, samples: SampleSpec, *, row_multiple: int = 1, pad_id: int = 0,
+               images: tuple[Any, int] | None = None) -> BatchSpec:
+    """How the trainer batches samples (`row_multiple`: the batch shards; `images`: a QwenVL student's
+    (ImageProcessorConfig, image token id))."""
     tcfg = cfg.trainer
     return BatchSpec(
         batch_size=tcfg.samples_per_step, max_candidates=samples.max_candidates,
@@ -90,7 +92,8 @@ def batch_spec(cfg: ExperimentConfig, samples: SampleSpec, *, row_multiple: int 
         pad_id=pad_id, temperature=samples.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
         micro_batch_size=tcfg.micro_batch_size, row_multiple=row_multiple, shared_prefix=tcfg.shared_prefix_teacher,
         shape_reuse_slack=tcfg.shape_reuse_slack, batch_prefix_min=tcfg.batch_prefix_min,
-        reference=cfg.loss.kl_coef != 0)
+        reference=cfg.loss.kl_coef != 0, image_processor=images[0] if images else None,
+        image_token_id=images[1] if images else None)
 
 
 def optimizer_shardings(tx, trainable: Any, mesh: jax.sharding.Mesh) -> Any:
@@ -137,7 +140,7 @@ class StepRunner:
 
     def __init__(self, cfg: ExperimentConfig, samples: SampleSpec, mesh: jax.sharding.Mesh, graphdef: nnx.GraphDef,
                  trainable: nnx.State, frozen: nnx.State, teacher_graphdef: nnx.GraphDef, teacher_state: nnx.State,
-                 *, pad_id: int = 0):
+                 *, pad_id: int = 0, images: tuple[Any, int] | None = None):
         """From split states, concrete or abstract (`jax.ShapeDtypeStruct`s with shardings: the planner);
         `from_models` splits the models."""
         tcfg, opt = cfg.trainer, cfg.trainer.optimizer
@@ -156,7 +159,7 @@ class StepRunner:
         self.trainable_shardings = jax.tree.map(lambda x: x.sharding, trainable)
         self.opt_shardings = optimizer_shardings(self.tx, trainable, mesh)
         shards = batch_shards(tcfg.samples_per_step, mesh)
-        self.spec = batch_spec(cfg, samples, row_multiple=shards, pad_id=pad_id)
+        self.spec = batch_spec(cfg, samples, row_multiple=shards, pad_id=pad_id, images=images)
         self.batch_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")) if shards > 1 else PartitionSpec())
         self.shape_ladder = shape_ladder(self.spec)
         self.phases = jit_phases(self.settings, self.tx, self.schedule, self.trainable_shardings, self.opt_shardings,
@@ -186,7 +189,14 @@ class StepRunner:
         graphdef, trainable, frozen = nnx.split(student, LoRAParam if cfg.model.lora.enabled else nnx.Param, ...)
         teacher_graphdef, teacher_state = nnx.split(teacher)
         teacher_state = jax.jit(functools.partial(S.cast_floating, dtype=cfg.model.dtype))(teacher_state)
-        return cls(cfg, samples, mesh, graphdef, trainable, frozen, teacher_graphdef, teacher_state, pad_id=pad_id)
+        images = None
+        vl_cfg = getattr(student, "vl_cfg", None)   # a QwenVL student: its samples' images go into the batches
+        if vl_cfg is not None:
+            from openclaw_jax.models.image_processing import ImageProcessorConfig
+
+            images = (ImageProcessorConfig.for_vision(vl_cfg.vision), int(vl_cfg.image_token_id))
+        return cls(cfg, samples, mesh, graphdef, trainable, frozen, teacher_graphdef, teacher_state, pad_id=pad_id,
+                   images=images)
 
     def init_state(self, seed: int) -> TrainState:
         """The first state (once): the student's params, a fresh optimizer state, the rng of `seed` (all on
