@@ -1,6 +1,6 @@
 """Images at the real gateway over HTTP (a real `openai` client): a remote image URL or bad data is a
-400 naming the field; a well-formed data-URL image is parsed and then refused with a 400 saying the
-gateway does not serve images yet (nothing is sent to the policy, no turn is recorded)."""
+400 naming the field; a gateway without an image processor (a text policy) refuses a well-formed
+image with a 400 (nothing is sent to the policy, no turn is recorded)."""
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ def test_bad_images_are_400_naming_the_field(env, url, needle):
     assert needle in body["message"] and body["param"] == "messages[0].content[1].image_url.url"
 
 
-def test_a_good_image_is_refused_until_images_are_served(env):
+def test_a_good_image_is_refused_by_a_text_only_gateway(env):
     url = "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
     before = env.gateway.stats.turns_recorded
     with pytest.raises(openai.BadRequestError) as info:
         env.chat(image_messages(url), session="s-good", max_tokens=2)
-    assert "does not serve images yet" in info.value.body["message"] and info.value.body["param"] == "messages"
+    assert "reads text only" in info.value.body["message"] and info.value.body["param"] == "messages"
     assert env.gateway.stats.turns_recorded == before
     # the same request without the image is served
     reply = env.chat([{"role": "user", "content": "what is this?"}], session="s-text", max_tokens=2)

@@ -16,6 +16,7 @@ from typing import Any
 from openclaw_jax.gateway.judge import hint_augmented_messages
 from openclaw_jax.samples import Sample
 from openclaw_jax.gateway.sessions import ScoringJob, TurnRecord
+from openclaw_jax.models.vision_prompt import render_image_prompt
 
 logger = logging.getLogger("openclaw_jax.gateway.server")
 
@@ -26,6 +27,8 @@ class JudgePipeline:
     cfg: Any
     stats: Any
     judge: Any
+    tokenizer: Any
+    image_processor: Any
     budget: Any
     writer: Any
     sessions: Any
@@ -76,8 +79,13 @@ class JudgePipeline:
         for hint in judgement.hints:
             # One candidate at a time, yielding in between; inline when small (a thread would only add
             # GIL hand-offs), on a worker thread when large (the budget decides).
-            hint_prompts.append(await self.budget.render(hint_augmented_messages(turn.prompt_messages, hint),
-                                                         tools=turn.tools, **turn.chat_template_kwargs))
+            messages = hint_augmented_messages(turn.prompt_messages, hint)
+            if turn.images:   # the same images, each placeholder widened as in the prompt
+                hint_prompts.append(render_image_prompt(self.tokenizer, messages, [im.data for im in turn.images],
+                                                        self.image_processor, tools=turn.tools,
+                                                        **turn.chat_template_kwargs)[0])
+            else:
+                hint_prompts.append(await self.budget.render(messages, tools=turn.tools, **turn.chat_template_kwargs))
             await asyncio.sleep(0)
         sample = Sample(
             session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
@@ -88,7 +96,18 @@ class JudgePipeline:
             temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),
             hint_votes=list(judgement.hint_votes), judge_raw=judgement.raw, judge=judgement.judge,
             next_state=job.next_state.to_dict(), response_text=turn.response_text,
-            finish_reason=turn.finish_reason)
+            finish_reason=turn.finish_reason, image_sha256=[im.sha256 for im in turn.images])
+        if turn.images:
+            # The blobs first, durably (fsynced): the store refuses a record naming an image it lacks.
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: [self.writer.store.put_image(im.data) for im in turn.images])
+            except OSError as err:
+                logger.warning("session %s turn %d: image blobs not written (%s); sample dropped", turn.session_id,
+                               turn.turn_index, err)
+                self._store_error()
+                self.stats.samples_dropped_store += 1
+                return None
         if not self.writer.submit(sample):
             self.stats.samples_dropped_store += 1
         return sample

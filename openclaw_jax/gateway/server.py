@@ -49,6 +49,7 @@ from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.http.text_budget import TextBudget, message_chars
 from openclaw_jax.models.tokenizer import tokenizer_by_name
+from openclaw_jax.models.vision_prompt import render_image_prompt
 from openclaw_jax.pool.client import (
     NoHealthyWorkerError,
     PoolClient,
@@ -59,6 +60,7 @@ from openclaw_jax.pool.client import (
 from openclaw_jax.wire import json_safe
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import with_context_advice
+from openclaw_jax.wire.images import image_data_url
 from openclaw_jax.wire.sglang import SamplingParams
 from openclaw_jax.wire.sglang_results import GenerateResult, openai_finish
 from openclaw_jax.wire.tool_calls import safe_stream_prefix, split_tool_calls
@@ -114,8 +116,10 @@ class Gateway(JudgePipeline, SessionRoutes):
 
     def __init__(self, cfg: GatewayConfig, *, tokenizer: Any = None, policy: PoolClient | None = None,
                  judge: Judge | None = None, judge_pool: PoolClient | None = None,
-                 store: SampleStore | None = None) -> None:
+                 store: SampleStore | None = None, image_processor: Any = None) -> None:
         self.cfg = cfg
+        # a vision-language policy (Qwen2.5-VL): its `ImageProcessorConfig`; None: images are refused
+        self.image_processor = image_processor
         self.tokenizer = tokenizer
         self.policy = policy
         self.judge = judge
@@ -304,9 +308,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         # large conversation renders and tokenizes on a worker thread; one that could not fit
         # gateway.max_prompt_tokens in any tokenization is refused before any work.
         if req.images:
-            # Parsed and checked (wire/images.py); the policy path (/generate with pixels) is not wired yet.
-            raise bad_request("this gateway does not serve images yet (image_url parts are accepted by the "
-                              "parser only); send text content", param="messages")
+            return self._render_image_prompt(req)
         chars = message_chars(req.messages, req.tools)
         why = self.budget.conversation_too_long(req.messages, chars)
         if why is not None:
@@ -321,6 +323,26 @@ class Gateway(JudgePipeline, SessionRoutes):
                               param="messages") from None
         if not ids:
             raise bad_request("the chat template rendered an empty prompt", param="messages")
+        if len(ids) > self.cfg.max_prompt_tokens:
+            raise bad_request(with_context_advice(f"the prompt has {len(ids)} tokens; at most "
+                                                  f"{self.cfg.max_prompt_tokens} are accepted (gateway.max_prompt_tokens)."),
+                              param="messages")
+        return ids
+
+    def _render_image_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        """A prompt with images (a vision-language policy only): the template, each image's placeholder
+        widened to its token count (models/vision_prompt.py)."""
+        if self.image_processor is None:
+            raise bad_request("this gateway's policy reads text only: image_url parts are not served; send text "
+                              "content", param="messages")
+        if req.stream:
+            raise bad_request("a request with images is not streamed yet; send stream=false", param="stream")
+        try:
+            ids = render_image_prompt(self.tokenizer, req.messages, [im.data for im in req.images],
+                                      self.image_processor, tools=req.tools, **req.chat_template_kwargs)[0]
+        except Exception as err:  # noqa: BLE001 - an image that does not decode, a template error
+            raise bad_request(f"the images or messages could not be rendered: {type(err).__name__}: {err}",
+                              param="messages") from None
         if len(ids) > self.cfg.max_prompt_tokens:
             raise bad_request(with_context_advice(f"the prompt has {len(ids)} tokens; at most "
                                                   f"{self.cfg.max_prompt_tokens} are accepted (gateway.max_prompt_tokens)."),
@@ -378,10 +400,12 @@ class Gateway(JudgePipeline, SessionRoutes):
                 self.sessions.fail_turn(ticket)  # no-op if the turn was recorded
             raise
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int) -> GenerateResult:
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int,
+                        images: tuple = ()) -> GenerateResult:
         try:
+            extra = {"image_data": [image_data_url(im) for im in images]} if images else {}
             return await self.policy.generate(prompt_ids, sampling_params=params, return_logprob=True,
-                                              top_logprobs_num=top_logprobs)
+                                              top_logprobs_num=top_logprobs, **extra)
         except (PoolError, asyncio.TimeoutError) as err:
             self.stats.pool_errors += 1
             logger.warning("policy pool error: %s", err)
@@ -403,7 +427,7 @@ class Gateway(JudgePipeline, SessionRoutes):
             response_text=result.text, weight_version=result.weight_version,
             last_weight_version=result.last_weight_version,
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            finish_reason=result.finish_reason.type if result.finish_reason else "")
+            finish_reason=result.finish_reason.type if result.finish_reason else "", images=tuple(req.images))
         self.stats.turns_recorded += 1
         job = self.sessions.complete_turn(ticket, record)
         if job is not None:
@@ -426,7 +450,7 @@ class Gateway(JudgePipeline, SessionRoutes):
 
     async def _complete_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
                              params: SamplingParams, ticket: TurnTicket | None) -> web.Response:
-        result = await self._generate(prompt_ids, params, req.top_logprobs)
+        result = await self._generate(prompt_ids, params, req.top_logprobs, req.images)
         transport = request.transport
         if transport is None or transport.is_closing():
             # The agent hung up: it never saw this reply, so the turn must not be trained on.

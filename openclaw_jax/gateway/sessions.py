@@ -76,6 +76,7 @@ class TurnRecord:
     top_p: float = 1.0
     top_k: int = -1
     last_weight_version: str | None = None  # differs from weight_version when weights changed mid-response
+    images: tuple[Any, ...] = ()   # the prompt's `wire.images.ImageInput`s, in order
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from openclaw_jax.inference.engine import Engine, EngineError
 from openclaw_jax.inference.loading import WeightLoader, default_weight_loader
 from openclaw_jax.inference.openai_routes import OpenAIRoutes, json_response
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
+from openclaw_jax.inference.vision import image_sequence_output
 from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.text_budget import TextBudget
 from openclaw_jax.wire import openai as O
@@ -280,6 +281,8 @@ class InferenceServer(OpenAIRoutes):
         body = await self._json(request)
         self._refuse_long_input_ids(body)
         req = await G.parse_off_loop(request, S.parse_generate_request, body, vocab_size=self.vocab_size)
+        if any(item.images for item in req.items):
+            return await self._generate_with_images(request, req)
         specs = await self._generate_specs(request, req)
         single = not req.is_batch and len(specs) == 1
         build = functools.partial(build_generate_response, return_text_in_logprobs=req.return_text_in_logprobs,
@@ -296,6 +299,24 @@ class InferenceServer(OpenAIRoutes):
             await resp.write(O.SSE_DONE)
             await resp.write_eof()
         return resp
+
+    async def _generate_with_images(self, request: web.Request, req: S.GenerateRequest) -> web.Response:
+        """A prompt with `image_data`: served by `self.vision` (inference/vision.py, a QwenVL), one sequence,
+        not streamed; a server without it refuses."""
+        vision = getattr(self, "vision", None)
+        if vision is None:
+            raise WireError("this server's model reads text only: image_data is not served", param="image_data")
+        if req.stream:
+            raise WireError("a prompt with images is not streamed; send stream=false", param="stream")
+        (item,) = req.items
+        ids = list(item.input_ids) if item.input_ids is not None else (await self._encode_all([item.text], "text"))[0]
+        self._validate(ids, item.sampling, [0])
+        spec = GenerationSpec.of_item(item, ids, rid=item.rid or O.new_id(""))
+        out = await asyncio.get_running_loop().run_in_executor(None, functools.partial(
+            image_sequence_output, vision, self.tokenizer, item, ids, eos_token_ids=sorted(self.engine.eos_token_ids),
+            weight_version=self.engine.weight_version, rid=spec.rid))
+        return json_response(build_generate_response(out, spec, return_text_in_logprobs=req.return_text_in_logprobs,
+                                                     token_text=self.token_text))
 
     # ------------------------------------------------------------------ info / health
     async def models(self, request: web.Request) -> web.Response:

@@ -113,3 +113,36 @@ class VisionGenerator:
             logits, cache = _decode(self.graphdef, self.state, jnp.asarray([tok], jnp.int32),
                                     jnp.asarray([n + step], jnp.int32), cache, deltas)
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the embedded server's /generate with `image_data` (InferenceServer.vision: a VisionGenerator)
+
+
+def image_sequence_output(vision: VisionGenerator, tokenizer: Any, item: Any, prompt_ids: Sequence[int], *,
+                          eos_token_ids: Sequence[int], weight_version: str, rid: str) -> Any:
+    """Run one `/generate` item with images (`wire.sglang.GenerateItem.images`) -> a `SequenceOutput`.
+    What the image path cannot honour exactly is refused (WireError): n > 1, stop strings, top-p /
+    top-k / min-p truncation."""
+    import time
+
+    from openclaw_jax.inference.types import SequenceOutput
+    from openclaw_jax.wire.errors import WireError
+
+    sp = item.sampling
+    if sp.n != 1 or sp.stop or sp.top_p < 1.0 or sp.top_k > 0 or sp.min_p > 0:
+        raise WireError("a prompt with images is served with n=1, no stop strings and no top_p/top_k/min_p "
+                        "truncation", param="sampling_params")
+    started = time.time()
+    stops = tuple(sp.stop_token_ids or ()) + (() if sp.ignore_eos else tuple(eos_token_ids))
+    out = vision.generate(list(prompt_ids), [im.data for im in item.images], max_new_tokens=int(sp.max_new_tokens),
+                          temperature=float(sp.temperature), seed=int(sp.sampling_seed or 0), stop_token_ids=stops)
+    keep = out.output_ids[:-1] if out.finish_reason == "stop" and not sp.no_stop_trim else out.output_ids
+    finish = ({"type": "stop", "matched": out.output_ids[-1]} if out.finish_reason == "stop"
+              else {"type": "length", "length": len(out.output_ids)})
+    seq = SequenceOutput(rid=rid, prompt_ids=list(prompt_ids), output_ids=list(out.output_ids),
+                         text=tokenizer.decode(keep, skip_special_tokens=sp.skip_special_tokens),
+                         finish_reason=finish, output_logprobs=list(out.output_logprobs),
+                         weight_version=weight_version, created_time=started, finished_time=time.time())
+    seq.weight_versions = [{"version": weight_version, "start": 0, "end": len(out.output_ids)}]
+    return seq

@@ -333,11 +333,12 @@ class PoolClient:
         return ids
 
     def _generate_payload(self, input_ids, text, sampling_params: SamplingArg, return_logprob: bool,
-                          top_logprobs_num: int, logprob_start_len: int, rid: str | None, stream: bool) -> dict[str, Any]:
+                          top_logprobs_num: int, logprob_start_len: int, rid: str | None, stream: bool,
+                          image_data: Sequence[str] | None = None) -> dict[str, Any]:
         return S.generate_request_body(
             input_ids=None if input_ids is None else self._check_ids([int(t) for t in input_ids]), text=text,
             sampling_params=sampling_params, return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-            logprob_start_len=logprob_start_len, rid=rid, stream=stream)
+            logprob_start_len=logprob_start_len, rid=rid, stream=stream, image_data=image_data)
 
     @staticmethod
     def _check_single(sampling_params: SamplingArg) -> None:
@@ -363,11 +364,12 @@ class PoolClient:
     async def generate(self, input_ids: list[int] | None = None, *, text: str | None = None,
                        sampling_params: SamplingArg = None, return_logprob: bool = False,
                        top_logprobs_num: int = 0, logprob_start_len: int = -1,
-                       rid: str | None = None) -> GenerateResult:
-        """One `/generate` call; retried on transient failures; returns the finished sequence."""
+                       rid: str | None = None, image_data: Sequence[str] | None = None) -> GenerateResult:
+        """One `/generate` call; retried on transient failures; returns the finished sequence.
+        `image_data`: the prompt's images as data URLs, in order (its ids hold their placeholders)."""
         self._check_single(sampling_params)
         payload = self._generate_payload(input_ids, text, sampling_params, return_logprob, top_logprobs_num,
-                                         logprob_start_len, rid, stream=False)
+                                         logprob_start_len, rid, stream=False, image_data=image_data)
         expect = bool(payload.get("return_logprob"))
         return await self._request_json("POST", "/generate", payload,
                                          parse=self._parse_generate(expect, int(top_logprobs_num)))

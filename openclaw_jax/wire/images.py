@@ -137,3 +137,8 @@ def extract_images(messages: Any) -> tuple[Any, list[ImageInput]]:
 
 def count_placeholders(texts: Sequence[str]) -> int:
     return sum(t.count(IMAGE_PAD) for t in texts if isinstance(t, str))
+
+
+def image_data_url(image: ImageInput) -> str:
+    """An image as the data URL it came in (for `/generate`'s `image_data`)."""
+    return f"data:{image.mime};base64," + base64.b64encode(image.data).decode("ascii")

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from openclaw_jax.wire.errors import WireError
 from openclaw_jax.wire.fields import as_bool, as_float, as_int, as_str_list, optional_bool
+from openclaw_jax.wire.images import decode_data_url
 
 # SGLang's default when `max_new_tokens` is absent from /generate's sampling_params.
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -231,6 +232,7 @@ class GenerateItem:
     top_logprobs_num: int = 0
     token_ids_logprob: tuple[int, ...] | None = None
     rid: str | None = None
+    images: tuple[Any, ...] = ()   # `wire.images.ImageInput`s of `image_data` (data URLs), prompt order
 
 
 @dataclass(frozen=True)
@@ -245,8 +247,10 @@ def generate_request_body(*, input_ids: Sequence[int] | Sequence[Sequence[int]] 
                           text: str | Sequence[str] | None = None,
                           sampling_params: "SamplingParams | Mapping[str, Any] | None" = None,
                           return_logprob: bool = False, top_logprobs_num: int = 0, logprob_start_len: int = -1,
-                          rid: str | None = None, stream: bool = False) -> dict[str, Any]:
-    """The `/generate` body a client sends (one prompt, or a batch of ids/texts)."""
+                          rid: str | None = None, stream: bool = False,
+                          image_data: Sequence[str] | None = None) -> dict[str, Any]:
+    """The `/generate` body a client sends (one prompt, or a batch of ids/texts); `image_data`: the
+    prompt's images as data URLs, in order (one prompt only)."""
     if (input_ids is None) == (text is None):
         raise ValueError("pass exactly one of input_ids (list[int]) or text (str) to generate")
     payload: dict[str, Any] = {"sampling_params": sampling_params_json(sampling_params)}
@@ -262,10 +266,12 @@ def generate_request_body(*, input_ids: Sequence[int] | Sequence[Sequence[int]] 
         payload["rid"] = rid
     if stream:
         payload["stream"] = True
+    if image_data:
+        payload["image_data"] = list(image_data)
     return payload
 
 
-_UNSUPPORTED_GENERATE_FIELDS = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path",
+_UNSUPPORTED_GENERATE_FIELDS = ("input_embeds", "video_data", "audio_data", "lora_path",
                                 "session_params", "custom_logit_processor")
 
 
@@ -313,6 +319,18 @@ def _generate_prompts(body: Mapping, vocab_size: int) -> tuple[bool, list[str | 
     return is_batch, [None] * len(prompts), list(prompts)
 
 
+def _image_data(value: Any, is_batch: bool) -> tuple[Any, ...]:
+    """`image_data`: a data URL or a list of them (one prompt's images, in order)."""
+    if value is None:
+        return ()
+    if is_batch:
+        raise WireError("image_data is supported for a single prompt only", param="image_data")
+    urls = [value] if isinstance(value, str) else value
+    if not isinstance(urls, list) or not urls:
+        raise WireError("image_data must be a data URL or a non-empty list of them", param="image_data")
+    return tuple(decode_data_url(u, f"image_data[{i}]") for i, u in enumerate(urls))
+
+
 def parse_generate_request(body: Any, *, vocab_size: int) -> GenerateRequest:
     if not isinstance(body, Mapping):
         raise WireError(f"the /generate body must be a JSON object, got {type(body).__name__}")
@@ -321,6 +339,7 @@ def parse_generate_request(body: Any, *, vocab_size: int) -> GenerateRequest:
             raise WireError(f"{name} is not supported by the embedded JAX server")
     is_batch, prompts_text, prompts_ids = _generate_prompts(body, vocab_size)
     n_items = len(prompts_text)
+    images = _image_data(body.get("image_data"), is_batch)
     sampling_raw = body.get("sampling_params")
     samplings = [parse_sampling_params(s, vocab_size=vocab_size)
                  for s in _per_item(sampling_raw, n_items, is_batch, "sampling_params")]
@@ -347,7 +366,7 @@ def parse_generate_request(body: Any, *, vocab_size: int) -> GenerateRequest:
             raise WireError(f"rid must be a string, got {rid!r}")
         items.append(GenerateItem(text=prompts_text[i], input_ids=prompts_ids[i], sampling=samplings[i],
                                   return_logprob=rl, logprob_start_len=sl, top_logprobs_num=min(tn, vocab_size),
-                                  token_ids_logprob=tids, rid=rid))
+                                  token_ids_logprob=tids, rid=rid, images=images))
     return GenerateRequest(items=tuple(items), is_batch=is_batch, stream=optional_bool(body, "stream", False),
                            return_text_in_logprobs=optional_bool(body, "return_text_in_logprobs", False))
 
