@@ -109,3 +109,20 @@ def test_placeholder_count_must_match_the_images():
     with pytest.raises(TokenizerError):
         expand_image_placeholders("no image here", [4])
     assert expand_image_placeholders("plain", []) == "plain"
+
+
+def test_generate_image_data_round_trips_and_is_checked():
+    from openclaw_jax.wire.images import image_data_url
+    from openclaw_jax.wire.sglang import generate_request_body, parse_generate_request
+
+    a = png_bytes(seed=4)
+    _, (image,) = extract_images([image_message(data_url(a))])
+    body = generate_request_body(input_ids=[1, 2, 3], image_data=[image_data_url(image)])
+    req = parse_generate_request(body, vocab_size=100)
+    assert [im.data for im in req.items[0].images] == [a]
+    assert parse_generate_request({"input_ids": [1, 2]}, vocab_size=100).items[0].images == ()
+    with pytest.raises(WireError) as info:
+        parse_generate_request({"input_ids": [1, 2], "image_data": ["https://x/y.png"]}, vocab_size=100)
+    assert info.value.param == "image_data[0]" and "remote" in info.value.message
+    with pytest.raises(WireError, match="single prompt"):
+        parse_generate_request({"input_ids": [[1], [2]], "image_data": [data_url(a)]}, vocab_size=100)
