@@ -3,8 +3,9 @@ decode text with the per-sequence rope delta, and the rollout log-probs of every
 
 One sequence at a time and no prefix cache: the batched engine (engine.py, its kernels) serves
 text decoders; its prefix cache keys K/V by token ids, and the image tokens of two different images
-are the same ids, so image prompts must not share it. `VisionGenerator` is the image path a server
-can call for requests that carry images (not hooked into the engine yet). The prompt holds each
+are the same ids, so image prompts must not share it. `VisionGenerator` is the image path of the
+embedded server: `/generate` with `image_data` runs here when `InferenceServer.vision` is set
+(`image_sequence_output`); the batched engine serves the text decoder of the same weights. The prompt holds each
 image's placeholders (`<|image_pad|>` x `image_token_count(grid)`, `expand_image_placeholders`);
 `prefill_hidden` places the image features there and returns the M-RoPE delta; each decoded token
 at cache slot s then rotates at position s + delta (`QwenVL.decode`). The returned log-probs are
