@@ -361,6 +361,12 @@ class InferenceServer(OpenAIRoutes):
             return json_response(S.update_weights_body(False, exc.message), 400)
         except G.RequestRejected as exc:
             return json_response(S.update_weights_body(False, exc.message), exc.status)
+        if getattr(self, "vision", None) is not None:
+            # the image path (inference/vision.py) holds the weights too; swapping the engine's alone would
+            # serve images with the old weights under the new version
+            return json_response(S.update_weights_body(
+                False, "weight updates of a server with an image path (InferenceServer.vision) are not supported "
+                       "yet; restart the server with the new weights"), 400)
         async with self._update_lock:
             try:
                 state = await asyncio.to_thread(self.weight_loader, upd.model_path, upd.load_format)
