@@ -126,3 +126,23 @@ def test_generate_image_data_round_trips_and_is_checked():
     assert info.value.param == "image_data[0]" and "remote" in info.value.message
     with pytest.raises(WireError, match="single prompt"):
         parse_generate_request({"input_ids": [[1], [2]], "image_data": [data_url(a)]}, vocab_size=100)
+
+
+def test_processor_for_a_vl_model_dir(tmp_path):
+    import json
+
+    from openclaw_jax.models.image_processing import processor_for_model_dir
+
+    assert processor_for_model_dir(tmp_path) is None and processor_for_model_dir("tiny") is None
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert processor_for_model_dir(tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "vision_config": {
+        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2}}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 3136, "max_pixels": 12845056}))
+    proc = processor_for_model_dir(tmp_path)
+    assert (proc.patch_size, proc.merge_size, proc.min_pixels, proc.max_pixels) == (16, 2, 3136, 12845056)
+    # the shipped Qwen2.5-VL-7B config.json
+    from pathlib import Path
+
+    shipped = processor_for_model_dir(Path(__file__).resolve().parents[1] / "configs/models/qwen2.5-vl-7b-instruct")
+    assert shipped is not None and shipped.patch_size == 14 and shipped.merge_size == 2

@@ -49,6 +49,7 @@ from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.http.text_budget import TextBudget, message_chars
 from openclaw_jax.models.tokenizer import tokenizer_by_name
+from openclaw_jax.models.image_processing import processor_for_model_dir
 from openclaw_jax.models.vision_prompt import render_image_prompt
 from openclaw_jax.pool.client import (
     NoHealthyWorkerError,
@@ -146,6 +147,8 @@ class Gateway(JudgePipeline, SessionRoutes):
         cfg = self.cfg
         if self.tokenizer is None:
             self.tokenizer = await asyncio.get_running_loop().run_in_executor(None, tokenizer_by_name, cfg.model)
+        if self.image_processor is None:   # a Qwen2.5-VL model directory: its images are served
+            self.image_processor = processor_for_model_dir(cfg.model)
         self._stop_ids = sorted({int(t) for t in (getattr(self.tokenizer, "eos_token_ids", ()) or ())})
         if self.policy is None:
             if not cfg.policy_urls:

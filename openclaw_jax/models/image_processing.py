@@ -102,3 +102,37 @@ def image_token_count(grid_row: Sequence[int], merge_size: int = 2) -> int:
     """LLM image tokens of one image of grid (t, h, w)."""
     t, h, w = (int(v) for v in grid_row)
     return t * h * w // merge_size ** 2
+
+
+VL_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl")
+
+
+def processor_for_model_dir(model: Any) -> ImageProcessorConfig | None:
+    """The image processor of an HF model directory whose `config.json` is a Qwen2(.5)-VL one (patch,
+    temporal patch and merge sizes from `vision_config`; min/max pixels, mean and std from
+    `preprocessor_config.json` when it is there), else None (a text model, or not a directory)."""
+    import json
+    from pathlib import Path
+
+    path = Path(str(model))
+    try:
+        hf = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(hf, dict) or hf.get("model_type") not in VL_MODEL_TYPES:
+        return None
+    vision = hf.get("vision_config") or {}
+    kw: dict[str, Any] = {k: int(vision[k]) for k in ("patch_size", "temporal_patch_size") if k in vision}
+    if "spatial_merge_size" in vision:
+        kw["merge_size"] = int(vision["spatial_merge_size"])
+    try:
+        pre = json.loads((path / "preprocessor_config.json").read_text())
+    except (OSError, ValueError):
+        pre = {}
+    for key in ("min_pixels", "max_pixels"):
+        if isinstance(pre.get(key), int):
+            kw[key] = int(pre[key])
+    for key, name in (("image_mean", "mean"), ("image_std", "std")):
+        if isinstance(pre.get(key), list) and len(pre[key]) == 3:
+            kw[name] = tuple(float(v) for v in pre[key])
+    return ImageProcessorConfig(**kw)
