@@ -102,7 +102,7 @@ def test_one_image_through_gateway_server_store_and_trainer(tmp_path):
         lt.run(stop_gateway(gateway, runner))
         lt.stop()
         policy.stop()
-        engine.close() if hasattr(engine, "close") else None
+        engine.shutdown()
 
     sha = hashlib.sha256(image).hexdigest()
     with SampleStore(store_dir, readonly=True) as st:
@@ -147,3 +147,40 @@ def test_one_image_through_gateway_server_store_and_trainer(tmp_path):
     after = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.trainable) if k[0] == "visual"}
     assert np.isfinite(metrics["loss"]) and metrics["time/teacher_pass"] > 0   # the hint's teacher pass ran
     assert any(np.abs(after[k] - before[k]).max() > 0 for k in before)
+
+
+def test_the_server_cli_serves_a_qwen25vl_directory_with_images(tmp_path):
+    """`python -m openclaw_jax.inference --model <Qwen2.5-VL dir>`: /generate with image_data runs the image
+    path (the same tokens and log-probs as VisionGenerator in process, same seed); text prompts run in the
+    engine on the text decoder."""
+    import requests
+
+    from _server_utils import ServerProcess
+    from openclaw_jax.models.vision_prompt import render_image_prompt
+
+    ckpt = tmp_path / "qwen25vl"
+    make_checkpoint(ckpt)
+    tok = tokenizer()
+    tok.save_pretrained(ckpt)
+    model, vl = load_qwen_vl_checkpoint(ckpt)
+    image = png(23)
+    msgs = [{"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>Where is OK?"}]
+    ids, _, _ = render_image_prompt(tok, msgs, [image], ImageProcessorConfig.for_vision(vl.vision))
+    want = VisionGenerator(model).generate(ids, [image], max_new_tokens=5, temperature=1.0, seed=7,
+                                           stop_token_ids=[])
+    server = ServerProcess(ckpt, log_path=tmp_path / "server.log").start()
+    try:
+        url = "data:image/png;base64," + base64.b64encode(image).decode()
+        body = {"input_ids": ids, "image_data": [url], "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 5, "temperature": 1.0, "sampling_seed": 7, "ignore_eos": True}}
+        r = requests.post(server.url + "/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        meta = r.json()["meta_info"]
+        got = [(lp, t) for lp, t, *_ in meta["output_token_logprobs"]]
+        assert [t for _, t in got] == want.output_ids
+        np.testing.assert_allclose([lp for lp, _ in got], want.output_logprobs, atol=1e-4)
+        text = requests.post(server.url + "/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
+            "max_new_tokens": 2}}, timeout=120)
+        assert text.status_code == 200 and text.json()["meta_info"]["completion_tokens"] >= 1
+    finally:
+        server.terminate()

@@ -14,7 +14,8 @@ from typing import Sequence
 from aiohttp import web
 
 from openclaw_jax.inference.engine import Engine, EngineConfig
-from openclaw_jax.inference.loading import context_length_from, load_for_serving
+from openclaw_jax.inference.loading import context_length_from, load_for_serving, load_vl_for_serving
+from openclaw_jax.inference.vision import VisionGenerator
 from openclaw_jax.inference.server import InferenceServer
 from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
@@ -100,7 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     configure_logging(args.log_level)
-    model, tokenizer, hf_config, source = load_for_serving(args.model, dtype=args.dtype)
+    vl = load_vl_for_serving(args.model, dtype=args.dtype)   # a Qwen2.5-VL directory: images served too
+    if vl is not None:
+        vl_model, tokenizer, hf_config, source = vl
+        model = vl_model.language_model
+    else:
+        model, tokenizer, hf_config, source = load_for_serving(args.model, dtype=args.dtype)
     context_length = context_length_from(hf_config, model.cfg, args.context_length)
     engine = Engine(model, tokenizer, context_length=context_length, weight_version=args.weight_version,
                     seed=args.seed,
@@ -114,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,
                              max_request_tokens=args.max_request_tokens)
+    if vl is not None:
+        server.vision = VisionGenerator(vl_model)
     sock = _bind_socket(args.host, args.port)
     try:
         asyncio.run(serve(server, sock, args.shutdown_timeout))

@@ -51,3 +51,22 @@ def context_length_from(hf_config: dict | None, model_cfg, override: int | None)
         if hf_config and isinstance(hf_config.get(key), int):
             return int(hf_config[key])
     return int(model_cfg.max_position_embeddings)
+
+
+def load_vl_for_serving(model: str, *, dtype: str | None = None):
+    """(QwenVL, Tokenizer, hf_config, model_path) for a Qwen2.5-VL HF directory, else None: the server
+    then runs the text decoder in its engine and image prompts through `inference/vision.py`."""
+    import json
+
+    from openclaw_jax.models.qwen_vl import is_vl_config, load_qwen_vl_checkpoint
+    from openclaw_jax.models.tokenizer.sources import load_tokenizer
+
+    path = Path(model)
+    try:
+        hf = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(hf, dict) and is_vl_config(hf)):
+        return None
+    vl_model, _ = load_qwen_vl_checkpoint(path, dtype=dtype)
+    return vl_model, load_tokenizer(path), hf, str(path)
