@@ -38,6 +38,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from openclaw_jax.configlib import ConfigError
+from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.samples import Sample
+
+# JAX, and the package modules that import it, are imported inside the functions below: `main` first
+# sets XLA_FLAGS (the simulated device count) and JAX_PLATFORMS, which JAX reads once, when it starts.
+
 _REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "models"
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4,
           "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4}
@@ -189,8 +198,6 @@ def _largest_shapes(spec, ladder, T: int) -> tuple[dict, dict]:
     every sequence max_seq_len long, packed one per row (the most rows of the ladder), or unpacked
     [B, L] / [B, C, L]; with a shared prefix one row per sample, the ladder's longest [B, C * L] (no
     prefix shared at all)."""
-    import numpy as np
-
     B, C, L = spec.batch_size, spec.max_candidates, spec.max_seq_len
     i32, f32 = np.int32, np.float32
 
@@ -221,10 +228,7 @@ def _openclaw_shapes(spec, *, prompt: int, response: int, hint: int, shared: int
     (the first `shared` of them common to every sample, e.g. OpenClaw's system prompt) and a
     `response`-token response, each with `max_candidates` hint prompts (`hint` tokens inserted
     before the prompt's last 3, as the judge appends a hint to the last user message)."""
-    import numpy as np
-
-    from openclaw_jax.samples import Sample
-    from openclaw_jax.trainer.batcher import pack
+    from openclaw_jax.trainer.batcher import pack   # imports JAX: after main's XLA_FLAGS (see the imports)
 
     if not (prompt > 3 and response > 0 and hint >= 0 and 0 <= shared <= prompt - 3):
         raise ValueError(f"--prompt-len={prompt} must be > 3, --response-len={response} > 0, --hint-len={hint} "
@@ -253,7 +257,7 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     student's and the teacher's rows (`trainer/vision_batch.py`), the vision tower in every pass."""
     import jax
 
-    from openclaw_jax.trainer import step as S
+    from openclaw_jax.trainer import step as S   # imports JAX: after main's XLA_FLAGS (see the imports)
 
     mcfg, runner, trainable = _abstract_runner(cfg, hf_config)
     vision = _vision_inputs(runner, hf_config, images, (trainable, runner.frozen))
@@ -327,7 +331,7 @@ def _abstract_runner(cfg, hf_config: dict[str, Any]):
     states (no weights): its jitted phases are what the planner lowers."""
     from flax import nnx
 
-    from openclaw_jax.models.config import ModelConfig
+    # these import JAX: after main's XLA_FLAGS (see the imports)
     from openclaw_jax.models.decoder import Decoder
     from openclaw_jax.models.lora import LoRAParam, add_lora
     from openclaw_jax.models.weights import apply_dtypes
@@ -452,7 +456,7 @@ def causal_attention_flops_per_token(mcfg, seq_len: int) -> float:
     once more by the layer remat, backward 5 (QK^T again, dV, dP, dQ, dK): 9 matmuls of
     2 * block^2 * head_dim. A query visits about (seq_len + block) / 2 keys under the causal mask.
     """
-    from openclaw_jax.models.attention import default_block_size
+    from openclaw_jax.models.attention import default_block_size   # imports JAX: see the imports
 
     block = getattr(mcfg, "attention_block_size", 0) or default_block_size()
     visited = (seq_len + min(block, seq_len)) / 2.0
@@ -568,8 +572,7 @@ def main(argv: list[str] | None = None) -> int:
                               env=env).returncode
     os.environ["XLA_FLAGS"] = want
     os.environ["JAX_PLATFORMS"] = "cpu"
-    from openclaw_jax.config import load_experiment_config
-    from openclaw_jax.configlib import ConfigError
+    from openclaw_jax.config import load_experiment_config   # imports JAX: only now that XLA_FLAGS is set
 
     try:
         cfg = load_experiment_config(args.config, args.overrides)

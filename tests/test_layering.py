@@ -1,6 +1,7 @@
 """The package's import layering (issue 25), checked by `scripts/check_layering.py`: no import cycle
 between files or packages (`__main__` blocks and imports inside functions included), `envs/` imports
-neither `trainer/`, `gateway/` nor the experiment config, `trainer/` neither `gateway/` nor `pool/`."""
+neither `trainer/`, `gateway/` nor the experiment config, `trainer/` neither `gateway/` nor `pool/`;
+and, a separate check of the same script, no function longer than 80 lines."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def _check(root: Path) -> subprocess.CompletedProcess:
 def test_the_package_is_layered():
     proc = _check(ROOT / "openclaw_jax")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "layering ok" in proc.stdout and "function lengths ok (<= 80 lines)" in proc.stdout, proc.stdout
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -66,3 +68,28 @@ def test_a_layered_package_passes(tmp_path):
                                "trainer/__init__.py": "from openclaw_jax.envs import a\n"})
     proc = _check(root)
     assert proc.returncode == 0 and "layering ok" in proc.stdout, proc.stdout
+
+
+def test_the_checker_finds_long_functions(tmp_path):
+    """Methods and nested functions are measured on their own, from `def` to the last line."""
+
+    def lines(n: int, indent: str) -> str:
+        return "".join(f"{indent}x{i} = {i}\n" for i in range(n))
+
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        # ok: def + 79 lines = 80, the limit; C.long: 81 lines, from line 84
+        "a.py": "def ok():\n" + lines(79, "    ") + "\n\nclass C:\n    def long(self):\n" + lines(80, "        "),
+        # outer.inner: 81 lines, so outer: 82
+        "b.py": "def outer():\n    def inner():\n" + lines(80, "        "),
+    })
+    proc = _check(root)
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    assert "layering ok" in out
+    assert "openclaw_jax/a.py:84 C.long (81 lines)" in out
+    assert "openclaw_jax/b.py:2 outer.inner (81 lines)" in out and "openclaw_jax/b.py:1 outer (82 lines)" in out
+    assert " ok (" not in out and "3 function(s) over 80 lines" in out
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--root", str(root), "--max-function-lines", "82"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "function lengths ok (<= 82 lines)" in proc.stdout, proc.stdout

@@ -17,6 +17,7 @@ from flax import nnx
 
 from openclaw_jax.models.config import LORA_TARGETS, LoRAConfig
 from openclaw_jax.models.decoder import Decoder, LoRAParam, init_normal
+from openclaw_jax.parallel.sharding import shard_model
 
 __all__ = ["LORA_TARGETS", "LoRAConfig", "LoRAParam", "add_lora", "lora_filter", "lora_state", "merge_lora"]
 
@@ -67,8 +68,6 @@ def add_lora(model: Decoder, lora: LoRAConfig, *, rngs: nnx.Rngs) -> Decoder:
         out.append((path, var.replace(value)))
     new_model = nnx.merge(graphdef, nnx.from_flat_state(out))
     if mesh is not None:
-        from openclaw_jax.parallel.sharding import shard_model
-
         shard_model(new_model, mesh)
     return new_model
 

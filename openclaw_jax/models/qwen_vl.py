@@ -46,8 +46,8 @@ from openclaw_jax.models.config import LoRAConfig, ModelConfig, ModelConfigError
 from openclaw_jax.models.decoder import Decoder, KVCache
 from openclaw_jax.models.vision import VisionConfig, VisionTransformer, as_grid
 from openclaw_jax.models.weights import (CheckpointError, DictSource, SafetensorsSource, TensorMapping,
-                                         TensorSource, _identity, apply_dtypes, hf_name_map, place_params,
-                                         read_hf_config)
+                                         TensorSource, _fsync_dir, _identity, _to_host, _write_checkpoint_files,
+                                         apply_dtypes, hf_name_map, place_params, read_hf_config)
 
 logger = logging.getLogger(__name__)
 
@@ -433,8 +433,6 @@ def load_qwen_vl_checkpoint(model_dir: str | os.PathLike, *, mesh: jax.sharding.
 
 def vl_state_dict(model: QwenVL) -> dict[str, np.ndarray]:
     """`{hf_name: ndarray}` in the public Qwen2.5-VL layout."""
-    from openclaw_jax.models.weights import _to_host
-
     if model.lora is not None:
         raise ValueError("model has LoRA adapters; merge them before exporting")
     flat = {tuple(p): v for p, v in nnx.to_flat_state(nnx.state(model))}
@@ -454,8 +452,6 @@ def save_qwen_vl_checkpoint(model: QwenVL, out_dir: str | os.PathLike, max_shard
     """Write `config.json` (public Qwen2.5-VL layout) + safetensors for `model`; `transformers` and
     `load_qwen_vl_checkpoint` load it. Each file is written to a temp name and renamed, weights
     first and `config.json` last. Multi-host: every process calls it (gather); process 0 writes."""
-    from openclaw_jax.models.weights import _fsync_dir, _write_checkpoint_files
-
     tensors = vl_state_dict(model)
     out = Path(out_dir)
     if jax.process_index() != 0:

@@ -37,6 +37,8 @@ import numpy as np
 from flax import nnx
 
 from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.decoder import Decoder
+from openclaw_jax.parallel.sharding import state_shardings
 
 logger = logging.getLogger(__name__)
 
@@ -368,8 +370,6 @@ def _validate(cfg: ModelConfig, mappings: list[TensorMapping], source: TensorSou
 def build_model(cfg: ModelConfig, source: TensorSource, mesh: jax.sharding.Mesh | None):
     """The abstract model (`nnx.eval_shape`), its target shardings, then each param placed straight
     onto its shards, one HF tensor at a time (host memory ~ the largest tensor)."""
-    from openclaw_jax.models.decoder import Decoder
-
     mappings = hf_name_map(cfg)
     _validate(cfg, mappings, source)
     return place_params(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), [(mp.path, mp) for mp in mappings], source, mesh,
@@ -380,8 +380,6 @@ def place_params(make_model, paths: list[tuple[tuple, "TensorMapping"]], source:
                  mesh: jax.sharding.Mesh | None, family: str):
     """`make_model()` built abstractly, then each param (its HF tensor found through `paths`: param path ->
     mapping) read from `source` and placed straight onto its shards (on one device without a mesh)."""
-    from openclaw_jax.parallel.sharding import state_shardings
-
     graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
     if mesh is not None:
         shardings = dict(nnx.to_flat_state(state_shardings(abstract, mesh, family)))

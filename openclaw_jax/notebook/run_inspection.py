@@ -18,6 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
+from openclaw_jax.config import load_run_config
+from openclaw_jax.samples import SampleStore
+
 log = logging.getLogger(__name__)
 
 RUN_DIR_ENV = "OPENCLAW_RUN_DIR"
@@ -86,8 +89,6 @@ def ensure_run(run_dir: str | os.PathLike, *, steps: int = 2, overrides: Sequenc
 
 def load_config(run_dir: str | os.PathLike):
     """The resolved `ExperimentConfig` the run was started with (with `run_dir` set to `run_dir`)."""
-    from openclaw_jax.config import load_run_config
-
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{str(path)!r} not found; is {str(run_dir)!r} a run directory?")
@@ -98,8 +99,6 @@ def load_config(run_dir: str | os.PathLike):
 
 def load_samples(run_dir: str | os.PathLike, start: int = 0, stop: int | None = None) -> list:
     """Samples `[start, stop)` of the run's store (read-only; safe while the run writes)."""
-    from openclaw_jax.samples import SampleStore
-
     store = SampleStore(Path(run_dir) / "samples", readonly=True)
     try:
         count = None if stop is None else max(stop - start, 0)

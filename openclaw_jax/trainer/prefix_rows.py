@@ -16,7 +16,7 @@ from openclaw_jax.models.attention import SHARED_SEGMENT  # keys every segment o
 from openclaw_jax.samples import Sample
 from openclaw_jax.trainer.step import num_micro_batches
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # batcher.py imports this module (pack places the shared prefixes)
     from openclaw_jax.trainer.batcher import BatchSpec
 
 
