@@ -43,7 +43,6 @@ from openclaw_jax.losses.opd import opd_subset, take_candidate, topk_opd_token_l
 from openclaw_jax.losses.policy import (
     MetricStat,
     batch_mean,
-    entropy_from_logits,
     finalize_metrics,
     low_var_kl,
     masked_token_mean,
@@ -53,7 +52,7 @@ from openclaw_jax.losses.policy import (
 )
 from openclaw_jax.losses.registry import get_kind, loss_kind, register_loss
 from openclaw_jax.losses.selection import overlap_counts, select_hint
-from openclaw_jax.ops.logprobs import DEFAULT_CHUNK_SIZE, lse_logprobs_entropy
+from openclaw_jax.ops.logprobs import DEFAULT_CHUNK_SIZE, dense_lse_logprobs_entropy, lse_logprobs_entropy
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
@@ -316,12 +315,16 @@ def _loss_terms(
     return loss, stats
 
 
-def dense_current_logprobs(logits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Global log-softmax of ``logits [B,T,V]`` at ``ids [B,T,J]``, and the full entropy ``[B,T]``."""
-    logits = jnp.asarray(logits, jnp.float32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    ids = jnp.clip(ids, 0, logits.shape[-1] - 1)
-    return jnp.take_along_axis(logp, ids, axis=-1), entropy_from_logits(logits)
+def dense_current_logprobs(logits: jax.Array, ids: jax.Array, *, entropy_grad: bool = True
+                           ) -> tuple[jax.Array, jax.Array]:
+    """Global log-softmax of ``logits [B,T,V]`` at ``ids [B,T,J]``, and the full entropy ``[B,T]``.
+
+    One custom-VJP kernel (:func:`openclaw_jax.ops.logprobs.dense_lse_logprobs_entropy`): the same
+    values as ``take_along_axis(log_softmax(logits), ids)`` and ``policy.entropy_from_logits``, without
+    materialising the log-softmax (forward) or its one-hot/scatter temporaries (backward).
+    ``entropy_grad=False``: the entropy is a metric (its cotangent is ignored)."""
+    _, cur, entropy = dense_lse_logprobs_entropy(logits, ids, with_entropy=True, entropy_grad=entropy_grad)
+    return cur, entropy
 
 
 def _check_logits(logits: jax.Array, batch: HybridBatch) -> None:
@@ -342,7 +345,7 @@ def dense_loss_with_stats(logits, batch: HybridBatch, cfg: LossConfig, *, kind: 
     ``with_k_star``: ``(loss, (stats, k* [B,T]))``)."""
     _check_logits(logits, batch)
     plan = make_gather_plan(batch, cfg, kind)
-    cur, entropy = dense_current_logprobs(logits, plan.ids)
+    cur, entropy = dense_current_logprobs(logits, plan.ids, entropy_grad=cfg.entropy_coef != 0)
     if cfg.entropy_coef == 0:
         entropy = jax.lax.stop_gradient(entropy)
     return _with_k_star(_loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count), plan, with_k_star)

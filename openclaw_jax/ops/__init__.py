@@ -6,6 +6,7 @@ A leaf under `losses/`: the chunked hybrid loss built on these kernels is `openc
 from openclaw_jax.ops.logprobs import (
     DEFAULT_CHUNK_SIZE,
     VocabStats,
+    dense_lse_logprobs_entropy,
     entropy,
     logprobs_at_ids,
     logsumexp,
@@ -19,6 +20,7 @@ from openclaw_jax.ops.logprobs import (
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "VocabStats",
+    "dense_lse_logprobs_entropy",
     "entropy",
     "logprobs_at_ids",
     "logsumexp",

@@ -296,3 +296,80 @@ def topk_logprobs(hidden, lm_head, k: int, *, temperature=1.0,
         raise ValueError(f"topk_logprobs needs k >= 1, got {k!r}")
     stats = vocab_stats(hidden, lm_head, top_k=k, temperature=temperature, chunk_size=chunk_size)
     return stats.topk_ids, stats.topk_logprobs
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense (full-logits) variant: the same maths as the chunked kernel above, on logits that
+# already exist ([..., V] float32). jax.grad through ``log_softmax`` + ``take_along_axis`` +
+# an entropy materialises several [..., V] arrays (the shifted logits, their exp, p * log p,
+# a zero array to scatter the gather's cotangent into, the sum of those); this custom VJP
+# reads the logits twice forward (max, then exp-sum with the entropy in the same pass) and
+# once backward, writing only the gradient, into which the gather cotangent is scattered in
+# place.
+# ---------------------------------------------------------------------------------------------
+
+
+def _dense_stats(z: jax.Array, ids: jax.Array, with_entropy: bool):
+    # max + sum(exp) fuse into one read; a second reduction over the *same* exp(z - m) would make
+    # XLA materialise it ([..., V] written, page-faulted), so the entropy is its own pass:
+    # H = sum_v p_v (lse - z_v) with p = exp(z - lse), reading the logits once more.
+    m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    lse = m[..., 0] + jnp.log(jnp.sum(jnp.exp(z - m), axis=-1))
+    ent = None
+    if with_entropy:
+        # -log p, capped so that p = 0 (a -inf logit) gives 0 * fmax = 0 rather than 0 * inf; a
+        # minimum, not a `where`: a select splits the fusion and materialises the product.
+        # (The barrier keeps lse a [...] value: fused into the broadcast, XLA writes the broadcast out.)
+        gap = jnp.minimum(jax.lax.optimization_barrier(lse)[..., None] - z, jnp.finfo(jnp.float32).max)
+        ent = jnp.sum(jnp.exp(-gap) * gap, axis=-1)
+    vocab = z.shape[-1]
+    logp_ids = jnp.take_along_axis(z, jnp.clip(ids, 0, vocab - 1), axis=-1) - lse[..., None]
+    return lse, logp_ids, ent
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dense_lse_logp_entropy(z, ids, with_entropy: bool, entropy_grad: bool):
+    return _dense_stats(z, ids, with_entropy)
+
+
+def _dense_fwd(z, ids, with_entropy, entropy_grad):
+    lse, logp_ids, ent = _dense_stats(z, ids, with_entropy)
+    return (lse, logp_ids, ent), (z, ids, lse, ent)
+
+
+def _dense_bwd(with_entropy, entropy_grad, residuals, cotangents):
+    z, ids, lse, ent = residuals
+    g_lse, g_ids, g_ent = cotangents
+    vocab = z.shape[-1]
+    logp = z - lse[..., None]
+    p = jnp.exp(logp)
+    coeff = g_lse - jnp.sum(g_ids, axis=-1)
+    dz = p * coeff[..., None]
+    if with_entropy and entropy_grad:
+        # dH/dz = -p (log p + H); log p floored so a -inf logit gives 0 * finite = 0, not 0 * -inf
+        dz = dz - (g_ent[..., None] * p) * (jnp.maximum(logp, jnp.finfo(jnp.float32).min) + ent[..., None])
+    lead = jnp.indices(ids.shape[:-1], sparse=True)
+    index = tuple(i[..., None] for i in lead) + (jnp.clip(ids, 0, vocab - 1),)
+    dz = dz.at[index].add(g_ids.astype(dz.dtype))
+    return dz.astype(z.dtype), jnp.zeros(ids.shape, jax.dtypes.float0)
+
+
+_dense_lse_logp_entropy.defvjp(_dense_fwd, _dense_bwd)
+
+
+def dense_lse_logprobs_entropy(
+    logits: jax.Array,
+    ids: jax.Array,
+    *,
+    with_entropy: bool = True,
+    entropy_grad: bool = True,
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """Differentiable ``(logsumexp [...], log_softmax(logits) at ids [..., J], entropy [...])`` from
+    full float32 logits ``[..., V]`` (ids clipped into ``[0, V)``); the dense twin of
+    :func:`lse_logprobs_entropy`, with the same custom VJP so no [..., V] temporary but the
+    gradient itself is written. ``entropy_grad=False`` ignores the entropy's cotangent."""
+    logits = jnp.asarray(logits, jnp.float32)
+    ids = jnp.asarray(ids, jnp.int32)
+    if ids.shape[:-1] != logits.shape[:-1]:
+        raise ValueError(f"ids must be [..., J] with [...] = logits.shape[:-1] = {logits.shape[:-1]}, got {ids.shape}")
+    return _dense_lse_logp_entropy(logits, ids, with_entropy, entropy_grad)
