@@ -36,61 +36,61 @@ def _connect_display():
         os.environ["FONTCONFIG_FILE"] = "/sandbox/fonts.conf"
 
 
-def main():
-    _connect_display()
-    import tkinter as tk
+class _App:
+    """The Tk application: widgets from the spec, and its state as JSON on request over stdin/stdout."""
 
-    spec_path = sys.argv[1] if len(sys.argv) > 1 else "/sandbox/app.json"
-    with open(spec_path) as f:
-        spec = json.load(f)
-    root = tk.Tk()
-    root.title(spec.get("title", "app"))
-    root.geometry(f"{spec['width']}x{spec['height']}+0+0")
-    root.configure(background="#e8e8e8")
-    font = ("DejaVu Sans", 10)
-    state = {"entries": {}, "pressed": [], "menu": None, "menu_of": None, "focus": None}
-    widgets, entries, menus = {}, {}, {}
+    def __init__(self, tk, spec: dict):
+        self.tk = tk
+        self.root = tk.Tk()
+        self.root.title(spec.get("title", "app"))
+        self.root.geometry(f"{spec['width']}x{spec['height']}+0+0")
+        self.root.configure(background="#e8e8e8")
+        self.font = ("DejaVu Sans", 10)
+        self.state = {"entries": {}, "pressed": [], "menu": None, "menu_of": None, "focus": None}
+        self.widgets, self.entries, self.menus = {}, {}, {}
+        self.buf = bytearray()
+        for w in spec["widgets"]:
+            widget = self._make_widget(w)
+            widget.place(x=w["x"], y=w["y"], width=w["w"], height=w["h"])
+            self.widgets[w["name"]] = widget
 
-    def press(name):  # each press with the entries' values at that moment
-        state["pressed"].append({"name": name, "entries": {n: v.get() for n, v in entries.items()}})
+    def press(self, name):  # each press with the entries' values at that moment
+        self.state["pressed"].append({"name": name, "entries": {n: v.get() for n, v in self.entries.items()}})
 
-    def choose(name, item, var):
-        state["menu"], state["menu_of"] = item, name
+    def choose(self, name, item, var):
+        self.state["menu"], self.state["menu_of"] = item, name
         var.set(item)
 
-    for w in spec["widgets"]:
-        kind, name = w["kind"], w["name"]
+    def _make_widget(self, w):
+        tk, root, font, kind, name = self.tk, self.root, self.font, w["kind"], w["name"]
         if kind == "label":
-            widget = tk.Label(root, text=w.get("text", ""), font=font, anchor="w", background="#e8e8e8")
-        elif kind == "entry":
+            return tk.Label(root, text=w.get("text", ""), font=font, anchor="w", background="#e8e8e8")
+        if kind == "entry":
             var = tk.StringVar(value=w.get("value", ""))
             widget = tk.Entry(root, textvariable=var, font=font)
             if w.get("readonly"):
                 widget.configure(state="readonly")
-            entries[name] = var
-        elif kind == "button":
-            widget = tk.Button(root, text=w.get("text", name), font=font, command=lambda n=name: press(n))
-        elif kind == "menu":
+            self.entries[name] = var
+            return widget
+        if kind == "button":
+            return tk.Button(root, text=w.get("text", name), font=font, command=lambda n=name: self.press(n))
+        if kind == "menu":
             var = tk.StringVar(value=w.get("text", name))
             widget = tk.Menubutton(root, textvariable=var, font=font, relief="raised", indicatoron=True)
             menu = tk.Menu(widget, tearoff=0, font=font)
             for item in w.get("items", []):
-                menu.add_command(label=item, command=lambda n=name, i=item, v=var: choose(n, i, v))
+                menu.add_command(label=item, command=lambda n=name, i=item, v=var: self.choose(n, i, v))
             widget.configure(menu=menu)
-            menus[name] = menu
-        else:
-            raise ValueError(f"unknown widget kind {kind!r}")
-        widget.place(x=w["x"], y=w["y"], width=w["w"], height=w["h"])
-        widgets[name] = widget
+            self.menus[name] = menu
+            return widget
+        raise ValueError(f"unknown widget kind {kind!r}")
 
-    def geometry():
-        out = {}
-        for name, widget in widgets.items():
-            out[name] = [widget.winfo_rootx(), widget.winfo_rooty(), widget.winfo_width(), widget.winfo_height()]
-        return out
+    def geometry(self):
+        return {name: [w.winfo_rootx(), w.winfo_rooty(), w.winfo_width(), w.winfo_height()]
+                for name, w in self.widgets.items()}
 
-    def posted_menu():
-        for name, menu in menus.items():
+    def posted_menu(self):
+        for name, menu in self.menus.items():
             if menu.winfo_ismapped():
                 n = menu.index("end")
                 items = []
@@ -102,40 +102,50 @@ def main():
                 return {"name": name, "items": items, "active": menu.index("active")}
         return None
 
-    def snapshot():
-        root.update()
-        for name, var in entries.items():
-            state["entries"][name] = var.get()
-        focus = root.focus_get()
-        state["focus"] = next((n for n, w in widgets.items() if w is focus), None)
-        return {"state": state, "geometry": geometry(), "menu": posted_menu()}
+    def snapshot(self):
+        self.root.update()
+        for name, var in self.entries.items():
+            self.state["entries"][name] = var.get()
+        focus = self.root.focus_get()
+        self.state["focus"] = next((n for n, w in self.widgets.items() if w is focus), None)
+        return {"state": self.state, "geometry": self.geometry(), "menu": self.posted_menu()}
 
-    buf = bytearray()
-
-    def on_stdin(*_):
+    def on_stdin(self, *_):
         chunk = os.read(0, 65536)
         if not chunk:  # the host went away
-            root.destroy()
+            self.root.destroy()
             return
-        buf.extend(chunk)
-        while b"\n" in buf:
-            line, _, rest = bytes(buf).partition(b"\n")
-            buf[:] = rest
+        self.buf.extend(chunk)
+        while b"\n" in self.buf:
+            line, _, rest = bytes(self.buf).partition(b"\n")
+            self.buf[:] = rest
             cmd = json.loads(line or b"{}").get("cmd")
             if cmd == "quit":
-                reply({"bye": True})
-                root.destroy()
+                self.reply({"bye": True})
+                self.root.destroy()
                 return
-            reply(snapshot() if cmd == "state" else {"error": f"unknown command {cmd!r}"})
+            self.reply(self.snapshot() if cmd == "state" else {"error": f"unknown command {cmd!r}"})
 
+    @staticmethod
     def reply(obj):
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    root.tk.createfilehandler(0, tk.READABLE, on_stdin)
-    root.update()
-    reply({"ready": True, **snapshot()})
-    root.mainloop()
+    def run(self):
+        self.root.tk.createfilehandler(0, self.tk.READABLE, self.on_stdin)
+        self.root.update()
+        self.reply({"ready": True, **self.snapshot()})
+        self.root.mainloop()
+
+
+def main():
+    _connect_display()
+    import tkinter as tk  # inside the jail, after the display is connected; the host never imports Tk
+
+    spec_path = sys.argv[1] if len(sys.argv) > 1 else "/sandbox/app.json"
+    with open(spec_path) as f:
+        spec = json.load(f)
+    _App(tk, spec).run()
 
 
 if __name__ == "__main__":
