@@ -159,8 +159,14 @@ PERSONAS: Registry[PersonaFactory] = Registry("persona")
 
 
 def register_persona(name: str, *, overwrite: bool = False) -> Callable[[PersonaFactory], PersonaFactory]:
-    """Decorator: register a `Persona` subclass (or a `factory(**kwargs) -> Persona`) under `name`."""
-    return PERSONAS.register(name, overwrite=overwrite)
+    """Decorator: register a `Persona` subclass (or a `factory(**kwargs) -> Persona`) under `name`; a
+    subclass gets `name` as its `name` attribute, so the name is written once."""
+    def decorate(factory: PersonaFactory) -> PersonaFactory:
+        if isinstance(factory, type):
+            factory.name = name
+        return PERSONAS.register(name, overwrite=overwrite)(factory)
+
+    return decorate
 
 
 class Persona:
@@ -252,7 +258,6 @@ class StudentProse(Persona):
          computed intermediate or final value.
     """
 
-    name = "student_prose"
     description = "A student who wants natural prose with every step and no markdown."
     preference = (
         "I am a student. I want the solution explained in natural, plain prose, one sentence per "
@@ -353,7 +358,6 @@ class TeacherFriendly(Persona):
       4. comments, not fragments: at least two sentences of >= 4 words.
     """
 
-    name = "teacher_friendly"
     description = "A teacher who wants specific, friendly comments."
     preference = (
         "I am a teacher. I want friendly, encouraging comments that are specific: they refer to "
@@ -437,7 +441,6 @@ class StartsWith(Persona):
             raise ValueError("starts_with: prefix must be a non-empty phrase")
         self.prefix = prefix
         self.case_sensitive = case_sensitive
-        self.name = "starts_with"
         self.preference = f'I want every answer to begin with "{prefix}".'
 
     def rules(self, answer: str, question: str | None, finish_reason: str | None,
@@ -490,7 +493,6 @@ class Concise(Persona):
             raise ValueError(f"concise: correct must be true or false, got {correct!r}")
         self.max_chars = max_chars
         self.correct = correct
-        self.name = "concise"
         if correct:
             self.description = "A user who wants short, complete and right answers."
             self.preference = (f"I want short answers that are right: the correct result, in at most {max_chars} "
@@ -557,7 +559,6 @@ class Keyword(Persona):
             raise ValueError("keyword: word must be non-empty")
         self.word = word
         self.whole_word = whole_word
-        self.name = "keyword"
         self.preference = f'I want the word "{word}" in every answer.'
         pattern = re.escape(word.lower())
         self._pattern = re.compile(r"(?<!\w)" + pattern + r"(?!\w)" if whole_word else pattern)
