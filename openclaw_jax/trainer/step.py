@@ -39,9 +39,23 @@ from openclaw_jax.losses.policy import MetricStat, finalize_metrics
 from openclaw_jax.models.lora import merge_lora as merge_lora_adapters
 
 
+@dataclass(frozen=True, kw_only=True)
+class _SequenceRows:
+    """The rows a forward pass reads, one sequence per row or packed (module doc): input_ids, and
+    with packing positions, segment_ids and each sequence's row and offset; images as patches."""
+
+    input_ids: jax.Array
+    response_start: jax.Array
+    positions: jax.Array | None = None
+    segment_ids: jax.Array | None = None
+    row: jax.Array | None = None
+    offset: jax.Array | None = None
+    pixel_values: jax.Array | None = None
+
+
 @jax.tree_util.register_dataclass
-@dataclass(frozen=True)
-class StudentInputs:
+@dataclass(frozen=True, kw_only=True)
+class StudentInputs(_SequenceRows):
     """Prompt + response sequences of one batch (host-built, padded to a bucket).
 
     input_ids [B, L]; response_start [B] (prompt length, >= 1); response_ids, response_mask,
@@ -49,25 +63,18 @@ class StudentInputs:
     input_ids, positions, segment_ids [R, L]; row, offset [B].
     """
 
-    input_ids: jax.Array
-    response_start: jax.Array
     response_ids: jax.Array
     response_mask: jax.Array
     advantages: jax.Array
     rollout_logprobs: jax.Array
     sample_mask: jax.Array
-    positions: jax.Array | None = None
-    segment_ids: jax.Array | None = None
-    row: jax.Array | None = None
-    offset: jax.Array | None = None
-    # A vision-language student (QwenVL): each row's images as patches `[B, N_row, D]`, every row with
-    # the same grid (`StepSettings.image_grid`: static) and its image tokens in input_ids; unpacked rows.
-    pixel_values: jax.Array | None = None
+    # pixel_values (a vision-language student, QwenVL): each row's images as patches `[B, N_row, D]`, every
+    # row with the same grid (`StepSettings.image_grid`: static) and its image tokens in input_ids; unpacked.
 
 
 @jax.tree_util.register_dataclass
-@dataclass(frozen=True)
-class TeacherInputs:
+@dataclass(frozen=True, kw_only=True)
+class TeacherInputs(_SequenceRows):
     """Hint-augmented prompt + the same response, per candidate.
 
     input_ids [B, C, Lt]; response_start [B, C]; candidate_mask [B, C] (0 = padding candidate).
@@ -82,17 +89,11 @@ class TeacherInputs:
     teacher pass also gives the reference log-probs (the teacher is the frozen initial model).
     """
 
-    input_ids: jax.Array
-    response_start: jax.Array
     candidate_mask: jax.Array
-    positions: jax.Array | None = None
-    segment_ids: jax.Array | None = None
-    row: jax.Array | None = None
-    offset: jax.Array | None = None
     prefix_len: jax.Array | None = None
     reference_offset: jax.Array | None = None
     reference_start: jax.Array | None = None
-    pixel_values: jax.Array | None = None   # [B, C, N_row, D]: each candidate row's images (as the student's)
+    # pixel_values [B, C, N_row, D]: each candidate row's images (as the student's)
 
 
 class OldPassOutput(NamedTuple):
