@@ -21,6 +21,7 @@ from flax import nnx
 
 from _scripted_pool import LoopThread
 from _server_utils import TINY_ENGINE_KW, ServerThread
+from _vl_models import tiny_hf_vl_config
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.server import start_gateway, stop_gateway
@@ -41,16 +42,8 @@ from test_vlm_train_step import BASE, png
 
 
 def make_checkpoint(out) -> None:
-    text = dict(vocab_size=336, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=0,
-                eos_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                  "mrope_section": [1, 1, 2]})
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0],
-                  hidden_act="silu", tokens_per_second=2)
-    cfg = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE,
-                                        video_token_id=323, vision_start_token_id=VSTART, vision_end_token_id=VEND,
-                                        tie_word_embeddings=False)
+    cfg = tiny_hf_vl_config(vocab_size=336, image=IMAGE, vision_start=VSTART, vision_end=VEND, video=323,
+                            bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     hf = transformers.Qwen2_5_VLForConditionalGeneration(cfg).eval()
     gen = torch.Generator().manual_seed(1)

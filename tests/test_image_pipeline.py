@@ -12,7 +12,6 @@ import base64
 
 import jax
 import numpy as np
-import transformers
 from flax import nnx
 
 from openclaw_jax.config import load_experiment_config
@@ -31,6 +30,7 @@ from openclaw_jax.trainer.input_pipeline import WindowPipeline
 from openclaw_jax.trainer.loop import Trainer
 
 from test_vlm_train_step import BASE, png
+from _vl_models import tiny_hf_vl_config
 
 VSTART, VEND, IMAGE = 320, 321, 322
 
@@ -43,16 +43,8 @@ def tokenizer():
 
 
 def vl_config() -> QwenVLConfig:
-    text = dict(vocab_size=336, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0],
-                  hidden_act="silu", tokens_per_second=2)
-    hf = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE,
-                                       video_token_id=323, vision_start_token_id=VSTART, vision_end_token_id=VEND,
-                                       tie_word_embeddings=False)
-    return QwenVLConfig.from_hf_dict(hf.to_dict())
+    return QwenVLConfig.from_hf_dict(tiny_hf_vl_config(vocab_size=336, image=IMAGE, vision_start=VSTART,
+                                                       vision_end=VEND, video=323).to_dict())
 
 
 def test_one_image_from_request_to_trainer_step(tmp_path):

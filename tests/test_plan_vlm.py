@@ -9,25 +9,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import transformers
 from flax import nnx
 
 from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig
+
+from _vl_models import tiny_hf_vl_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def tiny_vl_config() -> dict:
-    text = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=1,
-                eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                  "mrope_section": [1, 1, 2]})
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0],
-                  hidden_act="silu", tokens_per_second=2)
-    return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=250,
-                                         video_token_id=251, vision_start_token_id=248, vision_end_token_id=249,
-                                         tie_word_embeddings=False).to_dict()
+    return tiny_hf_vl_config(vocab_size=256, image=250, vision_start=248, vision_end=249, video=251,
+                             max_position_embeddings=512, bos_token_id=1, eos_token_id=2).to_dict()
 
 
 def test_plan_of_a_vision_language_model_counts_the_images(tmp_path):

@@ -9,7 +9,6 @@ import io
 import jax
 import numpy as np
 import pytest
-import transformers
 from flax import nnx
 
 from openclaw_jax.config import load_experiment_config
@@ -24,6 +23,8 @@ from openclaw_jax.trainer.batcher import pack
 from openclaw_jax.trainer.loop import Trainer
 from openclaw_jax.trainer.vision_batch import attach_images
 
+from _vl_models import tiny_hf_vl_config
+
 IMAGE, VSTART, VEND, VOCAB = 250, 248, 249, 256
 BASE = ["trainer.samples_per_step=2", "loss.top_k=4", "trainer.chunk_size=8", "gateway.max_candidates=2",
         "trainer.min_seq_bucket=16", "trainer.min_response_bucket=8", "trainer.optimizer.lr=1e-3",
@@ -31,16 +32,9 @@ BASE = ["trainer.samples_per_step=2", "loss.top_k=4", "trainer.chunk_size=8", "g
 
 
 def vl_config() -> QwenVLConfig:
-    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0],
-                  hidden_act="silu", tokens_per_second=2)
-    hf = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE,
-                                       video_token_id=251, vision_start_token_id=VSTART, vision_end_token_id=VEND,
-                                       tie_word_embeddings=False)
-    return QwenVLConfig.from_hf_dict(hf.to_dict())
+    return QwenVLConfig.from_hf_dict(tiny_hf_vl_config(vocab_size=VOCAB, image=IMAGE, vision_start=VSTART,
+                                                       vision_end=VEND, video=251,
+                                                       max_position_embeddings=512).to_dict())
 
 
 def png(seed: int) -> bytes:
