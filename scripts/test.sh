@@ -15,6 +15,8 @@ bash scripts/openclaw.sh setup
 # xvfb and xdotool, installed once when missing (root, or sudo).
 if ! command -v Xvfb >/dev/null || ! command -v xdotool >/dev/null; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends xvfb xdotool
+    # a failed install must not stop the rest of the suite: the GUI tests then fail (under CI) or skip
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends xvfb xdotool; } \
+        || echo "warning: could not install xvfb/xdotool; tests/test_gui_env.py will fail under CI, skip elsewhere" >&2
 fi
 python3 -m pytest -q "$@"
