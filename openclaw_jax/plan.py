@@ -303,6 +303,7 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
 def _vision_inputs(runner, hf_config: dict[str, Any], images: tuple[int, int, int], states) -> dict[str, Any] | None:
     """For a Qwen2.5-VL student: the images' grid, patches per row `(N_row, D)`, image tokens and the
     vision tower's parameter count (None for a text decoder)."""
+    # qwen_vl imports JAX: after main's XLA_FLAGS (see the imports)
     from openclaw_jax.models.image_processing import ImageProcessorConfig, smart_resize
     from openclaw_jax.models.qwen_vl import QwenVLConfig, is_vl_config
 
@@ -336,9 +337,8 @@ def _abstract_runner(cfg, hf_config: dict[str, Any]):
     from openclaw_jax.models.lora import LoRAParam, add_lora
     from openclaw_jax.models.weights import apply_dtypes
     from openclaw_jax.parallel.mesh import make_mesh, state_shardings
-    from openclaw_jax.trainer.runner import StepRunner
-
     from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig, apply_vl_dtypes, is_vl_config
+    from openclaw_jax.trainer.runner import StepRunner
 
     vl = None
     if is_vl_config(hf_config):   # Qwen2.5-VL: the text decoder as below, the vision tower beside it

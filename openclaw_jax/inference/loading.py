@@ -11,6 +11,8 @@ from openclaw_jax.inference.engine import Engine
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.hub import load_pretrained
 from openclaw_jax.models.weights import load_hf_checkpoint
+from openclaw_jax.models.qwen_vl import is_vl_config, load_qwen_vl_checkpoint
+from openclaw_jax.models.tokenizer.sources import load_tokenizer
 
 WeightLoader = Callable[[str, "str | None"], Any]  # (path, load_format) -> nnx.State
 
@@ -58,8 +60,6 @@ def load_vl_for_serving(model: str, *, dtype: str | None = None):
     then runs the text decoder in its engine and image prompts through `inference/vision.py`."""
     import json
 
-    from openclaw_jax.models.qwen_vl import is_vl_config, load_qwen_vl_checkpoint
-    from openclaw_jax.models.tokenizer.sources import load_tokenizer
 
     path = Path(model)
     try:

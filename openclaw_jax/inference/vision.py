@@ -25,6 +25,8 @@ from flax import nnx
 
 from openclaw_jax.models.image_processing import ImageProcessorConfig, process_images
 from openclaw_jax.models.qwen_vl import QwenVL, check_image_tokens
+from openclaw_jax.inference.types import SequenceOutput
+from openclaw_jax.wire.errors import WireError
 
 
 def _bucket(n: int, minimum: int = 16) -> int:
@@ -127,8 +129,6 @@ def image_sequence_output(vision: VisionGenerator, tokenizer: Any, item: Any, pr
     top-k / min-p truncation."""
     import time
 
-    from openclaw_jax.inference.types import SequenceOutput
-    from openclaw_jax.wire.errors import WireError
 
     sp = item.sampling
     if sp.n != 1 or sp.stop or sp.top_p < 1.0 or sp.top_k > 0 or sp.min_p > 0:

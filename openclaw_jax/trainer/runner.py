@@ -29,6 +29,7 @@ from openclaw_jax.samples import SampleSpec
 from openclaw_jax.trainer import advantages as A
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, shape_ladder
+from openclaw_jax.models.image_processing import ImageProcessorConfig
 
 if TYPE_CHECKING:   # the type only: the config tree imports every section's package
     from openclaw_jax.config import ExperimentConfig
@@ -192,7 +193,6 @@ class StepRunner:
         images = None
         vl_cfg = getattr(student, "vl_cfg", None)   # a QwenVL student: its samples' images go into the batches
         if vl_cfg is not None:
-            from openclaw_jax.models.image_processing import ImageProcessorConfig
 
             images = (ImageProcessorConfig.for_vision(vl_cfg.vision), int(vl_cfg.image_token_id))
         return cls(cfg, samples, mesh, graphdef, trainable, frozen, teacher_graphdef, teacher_state, pad_id=pad_id,

@@ -70,6 +70,7 @@ from typing import Any, Sequence
 
 from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
 from openclaw_jax.envs.sandbox import INIT_SCRIPT, Sandbox, SandboxError, SandboxLimits, _python_prefix
+from openclaw_jax.envs.agentic.episode import parse_assistant_turn
 
 FAMILIES = ("form", "button", "menu", "copy")
 WIDTH, HEIGHT = 448, 336
@@ -718,7 +719,6 @@ def demonstration_conversations(env: GuiEnv, tasks: Sequence[Task], *, screensho
     each demonstration really runs (its own Xvfb and app), the user message and every tool result carry
     the real observation text and screenshot as `image_url` content parts, and a demonstration that
     does not solve its task (checker) is left out -- the multimodal warm-up set for a VLM policy."""
-    from openclaw_jax.envs.agentic.episode import parse_assistant_turn
 
     names = [t["function"]["name"] for t in env.tools]
     out = []
