@@ -22,9 +22,10 @@ import pytest
 
 from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
 from openclaw_jax.envs.agentic.episode import ToolError
-from openclaw_jax.envs.agentic.gui import (FAMILIES, HEIGHT, INSTALL_HINT, WIDTH, GuiEnv, center, check,
-                                           checker_step_vote, demonstration_conversations, descendants,
-                                           missing_tools, observation_content)
+from openclaw_jax.envs.agentic.gui import (GuiEnv, checker_step_vote, demonstration_conversations,
+                                           observation_content)
+from openclaw_jax.envs.agentic.gui_desktop import INSTALL_HINT, descendants, missing_tools
+from openclaw_jax.envs.agentic.gui_tasks import FAMILIES, HEIGHT, WIDTH, center, check
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -11,7 +11,7 @@ Per episode:
     (/tmp/.X11-unix/X<N>) into the sandbox directory and the app symlinks it to its own
     /tmp/.X11-unix/X0 (a unix socket is reached through any link to its inode). The jail has no
     /etc/fonts either, so the host writes a fonts.conf next to it. `Sandbox.run` blocks until the
-    code ends, so `_AppJail.start` launches the same jail (same spec, same init) without waiting;
+    code ends, so `AppJail.start` launches the same jail (same spec, same init) without waiting;
   * **actions** are injected with `xdotool` (XTEST): `click(x, y)`, `type(text)`, `key(name)`, and
     `done` ends the agent's work (later actions are refused);
   * **observations** are screenshots, PNG bytes (`state.screenshot`, `GuiEnv.screenshot(state)`),
@@ -46,435 +46,26 @@ disjoint by a hash of the task):
   * `menu`: choose an item from a given drop-down menu (a decoy menu beside it);
   * `copy`: copy a read-only field's value into another field, then press OK.
 """
-
 from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import io
 import json
 import os
 import random
 import re
-import select
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
-from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
-from openclaw_jax.envs.sandbox import INIT_SCRIPT, Sandbox, SandboxError, SandboxLimits, _python_prefix
-from openclaw_jax.envs.agentic.episode import parse_assistant_turn
+from openclaw_jax.envs.agentic.episode import (Environment, Task, ToolError, format_tool_call, parse_assistant_turn,
+                                              register_environment)
+from openclaw_jax.envs.agentic.gui_desktop import (APP_SOURCE, FONTS_CONF, INSTALL_HINT, AppJail, GuiError, GuiState,
+                                                   kill_group, missing_tools, start_xvfb)
+from openclaw_jax.envs.agentic.gui_tasks import (FAMILIES, HEIGHT, WIDTH, center, check, generate_task, is_heldout,
+                                                 progress)
+from openclaw_jax.envs.sandbox import SandboxLimits
 
-FAMILIES = ("form", "button", "menu", "copy")
-WIDTH, HEIGHT = 448, 336
-APP_SOURCE = Path(__file__).with_name("gui_apps.py")
-INSTALL_HINT = "apt-get install -y --no-install-recommends xvfb xdotool"
-REQUIRED_TOOLS = ("Xvfb", "xdotool", "unshare")
-FONTS_CONF = ("<?xml version=\"1.0\"?>\n<fontconfig><dir>/usr/share/fonts</dir>"
-              "<cachedir>/tmp/fontconfig</cachedir></fontconfig>\n")
 _KEY = re.compile(r"^[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*$")
-
-
-class GuiError(RuntimeError):
-    """The display or the application could not be started."""
-
-
-def missing_tools() -> list[str]:
-    return [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
-
-
-# ----------------------------------------------------------------------------- tasks
-
-_FIELDS = ("Name", "City", "Email", "Phone", "Country", "Company", "Street", "Zip")
-_VALUES = {"Name": ("Alice", "Bruno", "Chen", "Dana", "Emil", "Farah", "Goran", "Hana"),
-           "City": ("Paris", "Lima", "Oslo", "Kyoto", "Cairo", "Quito", "Perth", "Turin"),
-           "Email": ("a@x.org", "bob@mail.com", "kim@ex.net", "li@web.io", "mo@site.fr"),
-           "Phone": ("555-0142", "555-0199", "555-7731", "555-2046", "555-6610"),
-           "Country": ("Peru", "Chile", "Japan", "Ghana", "Spain", "Nepal"),
-           "Company": ("Acme", "Globex", "Initech", "Umbrella", "Hooli"),
-           "Street": ("Elm St 4", "Oak Rd 17", "Main St 9", "Pine Ave 2"),
-           "Zip": ("10115", "75001", "02139", "94110", "60614")}
-_BUTTONS = ("Save", "Delete", "Print", "Open", "Close", "Help", "Apply", "Reset", "Cancel", "Export", "Import",
-            "Refresh", "Share", "Undo", "Redo", "Send")
-_MENUS = {"Color": ("Red", "Green", "Blue", "Yellow", "Black", "White", "Orange"),
-          "Size": ("Small", "Medium", "Large", "Huge", "Tiny"),
-          "Font": ("Serif", "Sans", "Mono", "Script", "Display"),
-          "Speed": ("Slow", "Normal", "Fast", "Turbo"),
-          "Shape": ("Circle", "Square", "Triangle", "Star", "Hexagon")}
-_ROW_H, _ROW0 = 48, 14
-
-
-def _w(name, kind, x, y, w, h, **kw) -> dict[str, Any]:
-    return {"name": name, "kind": kind, "x": int(x), "y": int(y), "w": int(w), "h": int(h), **kw}
-
-
-def _rows(rng: random.Random, n: int) -> list[int]:
-    return [_ROW0 + r * _ROW_H for r in sorted(rng.sample(range(6), n))]
-
-
-def _generate(family: str, rng: random.Random) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(prompt, app spec, goal) of one task."""
-    if family == "form":
-        fields = rng.sample(_FIELDS, rng.randint(2, 3))
-        rows = _rows(rng, len(fields) + 1)
-        x0, ew = rng.randint(8, 100), rng.randint(150, 220)
-        widgets, goal = [], {}
-        for f, y in zip(fields, rows):
-            widgets.append(_w(f"label_{f}", "label", x0, y, 84, 28, text=f + ":"))
-            widgets.append(_w(f"entry_{f}", "entry", x0 + 90, y, ew, 28))
-            goal[f"entry_{f}"] = rng.choice(_VALUES[f])
-        widgets.append(_w("submit", "button", rng.randint(x0, x0 + 90 + ew - 90), rows[-1], 90, 32, text="Submit"))
-        wanted = " and ".join(f"{f} to '{goal['entry_' + f]}'" for f in fields)
-        return f"Fill in the form: set {wanted}, then press Submit.", {"widgets": widgets}, \
-            {"entries": goal, "press": "submit"}
-    if family == "button":
-        labels = rng.sample(_BUTTONS, rng.randint(3, 5))
-        cells = rng.sample([(c, r) for c in range(4) for r in range(6)], len(labels))
-        widgets = [_w(f"button_{lab}", "button", 8 + c * 110 + rng.randint(0, 14), _ROW0 + r * _ROW_H, 90, 32, text=lab)
-                   for lab, (c, r) in zip(labels, cells)]
-        target = rng.choice(labels)
-        return f"Press the {target} button.", {"widgets": widgets}, {"press": f"button_{target}"}
-    if family == "menu":
-        names = rng.sample(sorted(_MENUS), 2)
-        xs = sorted(rng.sample(range(8, WIDTH - 130, 10), 2))
-        if xs[1] - xs[0] < 130:
-            xs[1] = min(xs[0] + 140, WIDTH - 124)
-        y = rng.randint(8, 60)
-        widgets = []
-        for name, x in zip(names, xs):
-            items = list(rng.sample(_MENUS[name], rng.randint(3, len(_MENUS[name]))))
-            widgets.append(_w(f"menu_{name}", "menu", x, y, 116, 30, text=name, items=items))
-        target_menu = rng.choice(widgets)
-        item = rng.choice(target_menu["items"])
-        return (f"From the {target_menu['text']} menu, choose {item}.", {"widgets": widgets},
-                {"menu": target_menu["name"], "item": item, "index": target_menu["items"].index(item)})
-    if family == "copy":
-        code = f"{rng.choice('ABCDEFGHJKLMNPQRSTUVWXYZ')}{rng.randint(10, 99)}-{rng.randint(1000, 9999)}"
-        source, target = rng.choice([("Order number", "Confirm order"), ("Invoice", "Repeat invoice"),
-                                     ("Ticket", "Ticket again"), ("Serial", "Confirm serial")])
-        rows = _rows(rng, 3)
-        x0, ew = rng.randint(8, 80), rng.randint(140, 200)
-        widgets = [_w("label_source", "label", x0, rows[0], 120, 28, text=source + ":"),
-                   _w("source", "entry", x0 + 126, rows[0], ew, 28, value=code, readonly=True),
-                   _w("label_target", "label", x0, rows[1], 120, 28, text=target + ":"),
-                   _w("target", "entry", x0 + 126, rows[1], ew, 28),
-                   _w("ok", "button", x0 + 126 + rng.randint(0, ew - 80), rows[2], 80, 32, text="OK")]
-        return (f"Copy the {source} value into the {target} field, then press OK.", {"widgets": widgets},
-                {"entries": {"target": code}, "press": "ok"})
-    raise ValueError(f"unknown gui family {family!r}; use one of {FAMILIES}")
-
-
-def _is_heldout(key: str) -> bool:
-    return hashlib.sha256(key.encode()).digest()[0] % 4 == 0
-
-
-def center(box: Sequence[int]) -> tuple[int, int]:
-    """The middle of an [x, y, w, h] box."""
-    x, y, w, h = box
-    return int(x + w // 2), int(y + h // 2)
-
-
-def check(goal: dict[str, Any], app_state: dict[str, Any]) -> float:
-    """1.0 when the application's state shows the task done, else 0.0."""
-    presses = app_state.get("pressed", [])
-    if "menu" in goal:
-        return 1.0 if app_state.get("menu") == goal["item"] and app_state.get("menu_of") == goal["menu"] \
-            and not presses else 0.0
-    if "entries" in goal:  # exactly one press, of the right button, with the right values at that moment
-        if len(presses) != 1 or presses[0]["name"] != goal["press"]:
-            return 0.0
-        return 1.0 if all(presses[0]["entries"].get(k) == v for k, v in goal["entries"].items()) else 0.0
-    return 1.0 if [p["name"] for p in presses] == [goal["press"]] else 0.0
-
-
-def progress(goal: dict[str, Any], app_state: dict[str, Any]) -> float:
-    """The fraction of the task done in `app_state` (for step grading); 1.0 exactly when `check` is."""
-    if check(goal, app_state) >= 1.0:
-        return 1.0
-    presses = app_state.get("pressed", [])
-    if "entries" in goal and not presses:
-        entries = app_state.get("entries", {})
-        done = sum(entries.get(k) == v for k, v in goal["entries"].items())
-        return done / (len(goal["entries"]) + 1)
-    return 0.0
-
-
-# ----------------------------------------------------------------------------- processes
-
-
-def _kill_group(proc: subprocess.Popen | None, term_first: float = 0.0) -> None:
-    if proc is None:
-        return
-    if proc.stdin is not None and proc.args and proc.args[0] == "sh":  # start_xvfb's lifeline
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    if term_first and proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=term_first)
-        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (from /proc's children lists)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                kids = [int(k) for k in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0,
-               cleanup_dir: str | None = None) -> tuple[subprocess.Popen, int]:
-    """(process, display number) of a fresh Xvfb that picked a free display itself; `cleanup_dir` is
-    removed when it ends (also when this process dies without closing it)."""
-    r, w = os.pipe()
-    log = tempfile.TemporaryFile()  # Xvfb's stderr (a file: an unread pipe could block or SIGPIPE it)
-    try:
-        if shutil.which("Xvfb") is None:
-            raise FileNotFoundError("Xvfb")
-        # Under a shell that waits on a pipe from us: if this process dies without closing the episode
-        # (killed, crashed), the pipe's end reaches `read` and the shell takes Xvfb down with it.
-        # (The shell ignores SIGTERM once Xvfb runs, and on the pipe's end waits for Xvfb's clean exit.)
-        script = 'Xvfb "$@" & x=$!; trap "" TERM; read _; kill $x; wait $x; [ -z "$GUI_DIR" ] || rm -rf -- "$GUI_DIR"'
-        proc = subprocess.Popen(["sh", "-c", script, "sh",
-                                 "-displayfd", str(w),
-                                 "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-nocursor", "-noreset"],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
-                                pass_fds=(w,), start_new_session=True,
-                                env={**os.environ, "GUI_DIR": cleanup_dir or ""})
-    except FileNotFoundError as err:
-        os.close(r)
-        os.close(w)
-        log.close()
-        raise GuiError(f"Xvfb is not installed ({INSTALL_HINT})") from err
-    os.close(w)
-    data, deadline = b"", time.monotonic() + timeout_s
-    try:
-        while not data.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                break
-            chunk = os.read(r, 64)
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(r)
-    if not data.strip().isdigit():
-        _kill_group(proc)
-        log.seek(0)
-        err = log.read().decode(errors="replace")[-500:]
-        log.close()
-        raise GuiError(f"Xvfb did not report a display: {err.strip()}")
-    log.close()
-    return proc, int(data)
-
-
-class _AppJail(Sandbox):
-    """The sandbox jail (same spec and init as `Sandbox.run`) started without waiting for its end."""
-
-    def start(self, code: str, argv_tail: Sequence[str] = ()) -> subprocess.Popen:
-        if self._closed:
-            raise SandboxError("this sandbox is closed")
-        argv = [_python_prefix()[0], "-I", "-B", "-c", code, *argv_tail]
-        cmd = ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-        if not self.is_root:
-            cmd += ["--user", "--map-root-user"]
-        status_r, status_w = os.pipe()
-        cmd += ["--", _python_prefix()[0], "-I", "-S", INIT_SCRIPT, json.dumps(self._spec(argv, status_w))]
-        self.stderr_path = self._host / "app.stderr"
-        with open(self.stderr_path, "wb") as err:
-            try:
-                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                        start_new_session=True, close_fds=True, pass_fds=(status_w,))
-            except BaseException:
-                os.close(status_r)
-                raise
-            finally:
-                os.close(status_w)
-        self.status_r = status_r  # the jail's init writes the app's exit status here
-        return proc
-
-    def exit_status(self) -> str:
-        """How the app ended, from the jail's status pipe ("" when not reported)."""
-        fd = getattr(self, "status_r", None)
-        if fd is None or not select.select([fd], [], [], 0.5)[0]:
-            return ""
-        try:
-            code = int(json.loads(os.read(fd, 256))["exit_code"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return ""
-        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-
-    def close(self) -> None:
-        fd = getattr(self, "status_r", None)
-        if fd is not None:
-            self.status_r = None
-            os.close(fd)
-        super().close()
-
-    def stderr_tail(self, n: int = 400) -> str:
-        try:
-            return self.stderr_path.read_bytes()[-n:].decode(errors="replace").strip()
-        except (OSError, AttributeError):
-            return ""
-
-
-@dataclass
-class GuiState:
-    """One episode: its display, its application, its screenshots and how it ended."""
-
-    display: int
-    xvfb: subprocess.Popen
-    jail: _AppJail
-    app: subprocess.Popen
-    reply_timeout_s: float
-    screenshot: bytes = b""                       # the latest (PNG)
-    frames: list[bytes] = field(default_factory=list)   # every screenshot of the episode, the first at start
-    geometry: dict[str, list[int]] = field(default_factory=dict)
-    app_state: dict[str, Any] = field(default_factory=dict)
-    menu: dict[str, Any] | None = None
-    done: bool = False
-    failure: str | None = None
-    actions: int = 0
-    step_progress: list[float] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    _buf: bytes = b""
-    _lock: threading.Lock = field(default_factory=threading.Lock)  # an episode timeout can leave a call running
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "DISPLAY": f":{self.display}"}
-
-    def alive(self) -> bool:
-        return self.app.poll() is None
-
-    def request(self, cmd: str) -> dict[str, Any]:
-        """One command to the application and its reply; a dead or silent application fails the episode."""
-        with self._lock:
-            return self._request(cmd)
-
-    def _request(self, cmd: str) -> dict[str, Any]:
-        if self.failure:
-            raise ToolError(self.failure)
-        if not self.alive():
-            self.fail("the application crashed")
-        try:
-            self.app.stdin.write((json.dumps({"cmd": cmd}) + "\n").encode())
-            self.app.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self.fail("the application crashed")
-        return self.read_reply()
-
-    def read_reply(self) -> dict[str, Any]:
-        fd = self.app.stdout.fileno()
-        deadline = time.monotonic() + self.reply_timeout_s
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                self.fail(f"the application stopped responding (no reply in {self.reply_timeout_s:g} s)")
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                self.fail("the application crashed")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            self.fail(f"the application sent a malformed reply: {line[:200]!r}")
-        if "state" in reply:
-            self.app_state, self.geometry, self.menu = reply["state"], reply["geometry"], reply.get("menu")
-        return reply
-
-    def fail(self, reason: str):
-        if reason.endswith("crashed"):
-            status = self.jail.exit_status()
-            reason += f" ({status})" if status else ""
-        _kill_group(self.app)
-        detail = self.jail.stderr_tail()
-        self.failure = reason + (f"; its stderr ends: {detail}" if detail else "")
-        raise ToolError(self.failure)
-
-    def grab(self) -> bytes:
-        from PIL import ImageGrab
-
-        t0 = time.monotonic()
-        image = ImageGrab.grab(xdisplay=f":{self.display}").convert("RGB")
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", compress_level=1)
-        self.screenshot = buf.getvalue()
-        self.frames.append(self.screenshot)
-        self.timings["screenshot_s"] = time.monotonic() - t0
-        return self.screenshot
-
-    def xdotool(self, *args: str) -> None:
-        try:
-            proc = subprocess.run(["xdotool", *args], env=self.env, capture_output=True, timeout=10)
-        except subprocess.TimeoutExpired:
-            raise ToolError("the input injection timed out") from None
-        if proc.returncode != 0:
-            raise ToolError(f"the action failed: {proc.stderr.decode(errors='replace').strip()[-200:]}")
-
-    def pids(self) -> list[int]:
-        """Every process of this episode (Xvfb, the jail and what runs in it)."""
-        out = []
-        for proc in (self.xvfb, self.app):
-            if proc.poll() is None:
-                out += [proc.pid, *descendants(proc.pid)]
-        return out
-
-    def close(self) -> None:
-        if self.app.poll() is None:
-            try:
-                self.app.stdin.write(b'{"cmd": "quit"}\n')
-                self.app.stdin.flush()
-                self.app.wait(timeout=1.0)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        _kill_group(self.app)
-        for stream in (self.app.stdin, self.app.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        _kill_group(self.xvfb, term_first=2.0)  # SIGTERM first: Xvfb removes its lock file and socket
-        for stale in (f"/tmp/.X{self.display}-lock", f"/tmp/.X11-unix/X{self.display}"):
-            if self.xvfb.returncode is not None and os.path.lexists(stale):
-                try:
-                    os.unlink(stale)
-                except OSError:
-                    pass
-        self.jail.close()
-
 
 # ----------------------------------------------------------------------------- the environment
 
@@ -531,9 +122,9 @@ class GuiEnv(Environment):
             if tries > 100 * n + 1000:
                 raise ValueError(f"could not generate {n} distinct {split} gui tasks of {self.families}")
             family = self.families[len(out) % len(self.families)]
-            prompt, spec, goal = _generate(family, rng)
+            prompt, spec, goal = generate_task(family, rng)
             key = json.dumps([family, spec, goal], sort_keys=True)
-            if key in seen or _is_heldout(key) != (split == "heldout"):
+            if key in seen or is_heldout(key) != (split == "heldout"):
                 continue
             seen.add(key)
             spec = {"width": WIDTH, "height": HEIGHT, "title": family, **spec}
@@ -547,7 +138,7 @@ class GuiEnv(Environment):
         if missing:
             raise GuiError(f"missing {', '.join(missing)}; install with: {INSTALL_HINT}")
         t0 = time.monotonic()
-        jail = _AppJail(self.sandbox, files={"app.json": json.dumps(task.data["app"]), "fonts.conf": FONTS_CONF},
+        jail = AppJail(self.sandbox, files={"app.json": json.dumps(task.data["app"]), "fonts.conf": FONTS_CONF},
                         base_dir="/tmp")  # the X socket is hard-linked into it: same filesystem as /tmp
         try:
             xvfb, display = start_xvfb(cleanup_dir=str(jail._host))
@@ -558,7 +149,7 @@ class GuiEnv(Environment):
             os.link(f"/tmp/.X11-unix/X{display}", jail.directory / ".X11-socket")  # same filesystem as /tmp
             app = jail.start(APP_SOURCE.read_text())
         except BaseException:
-            _kill_group(xvfb, term_first=2.0)
+            kill_group(xvfb, term_first=2.0)
             jail.close()
             raise
         state = GuiState(display, xvfb, jail, app, max(self.reply_timeout_s, 20.0))  # Tk's first start is slower
