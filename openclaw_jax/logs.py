@@ -18,7 +18,9 @@ NOISY = ("jax._src.xla_bridge", "jax._src.compiler", "jax._src.dispatch", "absl"
 def configure_logging(level: int | str = logging.INFO) -> None:
     """basicConfig on stderr with our format; third-party loggers at WARNING unless `level` is DEBUG."""
     level = logging.getLevelName(level.upper()) if isinstance(level, str) else level
-    logging.basicConfig(level=level, format=FORMAT, stream=sys.stderr)
+    # force: an imported library may have put a handler on the root logger already (grain does, on import),
+    # which would make basicConfig a no-op and leave the console silent
+    logging.basicConfig(level=level, format=FORMAT, stream=sys.stderr, force=True)
     if level > logging.DEBUG:
         for name in NOISY:
             logging.getLogger(name).setLevel(logging.WARNING)
