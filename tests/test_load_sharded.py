@@ -104,4 +104,6 @@ def test_load_straight_to_shards_on_8_devices(tmp_path):
     # lazily, one tensor at a time: every HF tensor read once per model built (student, teacher)
     assert sorted(r["reads"]) == sorted(r["names"] * 2)
     assert r["total"] > 8 * r["largest"]
-    assert r["host_peak"] < 3 * r["largest"], (r["host_peak"], r["largest"], r["total"])
+    # The traced peak is 2.1-2.7 tensors on an idle machine (the memory-mapped read, its converted copy,
+    # the device slices) and reached 3.1 on a loaded CI run; loading the whole model at once would be 30+.
+    assert r["host_peak"] < 4 * r["largest"], (r["host_peak"], r["largest"], r["total"])
