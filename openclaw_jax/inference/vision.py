@@ -15,6 +15,7 @@ log_softmax(logits / T) at the sampled token, what the trainer recomputes as pi_
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -25,12 +26,10 @@ from flax import nnx
 
 from openclaw_jax.models.image_processing import ImageProcessorConfig, process_images
 from openclaw_jax.models.qwen_vl import QwenVL, check_image_tokens
+from openclaw_jax.inference.sampling import sample_tokens
+from openclaw_jax.inference.scheduler import bucket
 from openclaw_jax.inference.types import SequenceOutput
 from openclaw_jax.wire.errors import WireError
-
-
-def _bucket(n: int, minimum: int = 16) -> int:
-    return max(minimum, 1 << max(n - 1, 0).bit_length())
 
 
 @dataclass
@@ -60,10 +59,11 @@ def _decode(graphdef, state, token, position, cache, deltas):
 
 
 @jax.jit
-def _sample(logits, temperature, key):
-    greedy = temperature <= 0
-    lp = jax.nn.log_softmax(logits / jnp.where(greedy, 1.0, temperature), axis=-1)
-    token = jnp.where(greedy, jnp.argmax(lp, axis=-1), jax.random.categorical(key, lp, axis=-1))
+def _sample(logits, temperature, top_p, top_k, min_p, key):
+    """The engine's own sampler (`sampling.sample_tokens`) on the one row; the log-prob of the token."""
+    row = lambda x, dtype: jnp.asarray(x, dtype).reshape(1)   # noqa: E731
+    token, lp = sample_tokens(logits, row(temperature, jnp.float32), row(top_p, jnp.float32),
+                              row(top_k, jnp.int32), row(min_p, jnp.float32), jax.random.key_data(key)[None])
     return token, jnp.take_along_axis(lp, token[:, None], axis=-1)[:, 0]
 
 
@@ -86,15 +86,16 @@ class VisionGenerator:
         return pv, tuple(tuple(int(v) for v in g) for g in grid)
 
     def generate(self, prompt_ids: Sequence[int], images: Sequence[Any], *, max_new_tokens: int,
-                 temperature: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = ()) -> VisionOutput:
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, seed: int = 0,
+                 stop_token_ids: Sequence[int] = ()) -> VisionOutput:
         n = len(prompt_ids)
         if n == 0 or max_new_tokens < 1:
             raise ValueError("generate needs a prompt and max_new_tokens >= 1")
         pv, grid = self.pixels(images) if images else (None, None)
         check_image_tokens(np.asarray(prompt_ids)[None], grid, self.vl_cfg.image_token_id,
                            self.vl_cfg.vision.spatial_merge_size)
-        lp_len = _bucket(n)
-        cache_len = _bucket(n + max_new_tokens)
+        lp_len = bucket(n, minimum=16)
+        cache_len = bucket(n + max_new_tokens, minimum=16)
         ids = np.zeros((1, lp_len), np.int32)
         ids[0, :n] = prompt_ids
         logits, cache, deltas = _prefill(self.graphdef, self.state, jnp.asarray(ids), jnp.int32(n),
@@ -104,7 +105,7 @@ class VisionGenerator:
         stops = set(int(t) for t in stop_token_ids)
         for step in range(max_new_tokens):
             key, sub = jax.random.split(key)
-            token, lp = _sample(logits, jnp.float32(temperature), sub)
+            token, lp = _sample(logits, temperature, top_p, top_k, min_p, sub)
             tok = int(token[0])
             out.output_ids.append(tok)
             out.output_logprobs.append(float(lp[0]))
@@ -125,19 +126,15 @@ class VisionGenerator:
 def image_sequence_output(vision: VisionGenerator, tokenizer: Any, item: Any, prompt_ids: Sequence[int], *,
                           eos_token_ids: Sequence[int], weight_version: str, rid: str) -> Any:
     """Run one `/generate` item with images (`wire.sglang.GenerateItem.images`) -> a `SequenceOutput`.
-    What the image path cannot honour exactly is refused (WireError): n > 1, stop strings, top-p /
-    top-k / min-p truncation."""
-    import time
-
-
+    What the image path cannot honour is refused (WireError): n > 1, stop strings."""
     sp = item.sampling
-    if sp.n != 1 or sp.stop or sp.top_p < 1.0 or sp.top_k > 0 or sp.min_p > 0:
-        raise WireError("a prompt with images is served with n=1, no stop strings and no top_p/top_k/min_p "
-                        "truncation", param="sampling_params")
+    if sp.n != 1 or sp.stop:
+        raise WireError("a prompt with images is served with n=1 and no stop strings", param="sampling_params")
     started = time.time()
     stops = tuple(sp.stop_token_ids or ()) + (() if sp.ignore_eos else tuple(eos_token_ids))
     out = vision.generate(list(prompt_ids), [im.data for im in item.images], max_new_tokens=int(sp.max_new_tokens),
-                          temperature=float(sp.temperature), seed=int(sp.sampling_seed or 0), stop_token_ids=stops)
+                          temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=int(sp.top_k),
+                          min_p=float(sp.min_p), seed=int(sp.sampling_seed or 0), stop_token_ids=stops)
     keep = out.output_ids[:-1] if out.finish_reason == "stop" and not sp.no_stop_trim else out.output_ids
     finish = ({"type": "stop", "matched": out.output_ids[-1]} if out.finish_reason == "stop"
               else {"type": "length", "length": len(out.output_ids)})
