@@ -49,7 +49,6 @@ disjoint by a hash of the task):
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import random
@@ -64,6 +63,7 @@ from openclaw_jax.envs.agentic.gui_desktop import (APP_SOURCE, FONTS_CONF, INSTA
 from openclaw_jax.envs.agentic.gui_tasks import (FAMILIES, HEIGHT, WIDTH, center, check, generate_task, is_heldout,
                                                  progress)
 from openclaw_jax.envs.sandbox import SandboxLimits
+from openclaw_jax.wire.images import ImageInput, image_data_url
 
 _KEY = re.compile(r"^[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*$")
 
@@ -280,7 +280,7 @@ class GuiEnv(Environment):
 
 def image_part(png: bytes) -> dict[str, Any]:
     """An OpenAI `image_url` content part carrying `png` as a data URL (what the gateway accepts)."""
-    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
+    return {"type": "image_url", "image_url": {"url": image_data_url(ImageInput.of(png, "image/png"))}}
 
 
 def observation_content(text: str, png: bytes) -> list[dict[str, Any]]:
