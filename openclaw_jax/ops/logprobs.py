@@ -303,55 +303,78 @@ def topk_logprobs(hidden, lm_head, k: int, *, temperature=1.0,
 # already exist ([..., V] float32). jax.grad through ``log_softmax`` + ``take_along_axis`` +
 # an entropy materialises several [..., V] arrays (the shifted logits, their exp, p * log p,
 # a zero array to scatter the gather's cotangent into, the sum of those); this custom VJP
-# reads the logits twice forward (max, then exp-sum with the entropy in the same pass) and
-# once backward, writing only the gradient, into which the gather cotangent is scattered in
-# place.
+# evaluates exp once per logit under differentiation:
+#
+#   forward   m = max z (read z); e = exp(z - m) (read z, write e: the one fresh [..., V]
+#             buffer, which XLA assigns to the gradient output); s = sum e (read e);
+#             t = sum e * (z - m) (read e and z, only with the entropy);
+#             lse = m + log s, H = log s - t / s
+#   backward  dz = e * ((g_lse - sum_j g_j) / s) (in place on e) + scatter(ids, g)
+#             [- g_H * p * (log p + H) with p = e / s, reading z, only when the entropy's
+#             cotangent is used]
+#
+# Without differentiation (the primal), nothing [..., V] is written: the same s and t come
+# from two reads that each recompute exp(z - m).
 # ---------------------------------------------------------------------------------------------
 
+_F32_MIN = float(jnp.finfo(jnp.float32).min)
 
-def _dense_stats(z: jax.Array, ids: jax.Array, with_entropy: bool):
-    # max + sum(exp) fuse into one read; a second reduction over the *same* exp(z - m) would make
-    # XLA materialise it ([..., V] written, page-faulted), so the entropy is its own pass:
-    # H = sum_v p_v (lse - z_v) with p = exp(z - lse), reading the logits once more.
+
+def _dense_normaliser(z: jax.Array, with_entropy: bool, keep_exp: bool):
+    """``(lse, entropy or None, e or None, s)`` over the last axis of float32 logits ``z``.
+
+    ``e = exp(z - max z)`` is returned (materialised) only with ``keep_exp``."""
     m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
-    lse = m[..., 0] + jnp.log(jnp.sum(jnp.exp(z - m), axis=-1))
+    e = jnp.exp(z - m)
+    s = jnp.sum(e, axis=-1)
+    log_s = jnp.log(s)
     ent = None
     if with_entropy:
-        # -log p, capped so that p = 0 (a -inf logit) gives 0 * fmax = 0 rather than 0 * inf; a
-        # minimum, not a `where`: a select splits the fusion and materialises the product.
-        # (The barrier keeps lse a [...] value: fused into the broadcast, XLA writes the broadcast out.)
-        gap = jnp.minimum(jax.lax.optimization_barrier(lse)[..., None] - z, jnp.finfo(jnp.float32).max)
-        ent = jnp.sum(jnp.exp(-gap) * gap, axis=-1)
+        # H = log s - sum(e * (z - m)) / s: both terms >= 0, so nothing cancels. (z - m) is
+        # floored so that a -inf logit gives 0 * finite = 0 rather than 0 * -inf. The barrier
+        # keeps XLA from sharing (z - m) between the two reductions, which would write it out.
+        shifted = jnp.maximum(z - jax.lax.optimization_barrier(m), _F32_MIN)
+        e2 = e if keep_exp else jnp.exp(z - jax.lax.optimization_barrier(m))
+        ent = log_s - jnp.sum(e2 * shifted, axis=-1) / s
+    return m[..., 0] + log_s, ent, (e if keep_exp else None), s
+
+
+def _dense_stats(z: jax.Array, ids: jax.Array, with_entropy: bool, keep_exp: bool = False):
+    lse, ent, e, s = _dense_normaliser(z, with_entropy, keep_exp)
     vocab = z.shape[-1]
     logp_ids = jnp.take_along_axis(z, jnp.clip(ids, 0, vocab - 1), axis=-1) - lse[..., None]
-    return lse, logp_ids, ent
+    return (lse, logp_ids, ent), e, s
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _dense_lse_logp_entropy(z, ids, with_entropy: bool, entropy_grad: bool):
-    return _dense_stats(z, ids, with_entropy)
+    return _dense_stats(z, ids, with_entropy)[0]
 
 
 def _dense_fwd(z, ids, with_entropy, entropy_grad):
-    lse, logp_ids, ent = _dense_stats(z, ids, with_entropy)
-    return (lse, logp_ids, ent), (z, ids, lse, ent)
+    (lse, logp_ids, ent), e, s = _dense_stats(z, ids, with_entropy, keep_exp=True)
+    # z is kept only for the entropy's gradient (log p); otherwise e alone carries the softmax.
+    keep_z = z if (with_entropy and entropy_grad) else None
+    return (lse, logp_ids, ent), (e, s, keep_z, ids, lse, ent)
 
 
 def _dense_bwd(with_entropy, entropy_grad, residuals, cotangents):
-    z, ids, lse, ent = residuals
+    e, s, z, ids, lse, ent = residuals
     g_lse, g_ids, g_ent = cotangents
-    vocab = z.shape[-1]
-    logp = z - lse[..., None]
-    p = jnp.exp(logp)
-    coeff = g_lse - jnp.sum(g_ids, axis=-1)
-    dz = p * coeff[..., None]
+    vocab = e.shape[-1]
+    # p = e / s; every output depends on z through the normaliser: d lse/dz = p, d logp_j/dz = e_j - p.
+    inv_s = 1.0 / s
+    dz = e * ((g_lse - jnp.sum(g_ids, axis=-1)) * inv_s)[..., None]
     if with_entropy and entropy_grad:
-        # dH/dz = -p (log p + H); log p floored so a -inf logit gives 0 * finite = 0, not 0 * -inf
-        dz = dz - (g_ent[..., None] * p) * (jnp.maximum(logp, jnp.finfo(jnp.float32).min) + ent[..., None])
+        # dH/dz = -p (log p + H); log p floored so a -inf logit gives 0 * finite = 0, not 0 * -inf.
+        # (Not the forward's floor constant: XLA would share one [..., V] broadcast of it between
+        # the two fusions and write it out.)
+        logp = jnp.maximum(z - lse[..., None], 0.5 * _F32_MIN)
+        dz = dz - (e * (g_ent * inv_s)[..., None]) * (logp + ent[..., None])
     lead = jnp.indices(ids.shape[:-1], sparse=True)
     index = tuple(i[..., None] for i in lead) + (jnp.clip(ids, 0, vocab - 1),)
     dz = dz.at[index].add(g_ids.astype(dz.dtype))
-    return dz.astype(z.dtype), jnp.zeros(ids.shape, jax.dtypes.float0)
+    return dz.astype(e.dtype), jnp.zeros(ids.shape, jax.dtypes.float0)
 
 
 _dense_lse_logp_entropy.defvjp(_dense_fwd, _dense_bwd)
@@ -366,8 +389,9 @@ def dense_lse_logprobs_entropy(
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """Differentiable ``(logsumexp [...], log_softmax(logits) at ids [..., J], entropy [...])`` from
     full float32 logits ``[..., V]`` (ids clipped into ``[0, V)``); the dense twin of
-    :func:`lse_logprobs_entropy`, with the same custom VJP so no [..., V] temporary but the
-    gradient itself is written. ``entropy_grad=False`` ignores the entropy's cotangent."""
+    :func:`lse_logprobs_entropy`. Under differentiation the only [..., V] array written is
+    ``exp(logits - max)``, which the backward turns into the gradient in place; without it,
+    none. ``entropy_grad=False`` ignores the entropy's cotangent."""
     logits = jnp.asarray(logits, jnp.float32)
     ids = jnp.asarray(ids, jnp.int32)
     if ids.shape[:-1] != logits.shape[:-1]:
