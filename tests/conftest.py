@@ -2,7 +2,41 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+import tempfile
+
 import pytest
+
+# ==============================================================================================
+# session-wide JAX persistent compilation cache (set before anything imports jax)
+# ==============================================================================================
+# Much of the suite is XLA compilation of the same tiny programs: by fresh jitted closures in this
+# process, by pytest-xdist workers, and by the subprocesses tests start (python -m openclaw_jax.train,
+# the inference server, ...), which inherit this environment. They all share one cache directory
+# that is created empty for this test session and removed at its end, never one that outlives the
+# run: every run compiles each program from nothing at least once, as a fresh machine would.
+# pytest-xdist workers inherit _SESSION_DIR_VAR from the controller and join its directory.
+_SESSION_DIR_VAR = "OPENCLAW_JAX_TEST_SESSION_DIR"
+_OWNS_SESSION_DIR = _SESSION_DIR_VAR not in os.environ
+if _OWNS_SESSION_DIR:
+    os.environ[_SESSION_DIR_VAR] = tempfile.mkdtemp(prefix="openclaw-jax-test-session-")
+_SESSION_DIR = os.environ[_SESSION_DIR_VAR]
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_SESSION_DIR, "xla-cache")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+if "jax" in sys.modules:  # imported by a plugin before this file: its config has read the environment
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    if _OWNS_SESSION_DIR:
+        shutil.rmtree(os.environ.pop(_SESSION_DIR_VAR), ignore_errors=True)
 
 
 # ==============================================================================================
