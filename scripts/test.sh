@@ -19,4 +19,9 @@ if ! command -v Xvfb >/dev/null || ! command -v xdotool >/dev/null; then
     { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends xvfb xdotool; } \
         || echo "warning: could not install xvfb/xdotool; tests/test_gui_env.py will fail under CI, skip elsewhere" >&2
 fi
-python3 -m pytest -q "$@"
+# Two workers (pytest-xdist): much of the suite is single-threaded XLA compilation, process start-up
+# and waits on servers, which overlap well on 2 cores. tests/conftest.py keeps tests that share an
+# expensive fixture on one worker and starts the heaviest first (--dist loadgroup), and gives the
+# session, its workers and every process they start one JAX compilation cache, created empty for
+# this run. `-n 0` after the script runs everything in one process.
+python3 -m pytest -q -n 2 --dist loadgroup "$@"

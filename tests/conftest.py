@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -159,3 +160,90 @@ def pytest_runtest_teardown(item, nextitem):
             nextitem is None or nextitem.get_closest_marker("sglang") is None):
         for pair in _SGLANG_PAIRS:
             pair.stop()
+
+
+# ==============================================================================================
+# pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`): which tests share a worker, and
+# which go first
+# ==============================================================================================
+# A worker builds session and module fixtures for itself. Tests that share an expensive one stay on
+# one worker (a group): all of a module whose tests use a module- or session-scoped fixture that the
+# module defines (a started server, a compiled engine, a model), every sglang-marked test (one pair
+# of SGLang workers for the session), every user of the shared tiny training run. The rest go one
+# test at a time to whichever worker is free. Heavy work goes first (the slow- and sglang-marked
+# tests, then the larger groups) so that no long test starts last while the other worker idles;
+# a group keeps its module's order.
+#
+# xdist's own `xdist_group` marks are not used: with pytest 9.2 they are silently ignored (xdist
+# 3.8 marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads; pytest-xdist
+# issue 1386). Instead each worker writes the groups it collected to the session directory, and the
+# controller's scheduler below (a LoadScopeScheduling whose scope is that group) reads them.
+_SHARED_SESSION_GROUPS = {"tiny_run_dir": "tiny_run"}
+_GROUPS_FILE = "xdist-groups-{}.json"
+
+
+def _xdist_group(item) -> str | None:
+    if item.get_closest_marker("sglang") is not None:
+        return "sglang"
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    for name, group in _SHARED_SESSION_GROUPS.items():
+        if name in defs:
+            return group
+    module_id = item.nodeid.split("::", 1)[0]
+    for fixturedefs in defs.values():
+        for fixturedef in fixturedefs:
+            if fixturedef.scope != "function" and fixturedef.baseid == module_id:
+                return module_id
+    return None
+
+
+def _weight(item) -> int:
+    return 60 if item.get_closest_marker("slow") or item.get_closest_marker("sglang") else 1
+
+
+@pytest.hookimpl(trylast=True)  # after deselection (-m, -k)
+def pytest_collection_modifyitems(config, items):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    scopes: dict[str, list] = {}
+    for item in items:
+        scopes.setdefault(_xdist_group(item) or item.nodeid, []).append(item)
+    # heaviest first; a stable sort, so equal weights keep the collection order
+    order = sorted(scopes.items(), key=lambda kv: -sum(_weight(i) for i in kv[1]))
+    items[:] = [item for _, its in order for item in its]
+    groups = {item.nodeid: scope for scope, its in order for item in its}
+    path = os.path.join(_SESSION_DIR, _GROUPS_FILE.format(worker))
+    with open(path + ".tmp", "w") as f:
+        json.dump(groups, f)
+    os.replace(path + ".tmp", path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """One work unit per group the workers wrote (a test of no group is a unit of its own), in
+        the workers' order (they put the heaviest first)."""
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self._groups: dict[str, str] | None = None
+
+        def schedule(self):
+            # called once every worker has collected (and so written its groups file)
+            self.config.option.loadscopereorder = False
+            return super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                self._groups = {}
+                for name in sorted(os.listdir(_SESSION_DIR)):
+                    if name.startswith("xdist-groups-") and name.endswith(".json"):
+                        with open(os.path.join(_SESSION_DIR, name)) as f:
+                            self._groups.update(json.load(f))
+            return self._groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
