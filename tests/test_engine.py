@@ -304,6 +304,34 @@ def test_continuous_batching_admits_into_free_rows(setup):
     assert short_out.finished_time < long_out.finished_time
 
 
+def test_running_batch_grows_for_requests_that_arrive_later(setup):
+    """A batch formed for one request widens (rows, then cache length) for those that arrive while it
+    decodes, instead of leaving them queued until it drains; every row's tokens stay those of a solo run."""
+    ref_engine, _, _ = setup
+    engine = Engine(_model_of(ref_engine), ref_engine.tokenizer, context_length=256, seed=0,
+                    config=EngineConfig(max_batch_size=8, min_batch_bucket=1, min_prompt_bucket=32,
+                                        min_cache_bucket=64, batch_wait_s=0.0))
+    greedy = dict(temperature=0, ignore_eos=True)
+    long_spec = spec_for([1, 2, 3], max_new_tokens=100, **greedy)
+    # the third needs a 256-slot cache (prompt 140 + 8 new), the running batch has 128
+    short_specs = [spec_for([4, 5], max_new_tokens=4, **greedy), spec_for(list(range(7, 47)), max_new_tokens=6, **greedy),
+                   spec_for([9] * 140, max_new_tokens=8, **greedy)]
+    try:
+        long = engine.submit(long_spec, stream=True)
+        first = long.next_sync(timeout=120)
+        assert not first.finished and engine._batch.size == 1 and engine._batch.cache_len == 128
+        shorts = [engine.submit(s) for s in short_specs]
+        short_outs = [h.next_sync(timeout=120) for h in shorts]
+        assert engine._batch.size >= 4 and engine._batch.cache_len == 256
+        while not (long_out := long.next_sync(timeout=120)).finished:
+            pass
+    finally:
+        engine.shutdown()
+    assert all(o.finished_time < long_out.finished_time for o in short_outs)
+    solo = [ref_engine.generate_sync([s])[0] for s in [long_spec] + short_specs]
+    assert [o.output_ids for o in [long_out] + short_outs] == [o.output_ids for o in solo]
+
+
 def test_weight_swap_changes_outputs_and_version(setup, tiny_qwen3_dir_b):
     engine, ref, _ = setup
     from flax import nnx

@@ -39,6 +39,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -51,12 +52,12 @@ import numpy as np
 from flax import nnx
 
 from openclaw_jax.inference import stops
-from openclaw_jax.inference.kernels import (decode_loop_jit, extend_jit, gather_prefix_jit, insert_jit, prefill_jit,
-                                            split_layers, store_blocks_jit, zeros_cache_jit)
+from openclaw_jax.inference.kernels import (decode_loop_jit, extend_jit, gather_prefix_jit, grow_cache_jit, insert_jit,
+                                            prefill_jit, split_layers, store_blocks_jit, zeros_cache_jit)
 from openclaw_jax.inference.prefill import Prefiller
 from openclaw_jax.inference.prefix_cache import PrefixCache
-from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, plan_batch,
-                                              sampling_arrays)
+from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, grown_batch_shape,
+                                              plan_batch, sampling_arrays)
 from openclaw_jax.inference.types import GenerationSpec, SamplingParams, SequenceOutput
 
 logger = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class Engine:
         """Number of compiled variants per jitted function (tests check buckets compile once)."""
         return {name: fn._cache_size() for name, fn in
                 (("prefill", prefill_jit), ("extend", extend_jit), ("insert", insert_jit), ("decode", decode_loop_jit),
-                 ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit))}
+                 ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit), ("grow", grow_cache_jit))}
 
     def prefix_cache_stats(self) -> dict[str, int]:
         """Hits, cached tokens served, stored / evicted blocks, invalidations, blocks in use and allocated."""
@@ -389,6 +390,8 @@ class Engine:
                     # Requests that arrive together should be batched together.
                     time.sleep(self.config.batch_wait_s)
                 self._form_batch()
+            else:
+                self._grow_batch()
             self._admit()
         if self._batch is not None and self._batch.active() and not self._paused:
             self._decode_step()
@@ -424,6 +427,26 @@ class Engine:
         cache = zeros_cache_jit(shape, jnp.dtype(cfg.dtype).name)
         with self._cv:
             self._batch = Batch(size=size, cache_len=cache_len, cache=cache, rows=[None] * size)
+
+    def _grow_batch(self) -> None:
+        """Widen the running batch (more rows, a longer cache) for sequences that wait for it.
+
+        Requests reach the engine one by one (HTTP), so a batch formed for the first few would
+        otherwise keep the rest waiting until it drains, decoding a few rows at a time. The
+        running rows keep their rows and K/V; the new rows and slots start empty."""
+        batch = self._batch
+        with self._cv:
+            room = self.config.max_batch_size - len(batch.active())
+            waiting = list(itertools.islice(self._pending, max(room, 0)))
+        if not waiting:
+            return
+        size, cache_len = grown_batch_shape(batch.size, batch.cache_len, len(batch.active()), waiting, self.config,
+                                            self._kv_bytes_per_token)
+        if (size, cache_len) == (batch.size, batch.cache_len):
+            return
+        batch.cache = grow_cache_jit(batch.cache, size, cache_len)
+        batch.rows.extend([None] * (size - batch.size))
+        batch.size, batch.cache_len = size, cache_len
 
     def _admit(self) -> None:
         """Prefill waiting sequences that fit into free rows of the running batch (FIFO)."""

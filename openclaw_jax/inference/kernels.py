@@ -220,6 +220,16 @@ def _store_blocks_impl(pool, cache, rows, src_blocks, slots):
     return KVCache(one(pool.k, cache.k), one(pool.v, cache.v))
 
 
+def _grow_cache_impl(cache, rows, cache_len):
+    """The running cache `[layers, B, Lc, K, D]` widened to `rows` x `cache_len` (zeros appended: new rows
+    are empty, new slots are past every row's position)."""
+    def one(x):
+        pad = [(0, 0)] * x.ndim
+        pad[1], pad[2] = (0, rows - x.shape[1]), (0, cache_len - x.shape[2])
+        return jnp.pad(x, pad)
+    return KVCache(one(cache.k), one(cache.v))
+
+
 def _grow_pool_impl(pool, slots):
     def one(x):
         return jnp.concatenate([x, jnp.zeros((x.shape[0], slots - x.shape[1]) + x.shape[2:], x.dtype)], axis=1)
@@ -236,3 +246,4 @@ decode_loop_jit = jax.jit(_decode_loop_impl, static_argnums=(0, 1), static_argna
 gather_prefix_jit = jax.jit(_gather_prefix_impl, static_argnums=(2,))
 store_blocks_jit = jax.jit(_store_blocks_impl, donate_argnums=(0,))
 grow_pool_jit = jax.jit(_grow_pool_impl, static_argnums=(1,))
+grow_cache_jit = jax.jit(_grow_cache_impl, static_argnums=(1, 2))

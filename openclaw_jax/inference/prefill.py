@@ -116,7 +116,7 @@ class Prefiller:
         return (temps, top_p, top_k, min_p, keys, tids), dict(n_top=n_top, k_ids=k_ids, want_input=want_input)
 
     def _run_prefill(self, group: list[Seq], state: Any):
-        b = bucket(len(group), self.config.min_batch_bucket)
+        b = bucket(len(group), self.config.prefill_row_bucket)
         lp_len = bucket(max(s.prompt_len for s in group), self.config.min_prompt_bucket)
         ids = np.zeros((b, lp_len), np.int32)
         lengths = np.ones((b,), np.int32)
@@ -129,7 +129,7 @@ class Prefiller:
         return cache, jax.device_get(out)
 
     def _run_extend(self, group: list[Seq], state: Any, paths: dict[int, list]):
-        b = bucket(len(group), self.config.min_batch_bucket)
+        b = bucket(len(group), self.config.prefill_row_bucket)
         nb = bucket(max(len(paths[id(s)]) for s in group))
         ln = bucket(max(s.prompt_len - s.cached for s in group), self.config.min_prompt_bucket)
         tables = np.zeros((b, nb), np.int32)  # padding entries: any slot, masked by the row's start

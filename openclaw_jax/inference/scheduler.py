@@ -34,7 +34,12 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     # how long the scheduler waits for more requests before forming a new batch
     batch_wait_s: float = 0.003
+    # smallest running batch (decode rows). A larger one costs a little per decode step at low load on
+    # CPU (memory-bound) and saves compiling the decode step for every smaller row count.
     min_batch_bucket: int = 1
+    # smallest prefill call (rows); 0: min_batch_bucket. Prefill is compute-bound: padding rows costs
+    # their full price, so this stays small even where the decode batch is fixed.
+    min_prefill_rows: int = 0
     # decode steps one device call may run before the host sees the tokens (rows stop on device
     # on length and stop ids; a batch with stop strings runs one step per call)
     decode_steps: int = 8
@@ -59,9 +64,16 @@ class EngineConfig:
         blk = self.prefix_cache_block
         if blk < 1 or blk & (blk - 1):
             raise ValueError(f"prefix_cache_block={blk} must be a power of two >= 1 (e.g. 64)")
+        if self.min_prefill_rows < 0:
+            raise ValueError(f"min_prefill_rows={self.min_prefill_rows} must be >= 0 (0: min_batch_bucket)")
         for name in ("min_prompt_bucket", "min_cache_bucket"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+
+
+    @property
+    def prefill_row_bucket(self) -> int:
+        return self.min_prefill_rows or self.min_batch_bucket
 
 
 def bucket(n: int, minimum: int = 1) -> int:
@@ -178,6 +190,23 @@ def plan_batch(pending: Iterable[Seq], config: EngineConfig, kv_bytes_per_token:
         cache_len = lc
     size = min(bucket(chosen, config.min_batch_bucket), bucket(config.max_batch_size))
     return max(size, chosen), cache_len
+
+
+def grown_batch_shape(size: int, cache_len: int, active: int, waiting: Sequence[Seq], config: EngineConfig,
+                      kv_bytes_per_token: int) -> tuple[int, int]:
+    """(rows, cache length) a running batch of `size` x `cache_len` with `active` rows grows to, so that
+    the head of the queue (`waiting`, in order, at most the rows `max_batch_size` leaves) can join it:
+    as many of them as the KV budget allows, each bucket a power of two and never smaller than now.
+    Unchanged when they already fit (free rows, long enough cache) or none fits the budget."""
+    best = (size, cache_len)
+    need = cache_len
+    for taken, seq in enumerate(waiting, start=1):
+        need = max(need, bucket(seq.need_len, config.min_cache_bucket))
+        rows = max(size, min(bucket(active + taken, config.min_batch_bucket), bucket(config.max_batch_size)))
+        if rows * need * kv_bytes_per_token > config.kv_cache_budget_bytes:
+            break
+        best = (rows, need)
+    return best
 
 
 def _groups_within(seqs: list[Seq], config: EngineConfig, tokens: Callable[[Seq], int]) -> list[list[Seq]]:
