@@ -380,10 +380,10 @@ def test_session_done_header_alone_and_the_done_endpoint(make_env):
     # The plugin's endpoint: same effect, idempotent, authenticated, the id checked.
     assert env.http.post("/v1/sessions/b/done").status_code == 401
     assert env.http.post("/v1/sessions/b/done", headers=auth).json() == {"session_id": "b", "ended": True,
-                                                                         "dropped_turns": 1}
+                                                                         "dropped_turns": 1, "scored_turn": False}
     assert env.http.post("/v1/sessions/b/done", headers=auth, json={"session_id": "b", "reason": "reset"}
                          ).json()["ended"] is False
-    for junk in (b"{", b'{"reason": 5}'):
+    for junk in (b"{", b'{"reason": 5}', b'{"messages": []}', b'{"messages": [{"role": "user"}]}', b'[1]'):
         r = env.http.post("/v1/sessions/b/done", headers=auth, content=junk)
         assert r.status_code == 400 and "error" in r.json()
     bad = env.http.post("/v1/sessions/" + "x" * 300 + "/done", headers=auth)
@@ -393,6 +393,23 @@ def test_session_done_header_alone_and_the_done_endpoint(make_env):
     # A new request with an ended id starts over at turn 0.
     r = post(env, openclaw_body(first, stream=False), session="b", **auth)
     assert r.json()["metadata"]["turn_index"] == 0
+
+
+def test_done_endpoint_with_messages_scores_the_last_turn_without_a_reply(make_env):
+    env = make_env()
+    first = [SYSTEM, {"role": "user", "content": TURN1_USER}]
+    assert post(env, openclaw_body(first, stream=False), session="c").status_code == 200
+    calls = len(env.pool.requests)
+    final = first + [{"role": "assistant", "content": "Five."}, {"role": "user", "content": TURN2_USER}]
+    r = env.http.post("/v1/sessions/c/done", json={"reason": "closed", "messages": final})
+    assert r.status_code == 200
+    assert r.json() == {"session_id": "c", "ended": True, "dropped_turns": 0, "scored_turn": True}
+    assert len(env.pool.requests) == calls   # nothing was generated for the closing reaction
+    env.drain()
+    [sample] = env.samples()
+    assert sample.session_id == "c" and sample.turn_index == 0
+    assert sample.next_state["content"] == person_words(TURN2_USER)
+    assert "c" not in env.gateway.sessions
 
 
 def test_idle_timeout_in_the_gateway(make_env):

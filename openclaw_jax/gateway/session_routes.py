@@ -8,7 +8,10 @@ A mixin of :class:`~openclaw_jax.gateway.server.Gateway`:
   waiting for a next state are dropped (sessions.py). Answers ``{"session_id", "ended",
   "dropped_turns"}``; an optional JSON body ``{"reason": ...}`` (the plugin sends OpenClaw's
   ``session_end`` reason) is logged; ending an unknown or already-ended session is not an error (``ended``: false),
-  so the plugin may call it more than once.
+  so the plugin may call it more than once. With ``"messages"`` (OpenAI chat messages ending on the
+  person's last reaction or tool results) the session closes as a last main request would, scoring its
+  last turn with that next state, but without asking the policy for a reply nobody reads (a simulated
+  user's closing request prefilled the whole conversation for one thrown-away token).
 * A main turn samples with the gateway's temperature and top_p (the trainer's, unless
   ``gateway.honor_client_sampling``); when the client asked for other values, the reply says so in
   the header ``X-Sampling-Override`` (e.g. ``temperature=1 -> 0.7``) instead of replacing them in silence.
@@ -26,6 +29,7 @@ from aiohttp import web
 
 from openclaw_jax.gateway.protocol import GatewayHTTPError, bad_request, parse_session_info
 from openclaw_jax.http import http_guard as G
+from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import with_context_advice
 from openclaw_jax.wire.sglang import SamplingParams
 
@@ -42,6 +46,7 @@ class SessionRoutes:
     sessions: Any
     guard: Any
     _check_auth: Any  # the Gateway's bearer-key check
+    _submit: Any  # the Gateway's hand-off of a scoring job to the judge
 
     async def handle_session_done(self, request: web.Request) -> web.Response:
         self._check_auth(request)
@@ -52,24 +57,41 @@ class SessionRoutes:
             raise GatewayHTTPError(400, err.message.replace("header X-Session-Id", "the session id in the path"),
                                    param="session_id") from None
         sid = info.session_id
-        reason = await self._done_reason(request)
+        reason, messages = await self._done_body(request)
         ended = sid in self.sessions
-        dropped = self.sessions.end_session(sid) if ended else 0
-        logger.info("session %s done (%s): %s, %d unscored turn(s) dropped", sid, reason or "no reason given",
-                    "ended" if ended else "not active", dropped)
-        return web.json_response({"session_id": sid, "ended": ended, "dropped_turns": dropped})
+        job, dropped = None, 0
+        if ended and messages is not None:
+            job, dropped = self.sessions.end_with_next_state(sid, messages)
+        elif ended:
+            dropped = self.sessions.end_session(sid)
+        if job is not None:
+            self._submit(job)
+        logger.info("session %s done (%s): %s, %s, %d unscored turn(s) dropped", sid, reason or "no reason given",
+                    "ended" if ended else "not active", "last turn scored" if job else "no turn scored", dropped)
+        return web.json_response({"session_id": sid, "ended": ended, "dropped_turns": dropped,
+                                  "scored_turn": job is not None})
 
-    async def _done_reason(self, request: web.Request) -> str | None:
-        """The optional body ``{"reason": ...}`` (OpenClaw's session_end reason: new, reset, idle, ...)."""
+    async def _done_body(self, request: web.Request) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """The optional body ``{"reason": ..., "messages": [...]}``: OpenClaw's session_end reason (new,
+        reset, idle, ...) and the conversation whose trailing user / tool messages are the last turn's
+        next state."""
         raw = await G.read_body(request, self.guard)
         if not raw.strip():
-            return None
+            return None, None
         body = await G.decode_json(raw, self.guard)
-        reason = body.get("reason") if isinstance(body, dict) else None
+        if not isinstance(body, dict):
+            raise bad_request(f"the body must be a JSON object, got {type(body).__name__}")
+        reason = body.get("reason")
         if reason is not None and (not isinstance(reason, str) or len(reason) > 64):
             raise bad_request(f"reason={reason!r:.80} must be a short string (OpenClaw's session_end reason)",
                               param="reason")
-        return reason
+        messages = None
+        if "messages" in body:
+            try:
+                messages = O.parse_messages({"messages": body["messages"]}, strict=True)
+            except ValueError as err:
+                raise bad_request(str(err), param="messages") from None
+        return reason, messages
 
     def _check_room(self, params: SamplingParams) -> None:
         wanted = params.max_new_tokens

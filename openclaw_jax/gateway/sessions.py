@@ -276,6 +276,24 @@ class SessionTracker:
             self.stats.failed_turns += 1
         self._forget_if_done(session)
 
+    def end_with_next_state(self, session_id: str, messages: Sequence[dict[str, Any]]) -> tuple[ScoringJob | None, int]:
+        """The session's last reaction arrives without a request for a reply (the done endpoint with
+        `messages`): as a main request would, it is the next state of the last main turn; then the
+        session ends. Returns (a job for that turn if it is ready, turns dropped unscored)."""
+        session = self._active.get(session_id)
+        if session is None:
+            return None, 0
+        job = None
+        last = session.next_index - 1
+        next_state = next_state_from_messages(messages)
+        if last >= 0 and next_state is not None:
+            if last in session.completed:
+                job = ScoringJob(session.completed.pop(last), next_state)
+                self.stats.jobs += 1
+            elif last in session.in_flight:   # scored when it completes (before the session's end drops it)
+                session.early_next_states[last] = next_state
+        return job, self.end_session(session_id)
+
     def end_session(self, session_id: str) -> int:
         """End a session: drop completed turns without a next state. Returns how many were dropped.
 
