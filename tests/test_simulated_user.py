@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import json
 import math
 
@@ -336,6 +337,45 @@ def test_sessions_through_real_gateway_become_samples_with_hints(live_stack):
         assert s.next_state == {"role": "user", "content": t.reaction}  # our reaction is the next state
         assert s.kind == "opd+rl" and s.reward == -1
         assert s.hints == ['Please begin your answer with "Sure".']
+
+
+@pytest.mark.slow
+def test_sessions_closed_through_the_done_endpoint_score_their_last_answer(live_stack):
+    """close_by_endpoint: the final reaction reaches the gateway's done endpoint with the conversation, so
+    the last answer is scored as after a closing request, but no closing reply is generated."""
+    import httpx
+
+    persona = P.make_persona("starts_with", prefix="Sure")
+    cfg = SimulatedUserConfig(turns_per_session=2, max_attempts_per_question=2, concurrency=2, max_tokens=8, seed=6,
+                              close_by_endpoint=True)
+    from openclaw_jax.envs.questions import train_questions
+
+    def main_turns():
+        return httpx.get(live_stack["gateway"] + "/healthz", timeout=30).json()["stats"]["main_turns"]
+
+    before = main_turns()
+
+    async def drive():
+        async with SimulatedUser(persona, train_questions("arithmetic", seed=6), base_url=live_stack["gateway"],
+                                 config=cfg, session_prefix="endpoint") as user:
+            stats = await user.run(3)
+        return user, stats
+
+    user, stats = asyncio.run(drive())
+    assert stats.failed_sessions == 0 and stats.sessions == 3 and stats.requests == 6
+    assert all(r.closed for r in user.results)
+    assert main_turns() - before == 6   # the answers only: no closing request reached the policy
+    turns = {(t.session_id, t.turn_index): t for r in user.results for t in r.turns}
+    deadline = time.monotonic() + 120
+    while True:
+        samples = [s for s in _wait_for_samples(live_stack["store"], 0, timeout_s=0) if s.session_id.startswith("endpoint")]
+        if len(samples) >= 6 or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert sorted((s.session_id, s.turn_index) for s in samples) == sorted(turns)
+    for s in samples:   # the last answer of each session too: its next state came through the endpoint
+        assert s.next_state == {"role": "user", "content": turns[(s.session_id, s.turn_index)].reaction}
+        assert s.reward == -1
 
 
 @pytest.mark.slow

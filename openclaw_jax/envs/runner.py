@@ -67,6 +67,7 @@ class EnvRunner:
             config=SimulatedUserConfig(turns_per_session=env.turns_per_session, concurrency=env.concurrency,
                                        max_tokens=env.max_tokens, temperature=temperature,
                                        seed=env.seed, model=model, agent_keeps_history=self.daemon is not None,
+                                       close_by_endpoint=self.daemon is None,
                                        timeout_s=env.request_timeout_s,
                                        # Through OpenClaw the closing request is a plain main turn (no
                                        # X-Session-Done), so it must ask for what the gateway serves one.

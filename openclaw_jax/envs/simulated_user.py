@@ -255,6 +255,10 @@ class SimulatedUserConfig:
     system_prompt: str | None = None
     model: str | None = None
     close_max_tokens: int = 1
+    # End each session through the gateway's `POST /v1/sessions/{id}/done` with the conversation (the final
+    # reaction scores the last answer there) instead of a closing chat request: no prefill of the whole
+    # conversation for a reply nobody reads. Only our gateway has the endpoint.
+    close_by_endpoint: bool = False
     send_seed: bool = True  # pass a per-request `seed` so seeded servers are reproducible
     next_question_intro: str = "Next question:"
     timeout_s: float = 300.0
@@ -271,6 +275,9 @@ class SimulatedUserConfig:
                 raise ValueError(f"SimulatedUserConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"SimulatedUserConfig.temperature must be >= 0, got {self.temperature}")
+        if self.agent_keeps_history and self.close_by_endpoint:
+            raise ValueError("SimulatedUserConfig.close_by_endpoint needs our gateway's session ids; an agent that "
+                             "keeps the history (agent_keeps_history=True) names and ends its own sessions")
         if self.agent_keeps_history and self.system_prompt:
             raise ValueError("SimulatedUserConfig.system_prompt cannot be sent to an agent that keeps the history "
                              "(agent_keeps_history=True): the agent writes its own system prompt")
@@ -412,7 +419,10 @@ class SimulatedUser:
                 if out_of_turns or (move_on and q_pos + 1 >= len(questions)):
                     # The final reaction is the last answer's next state; this request ends the session.
                     messages.append({"role": "user", "content": reaction})
-                    await send(True, cfg.close_max_tokens)
+                    if cfg.close_by_endpoint:
+                        await self._close_by_endpoint(session_id, messages)
+                    else:
+                        await send(True, cfg.close_max_tokens)
                     result.closed = True
                     break
                 if move_on:
@@ -426,6 +436,14 @@ class SimulatedUser:
             result.error = f"{type(e).__name__}: {e}"
             log.warning("session %s failed after %d requests: %s", session_id, result.requests, result.error)
         return result
+
+    async def _close_by_endpoint(self, session_id: str, messages: list[dict[str, str]]) -> None:
+        """`POST /v1/sessions/{id}/done` with the conversation: the gateway scores the last answer with
+        the final reaction and ends the session, without generating."""
+        answer = await self.client.post(f"/sessions/{session_id}/done", cast_to=object,
+                                        body={"reason": "closed", "messages": messages})
+        if not isinstance(answer, dict) or not answer.get("ended"):
+            raise RuntimeError(f"the gateway did not end session {session_id}: {str(answer)[:200]}")
 
 
 # ----------------------------------------------------------------------------- preference score
