@@ -101,6 +101,13 @@ class PolicyConfig:
     host: str = "127.0.0.1"             # embedded server bind address
     port: int = 0                       # 0 = ephemeral
     max_batch_size: int = 16
+    # the embedded engine's shape floors (each distinct shape compiles once; on a CPU a decode-step
+    # compile costs as much as hundreds of decode steps): rows of the running batch, its KV-cache slots,
+    # the prompt bucket of a prefill
+    min_batch_rows: int = 1
+    min_cache_len: int = 64
+    min_prompt_len: int = 16
+    prefix_cache_mb: int = 1024         # the embedded engine's prefix cache (0 turns it off)
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
     request_timeout_s: float = 300.0
@@ -110,6 +117,9 @@ class PolicyConfig:
             _require(bool(self.urls), "policy.urls must list at least one worker or router URL when policy.mode=external")
         _require(0 <= self.port < 65536, f"policy.port={self.port} must be in [0, 65535]")
         _require(self.max_batch_size > 0, f"policy.max_batch_size={self.max_batch_size} must be > 0")
+        for name in ("min_batch_rows", "min_cache_len", "min_prompt_len"):
+            _require(getattr(self, name) > 0, f"policy.{name}={getattr(self, name)} must be > 0")
+        _require(self.prefix_cache_mb >= 0, f"policy.prefix_cache_mb={self.prefix_cache_mb} must be >= 0 (0: off)")
 
 
 @dataclass(frozen=True)
@@ -215,6 +225,9 @@ class ExperimentConfig:
     seed: int = 0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     progress: bool = True                # console progress line
+    # JAX's persistent compilation cache ("auto": ~/.cache/openclaw_jax/xla; "": off): a second run of a
+    # config loads the programs the first compiled (openclaw_jax/compile_cache.py)
+    compile_cache_dir: str = "auto"
     model: ModelSourceConfig = field(default_factory=ModelSourceConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from aiohttp import web
 from flax import nnx
 
+from openclaw_jax.compile_cache import enable_compile_cache
 from openclaw_jax.config import ExperimentConfig, load_experiment_config
 from openclaw_jax.configlib import ConfigError, dump_yaml
 from openclaw_jax.gateway.server import start_gateway, stop_gateway
@@ -188,6 +189,13 @@ class _Run:
             f.write(json.dumps(record) + "\n")
 
 
+def engine_config(policy) -> EngineConfig:
+    """The embedded engine's settings from the `policy:` section."""
+    return EngineConfig(max_batch_size=policy.max_batch_size, min_batch_bucket=policy.min_batch_rows,
+                        min_prefill_rows=1, min_cache_bucket=policy.min_cache_len, min_prompt_bucket=policy.min_prompt_len,
+                        prefix_cache_bytes=policy.prefix_cache_mb << 20)
+
+
 async def _start_embedded_pool(r: _Run):
     """Process 0 serves the student with the JAX engine; returns (policy urls, weight push)."""
     # With several processes every one takes part in gathering the weights.
@@ -196,7 +204,7 @@ async def _start_embedded_pool(r: _Run):
     if r.is_main:
         cfg, base = r.cfg, r.base
         engine = Engine(serving, base.tokenizer, context_length=cfg.policy.context_length or None,
-                        config=EngineConfig(max_batch_size=cfg.policy.max_batch_size),
+                        config=engine_config(cfg.policy),
                         weight_version=r.trainer.weight_version, seed=cfg.seed)
         server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
                                  served_model_name=Path(base.model_dir).name)
@@ -275,13 +283,16 @@ async def _start_users(r: _Run, gateway_url: str, stop: asyncio.Event):
     await env.start()
 
     async def evaluate(step: int) -> float:
+        t = time.monotonic()
         graded = await env.heldout_eval(writer=r.writer, step=step)
         score, accuracy = graded["preference_score"], graded["accuracy"]
         r.progress.update(pref=score, acc=accuracy)
-        record = {"step": step, "preference_score": score, "accuracy": accuracy if accuracy == accuracy else None}
+        record = {"step": step, "preference_score": score, "accuracy": accuracy if accuracy == accuracy else None,
+                  "eval_s": round(time.monotonic() - t, 2)}
         r.record_eval(record)
         r.summary["preference"].append(record)
-        log.info("held-out preference score at step %d: %.3f, accuracy %.3f", step, score, accuracy)
+        log.info("held-out preference score at step %d: %.3f, accuracy %.3f (%.1f s)", step, score, accuracy,
+                 record["eval_s"])
         return score
 
     await evaluate(trainer.step)
@@ -431,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(dump_yaml(cfg))
         return 0
     configure_logging(cfg.log_level)
+    enable_compile_cache(cfg.compile_cache_dir)
     summary = asyncio.run(run(cfg))
     log.info("done: %s", json.dumps({k: v for k, v in summary.items() if k != "preference"}))
     for record in summary["preference"]:

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from aiohttp import web
 
+from openclaw_jax.compile_cache import AUTO, enable_compile_cache
 from openclaw_jax.inference.engine import Engine, EngineConfig
 from openclaw_jax.inference.loading import context_length_from, load_for_serving, load_vl_for_serving
 from openclaw_jax.inference.vision import VisionGenerator
@@ -44,6 +45,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                     help="memory for K/V of cached prompt prefixes (system prompt, earlier turns); 0: off")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--compile-cache-dir", default=AUTO,
+                    help="JAX's persistent compilation cache ('auto': ~/.cache/openclaw_jax/xla; '': off; "
+                         "JAX_COMPILATION_CACHE_DIR wins)")
     ap.add_argument("--shutdown-timeout", type=float, default=30.0)
     ap.add_argument("--log-level", default="info")
     limits = G.add_cli_arguments(ap)
@@ -101,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     configure_logging(args.log_level)
+    enable_compile_cache(args.compile_cache_dir)
     vl = load_vl_for_serving(args.model, dtype=args.dtype)   # a Qwen2.5-VL directory: images served too
     if vl is not None:
         vl_model, tokenizer, hf_config, source = vl
