@@ -219,6 +219,7 @@ def pytest_collection_modifyitems(config, items):
     os.replace(path + ".tmp", path)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: fine without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist") != "loadgroup":
         return None
