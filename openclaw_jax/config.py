@@ -107,6 +107,7 @@ class PolicyConfig:
     min_batch_rows: int = 1
     min_cache_len: int = 64
     min_prompt_len: int = 16
+    max_prefill_rows: int = 0           # prompts per prefill call (0: no limit; 1: one prefill shape per prompt bucket)
     prefix_cache_mb: int = 1024         # the embedded engine's prefix cache (0 turns it off)
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
@@ -119,6 +120,7 @@ class PolicyConfig:
         _require(self.max_batch_size > 0, f"policy.max_batch_size={self.max_batch_size} must be > 0")
         for name in ("min_batch_rows", "min_cache_len", "min_prompt_len"):
             _require(getattr(self, name) > 0, f"policy.{name}={getattr(self, name)} must be > 0")
+        _require(self.max_prefill_rows >= 0, f"policy.max_prefill_rows={self.max_prefill_rows} must be >= 0 (0: no limit)")
         _require(self.prefix_cache_mb >= 0, f"policy.prefix_cache_mb={self.prefix_cache_mb} must be >= 0 (0: off)")
 
 

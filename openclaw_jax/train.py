@@ -192,7 +192,8 @@ class _Run:
 def engine_config(policy) -> EngineConfig:
     """The embedded engine's settings from the `policy:` section."""
     return EngineConfig(max_batch_size=policy.max_batch_size, min_batch_bucket=policy.min_batch_rows,
-                        min_prefill_rows=1, min_cache_bucket=policy.min_cache_len, min_prompt_bucket=policy.min_prompt_len,
+                        min_prefill_rows=1, max_prefill_rows=policy.max_prefill_rows,
+                        min_cache_bucket=policy.min_cache_len, min_prompt_bucket=policy.min_prompt_len,
                         prefix_cache_bytes=policy.prefix_cache_mb << 20)
 
 

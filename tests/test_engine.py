@@ -355,3 +355,20 @@ def test_weight_swap_changes_outputs_and_version(setup, tiny_qwen3_dir_b):
     with pytest.raises(ValueError, match="shape"):
         bad = jax.tree.map(lambda x: x[..., :1] if getattr(x, "ndim", 0) == 2 else x, old_state)
         engine.swap_weights(bad, "bad")
+
+
+def test_prefill_groups_hold_at_most_max_prefill_rows():
+    from types import SimpleNamespace
+
+    from openclaw_jax.inference.scheduler import prefill_groups
+
+    seqs = [SimpleNamespace(prompt_len=n) for n in (5, 30, 7, 60, 2)]
+    lens = lambda groups: [[s.prompt_len for s in g] for g in groups]  # noqa: E731
+    assert lens(prefill_groups(seqs, EngineConfig())) == [[5, 30, 7, 60, 2]]
+    assert lens(prefill_groups(seqs, EngineConfig(max_prefill_rows=2))) == [[5, 30], [7, 60], [2]]
+    assert lens(prefill_groups(seqs, EngineConfig(max_prefill_rows=1))) == [[5], [30], [7], [60], [2]]
+    # the token budget still splits first where it is the tighter limit
+    assert lens(prefill_groups(seqs, EngineConfig(max_prefill_rows=4, max_prefill_tokens=64, min_prompt_bucket=16))) \
+        == [[5, 30], [7], [60], [2]]
+    with pytest.raises(ValueError, match="max_prefill_rows"):
+        EngineConfig(max_prefill_rows=-1)

@@ -40,6 +40,9 @@ class EngineConfig:
     # smallest prefill call (rows); 0: min_batch_bucket. Prefill is compute-bound: padding rows costs
     # their full price, so this stays small even where the decode batch is fixed.
     min_prefill_rows: int = 0
+    # at most this many prompts per prefill call (0: as many as max_prefill_tokens allows). 1 compiles one
+    # prefill per prompt bucket and pads no row; batching prompts saves reading the weights per prompt.
+    max_prefill_rows: int = 0
     # decode steps one device call may run before the host sees the tokens (rows stop on device
     # on length and stop ids; a batch with stop strings runs one step per call)
     decode_steps: int = 8
@@ -64,6 +67,8 @@ class EngineConfig:
         blk = self.prefix_cache_block
         if blk < 1 or blk & (blk - 1):
             raise ValueError(f"prefix_cache_block={blk} must be a power of two >= 1 (e.g. 64)")
+        if self.max_prefill_rows < 0:
+            raise ValueError(f"max_prefill_rows={self.max_prefill_rows} must be >= 0 (0: no limit)")
         if self.min_prefill_rows < 0:
             raise ValueError(f"min_prefill_rows={self.min_prefill_rows} must be >= 0 (0: min_batch_bucket)")
         for name in ("min_prompt_bucket", "min_cache_bucket"):
@@ -210,12 +215,14 @@ def grown_batch_shape(size: int, cache_len: int, active: int, waiting: Sequence[
 
 
 def _groups_within(seqs: list[Seq], config: EngineConfig, tokens: Callable[[Seq], int]) -> list[list[Seq]]:
-    """Consecutive groups whose padded work (rows x bucketed `tokens`) stays within max_prefill_tokens."""
+    """Consecutive groups whose padded work (rows x bucketed `tokens`) stays within max_prefill_tokens,
+    of at most max_prefill_rows prompts each."""
     groups, current = [], []
     for seq in seqs:
         trial = current + [seq]
         length = bucket(max(tokens(s) for s in trial), config.min_prompt_bucket)
-        if current and bucket(len(trial)) * length > config.max_prefill_tokens:
+        too_many = bool(config.max_prefill_rows) and len(trial) > config.max_prefill_rows
+        if current and (too_many or bucket(len(trial)) * length > config.max_prefill_tokens):
             groups.append(current)
             current = [seq]
         else:
