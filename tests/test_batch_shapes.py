@@ -92,7 +92,7 @@ def test_the_cpu_demo_states_a_small_bound():
     spec = batch_spec(cfg, cfg.sample_spec())
     ladder = shape_ladder(spec)
     # by hand from the config: 16 samples, 1 candidate each, no micro-batches -> rows 1, 2, 3, 4, 6, 8,
-    # 12, 16; lengths 128..512 in steps of the 64-token quantum (min_seq_bucket 128 >= quantum) -> 7;
+    # 12, 16; lengths 256..512 in steps of the 64-token quantum (min_seq_bucket 256 >= quantum) -> 5;
     # T = 64, 128, 256, 512 (powers of two from min_response_bucket to max_seq_len) -> 4
     assert (t.samples_per_step, cfg.gateway.max_candidates, t.micro_batch_size) == (16, 1, 0)
     assert t.min_seq_bucket >= t.bucket_quantum
@@ -100,7 +100,7 @@ def test_the_cpu_demo_states_a_small_bound():
     lengths = list(range(t.min_seq_bucket, t.max_seq_len + 1, t.bucket_quantum))
     responses = [t.min_response_bucket * 2 ** i for i in range(8) if t.min_response_bucket * 2 ** i <= t.max_seq_len]
     by_hand = 2 * len(rows) * len(lengths) * len(responses)
-    assert by_hand == 448
+    assert by_hand == 320
     assert ladder.bound == by_hand
     student, teacher = _expected(spec)
     assert len(student) + len(teacher) == by_hand
@@ -235,8 +235,14 @@ def test_the_cpu_demo_batches_pad_at_most_15_percent():
             h + len(s.response_ids) for s in samples for h in map(len, s.hint_prompt_ids or []))
         assert packed.padding_fraction() == pytest.approx((slots - real) / slots)
     assert len(fractions) == 15
-    assert np.mean(fractions) <= 0.15 and max(fractions) <= 0.15, fractions
-    assert len(keys) <= 12   # 12 distinct step shapes over the 15 steps (the bound: 448)
-    # without reusing compiled shapes, the fewest slots each time: more shapes, no less padding than 0.15
-    fresh = [pack(s, dataclasses.replace(spec, shape_reuse_slack=0.0)) for s in _demo_batches()]
-    assert np.mean([p.padding_fraction() for p in fresh]) <= 0.15
+    # a step may pad more (up to ~0.45) to reuse a compiled shape: each new one compiles four phases
+    assert np.mean(fractions) <= 0.15, fractions
+    assert len(keys) <= 6   # distinct step shapes over the 15 steps (the bound: 320)
+    # the fewest slots each time from the shortest rows (128), nothing reused: less padding, twice the shapes
+    tight = dataclasses.replace(spec, shape_reuse_slack=0.0, min_seq_bucket=128)
+    fresh_keys, fresh = set(), []
+    for samples in _demo_batches():
+        packed = pack(samples, tight)
+        fresh.append(packed.padding_fraction())
+        fresh_keys.update(k for k in packed.phase_keys() if k is not None)
+    assert np.mean(fresh) < np.mean(fractions) and len(fresh_keys) >= 2 * len(keys)
