@@ -310,19 +310,24 @@ def _wait_for_samples(store_dir, count, timeout_s=120.0):
         time.sleep(0.25)
 
 
-@pytest.mark.slow
-def test_sessions_through_real_gateway_become_samples_with_hints(live_stack):
-    persona = P.make_persona("starts_with", prefix="Sure")
-    cfg = SimulatedUserConfig(turns_per_session=2, max_attempts_per_question=2, concurrency=2, max_tokens=8, seed=5)
+def _three_sessions(live_stack, cfg: SimulatedUserConfig, prefix: str):
+    """Three sessions of a persona a random model never satisfies (answers must open with "Sure") against
+    the live gateway; returns (the user, the stats)."""
     from openclaw_jax.envs.questions import train_questions
 
     async def drive():
-        async with SimulatedUser(persona, train_questions("arithmetic", seed=5), base_url=live_stack["gateway"],
-                                 config=cfg, session_prefix="e2e") as user:
+        async with SimulatedUser(P.make_persona("starts_with", prefix="Sure"), train_questions("arithmetic", seed=cfg.seed),
+                                 base_url=live_stack["gateway"], config=cfg, session_prefix=prefix) as user:
             stats = await user.run(3)
         return user, stats
 
-    user, stats = asyncio.run(drive())
+    return asyncio.run(drive())
+
+
+@pytest.mark.slow
+def test_sessions_through_real_gateway_become_samples_with_hints(live_stack):
+    cfg = SimulatedUserConfig(turns_per_session=2, max_attempts_per_question=2, concurrency=2, max_tokens=8, seed=5)
+    user, stats = _three_sessions(live_stack, cfg, "e2e")
     assert stats.failed_sessions == 0 and stats.sessions == 3 and stats.requests == 9
     turns = {(t.session_id, t.turn_index): t for r in user.results for t in r.turns}
     assert len(turns) == 6
@@ -345,23 +350,14 @@ def test_sessions_closed_through_the_done_endpoint_score_their_last_answer(live_
     the last answer is scored as after a closing request, but no closing reply is generated."""
     import httpx
 
-    persona = P.make_persona("starts_with", prefix="Sure")
     cfg = SimulatedUserConfig(turns_per_session=2, max_attempts_per_question=2, concurrency=2, max_tokens=8, seed=6,
                               close_by_endpoint=True)
-    from openclaw_jax.envs.questions import train_questions
 
     def main_turns():
         return httpx.get(live_stack["gateway"] + "/healthz", timeout=30).json()["stats"]["main_turns"]
 
     before = main_turns()
-
-    async def drive():
-        async with SimulatedUser(persona, train_questions("arithmetic", seed=6), base_url=live_stack["gateway"],
-                                 config=cfg, session_prefix="endpoint") as user:
-            stats = await user.run(3)
-        return user, stats
-
-    user, stats = asyncio.run(drive())
+    user, stats = _three_sessions(live_stack, cfg, "endpoint")
     assert stats.failed_sessions == 0 and stats.sessions == 3 and stats.requests == 6
     assert all(r.closed for r in user.results)
     assert main_turns() - before == 6   # the answers only: no closing request reached the policy
