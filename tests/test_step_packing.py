@@ -407,7 +407,9 @@ def test_a_batch_without_candidates_trains_the_same_without_a_teacher_pass():
     teach = S.TeacherPassOutput(jnp.zeros((b, c, t, k), jnp.int32), zeros, zeros, jnp.zeros((b, c, t), jnp.float32))
     batch = S.assemble_batch(inputs, tinputs, old, teach, teach.logprobs_at_student_ids)
     new, _, metrics, k_star = train_step(gd, trainable, frozen, tx.init(trainable), inputs, batch)
-    assert with_teacher["metrics"]["loss"] != 0.0
+    # the loss itself is 0 up to rounding here (rewards +-1 in equal numbers, ratio 1 at the first step),
+    # so whether it comes out exactly 0.0 depends on the CPU; its gradient is not
+    assert with_teacher["metrics"]["grad_norm"] > 1e-6
     for name, value in with_teacher["metrics"].items():
         assert float(metrics[name]) == pytest.approx(value, rel=1e-5, abs=1e-6), name
     for p, x in jax.tree_util.tree_leaves_with_path(new):
