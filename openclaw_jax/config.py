@@ -192,6 +192,10 @@ class TrainerConfig:
     # every turn of every session) at least this long runs once per packed row, not once per sample (0: never)
     batch_prefix_min: int = 256
     shape_reuse_slack: float = 0.1       # packing: reuse a compiled batch shape unless a new one saves more slots
+    # the old pass read from the train step's own forward, the whole step one program (trainer/fused_step.py):
+    # one student forward fewer per step, its activations held through the teacher pass (more memory);
+    # not with micro-batches or image batches
+    fused_old_pass: bool = False
     log_every: int = 1
     wait_timeout_s: float = 0.0          # stop when no new sample arrives for this long (0 = wait forever)
     store_wait_s: float = 300.0          # multi-host: how long other processes wait for process 0's sample store

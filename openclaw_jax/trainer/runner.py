@@ -27,6 +27,7 @@ from openclaw_jax.models.lora import LoRAParam
 from openclaw_jax.parallel import multihost
 from openclaw_jax.samples import SampleSpec
 from openclaw_jax.trainer import advantages as A
+from openclaw_jax.trainer import fused_step as F
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, shape_ladder
 from openclaw_jax.models.image_processing import ImageProcessorConfig
@@ -117,12 +118,20 @@ def optimizer_shardings(tx, trainable: Any, mesh: jax.sharding.Mesh) -> Any:
 
 
 def jit_phases(settings: S.StepSettings, tx, schedule, trainable_shardings, opt_shardings, *, merge_lora: bool,
-               importance_cap: float) -> dict[str, Callable]:
+               importance_cap: float, importance: bool = False) -> dict[str, Callable]:
     """The jitted phases of one step (the planner lowers these same objects)."""
     train = functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule)
     serving = functools.partial(S.train_step_serving, settings=settings, optimizer=tx, lr_schedule=schedule,
                                 merge_lora=merge_lora, serving_dtype=settings.compute_dtype)
+    fused = functools.partial(F.fused_train_step, settings=settings, optimizer=tx, lr_schedule=schedule,
+                              importance_cap=importance_cap if importance else None, merge_lora=merge_lora)
+    state_out = (trainable_shardings, opt_shardings, None, None)
     return {
+        # trainer.fused_old_pass: the whole step as one program (fused_step.py); run_teacher and
+        # folded_reference (args 8, 9) are static
+        "fused_step": jax.jit(fused, static_argnums=(8, 9), donate_argnums=(1, 3), out_shardings=state_out),
+        "fused_step_serving": jax.jit(functools.partial(fused, serve=True), static_argnums=(8, 9),
+                                      donate_argnums=(1, 3), out_shardings=state_out + (None,)),
         "old_pass": jax.jit(functools.partial(S.old_pass, settings=settings)),
         "teacher_pass": jax.jit(functools.partial(S.teacher_pass, settings=settings)),
         "reference_pass": jax.jit(functools.partial(S.reference_pass, settings=settings)),
@@ -163,8 +172,15 @@ class StepRunner:
         self.spec = batch_spec(cfg, samples, row_multiple=shards, pad_id=pad_id, images=images)
         self.batch_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")) if shards > 1 else PartitionSpec())
         self.shape_ladder = shape_ladder(self.spec)
+        self.fused = tcfg.fused_old_pass
+        if self.fused and (tcfg.micro_batch_size > 0 or images is not None):
+            raise ValueError("trainer.fused_old_pass=true runs the step without micro-batches and without images: "
+                             f"trainer.micro_batch_size={tcfg.micro_batch_size}"
+                             f"{' and a vision-language student' if images is not None else ''}; set "
+                             "trainer.fused_old_pass=false")
         self.phases = jit_phases(self.settings, self.tx, self.schedule, self.trainable_shardings, self.opt_shardings,
-                                 merge_lora=self.merge_lora, importance_cap=tcfg.importance_cap)
+                                 merge_lora=self.merge_lora, importance_cap=tcfg.importance_cap,
+                                 importance=self.importance)
         self._initial_trainable = trainable
         self._serving_graphdef: nnx.GraphDef | None = None
         self._importance_cap = tcfg.importance_cap
@@ -241,6 +257,10 @@ class StepRunner:
                    no_teacher: Callable[[], S.TeacherPassOutput] | None = None) -> tuple:
         """The phases in their order, each through `call(name, *args)` (the step runs the jitted phase and
         times it; the planner lowers and compiles it). Returns `call`'s results of the train step."""
+        if self.fused:   # one program: the old pass is the train step's own forward (fused_step.py)
+            return call("fused_step_serving" if serve else "fused_step", self.graphdef, trainable, self.frozen,
+                        opt_state, inputs, self.teacher_graphdef, self.teacher_state, teacher_inputs, run_teacher,
+                        folded_reference)
         student = (trainable, self.frozen)
         old = call("old_pass", self.graphdef, student, inputs)
         if run_teacher:
