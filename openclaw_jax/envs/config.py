@@ -22,6 +22,10 @@ class EnvConfig:
     heldout_questions: int = 16
     eval_every: int = 5                  # trainer steps between held-out preference scores (0 = start/end only)
     eval_concurrency: int = 0            # held-out questions in flight (0 = the policy's batch size, at least 4)
+    # no new session starts while this many trainer steps' worth of samples wait for the trainer: what is
+    # generated beyond the trainer's last window is thrown away at the end, and every waiting step's worth
+    # makes the samples one weight version staler
+    backlog_steps: float = 2.0
     request_timeout_s: float = 300.0     # per request of a simulated user or the held-out evaluation
     # How the simulated person reaches the gateway: `openai` (the openai client, the whole history in
     # each request) or `openclaw` (through a real OpenClaw agent: `openclaw gateway run` from
@@ -32,6 +36,8 @@ class EnvConfig:
     def __post_init__(self):
         require(self.concurrency > 0, f"env.concurrency={self.concurrency} must be > 0")
         require(self.eval_concurrency >= 0, f"env.eval_concurrency={self.eval_concurrency} must be >= 0")
+        require(self.backlog_steps > 0, f"env.backlog_steps={self.backlog_steps} must be > 0 (1: the next step's "
+                                        "samples are generated while the trainer trains on the current ones)")
         require(self.request_timeout_s > 0, f"env.request_timeout_s={self.request_timeout_s} must be > 0")
         require(self.openclaw_context_window > 0,
                  f"env.openclaw_context_window={self.openclaw_context_window} must be > 0")

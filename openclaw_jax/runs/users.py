@@ -12,7 +12,7 @@ from openclaw_jax.envs.runner import EnvRunner
 def env_runner(cfg: ExperimentConfig, gateway_url: str, *, store_dir: str, offset_fn: Callable[[], int]) -> EnvRunner:
     """The simulated users of `cfg.env` on the gateway at `gateway_url`, as `python -m openclaw_jax.train` runs them."""
     return EnvRunner(cfg.env, gateway_url, store_dir=store_dir, api_key=cfg.gateway.api_key, offset_fn=offset_fn,
-                     backlog=2 * cfg.trainer.samples_per_step, temperature=cfg.gateway.temperature,
+                     backlog=max(1, round(cfg.env.backlog_steps * cfg.trainer.samples_per_step)), temperature=cfg.gateway.temperature,
                      served_model_name=cfg.gateway.served_model_name,
                      min_main_turn_tokens=cfg.gateway.min_main_turn_tokens,
                      openclaw_dir=os.path.join(cfg.run_dir, "openclaw"), policy_batch_size=cfg.policy.max_batch_size)
