@@ -256,3 +256,79 @@ def test_chunked_peak_memory_does_not_scale_with_tokens_times_vocab():
     # dense: needs at least one full [B*T, V] float32 buffer and grows with it
     assert dense_temps[512] >= full(512), dense_temps
     assert dense_temps[512] - dense_temps[64] >= full(512) - full(64), dense_temps
+
+
+# ------------------------------------------------------------------ dense kernel: shift, donation
+
+
+@pytest.mark.parametrize("gap", [25.0, 300.0])
+def test_dense_kernel_when_the_max_logit_is_not_at_the_ids(gap):
+    """The dense kernel shifts by the largest logit at ``ids``; a logit ``gap`` above it (25: still
+    the shifted fast path; 300: its sum overflows and the exact max is used) changes nothing."""
+    B, T, V, J = 2, 5, 64, 3
+    z = _rand(21, B, T, V, scale=2.0)
+    ids = np.random.default_rng(22).integers(0, V // 2, (B, T, J)).astype(np.int32)
+    z[:, :, V - 1] = np.take_along_axis(z, ids, -1).max(-1) + gap   # never gathered: ids < V / 2
+    a, b = _rand(23, B, T), _rand(24, B, T, J)
+
+    def ours(z):
+        lse, lp, ent = ops.dense_lse_logprobs_entropy(z, ids)
+        return jnp.sum(a * lse) + jnp.sum(b * lp) + jnp.sum(a * ent), (lse, lp, ent)
+
+    (_, got), got_grad = jax.jit(jax.value_and_grad(ours, has_aux=True))(jnp.asarray(z))
+    z64 = z.astype(np.float64)
+    lsm = log_softmax(z64)
+    p = np.exp(lsm)
+    ent = -np.sum(p * lsm, -1)
+    _assert_rel(got[0], np.log(np.sum(np.exp(z64 - z64.max(-1, keepdims=True)), -1)) + z64.max(-1), what="lse")
+    _assert_rel(got[1], np.take_along_axis(lsm, ids, -1), what="logprobs")
+    np.testing.assert_allclose(got[2], ent, rtol=1e-4, atol=1e-5)   # tiny entropies: an absolute bound
+    # float64 gradient of sum(a lse + b logp + a H): p (a - sum_j b_j) + scatter(b) - a p (log p + H)
+    want = p * (a - b.sum(-1))[..., None] - a[..., None] * p * (lsm + ent[..., None])
+    for j in range(J):
+        np.add.at(want, (np.arange(B)[:, None], np.arange(T)[None, :], ids[..., j]), b[..., j])
+    _assert_rel(got_grad, want, rtol=1e-4, what="d logits")
+
+
+def test_dense_gradient_is_written_into_donated_logits():
+    """With the logits donated, value_and_grad(hybrid_loss) allocates nothing [B,T,V]: XLA aliases
+    the gradient to the logits' buffer (no fresh, page-faulted array per call)."""
+    B, T, V = 2, 32, 4096
+    batch = _synthetic_batch(B, T, 4, 3, V)
+    f = jax.value_and_grad(lambda z: hybrid_loss(z, batch, LossConfig()), has_aux=True)
+    logits = jax.ShapeDtypeStruct((B, T, V), jnp.float32)
+    donated = jax.jit(f, donate_argnums=0).lower(logits).compile().memory_analysis()
+    kept = jax.jit(f).lower(logits).compile().memory_analysis()
+    full = B * T * V * 4
+    assert donated.alias_size_in_bytes == full, donated
+    assert donated.temp_size_in_bytes < 0.05 * full, donated
+    assert kept.temp_size_in_bytes < 0.05 * full, kept   # kept: the gradient is the one output, no temporaries
+
+
+def test_chunked_path_of_a_kind_that_is_not_per_position():
+    """A kind that leaves ``per_position`` False takes the two-scan custom VJP (backward recomputes
+    the logits) and agrees with the fused path and with the dense definition."""
+    from openclaw_jax.losses import loss_kind, register_loss
+    from openclaw_jax.losses.hybrid import HybridKind
+
+    @loss_kind("test_hybrid_two_scan", overwrite=True)
+    class TwoScan(HybridKind):
+        per_position = False
+
+    register_loss("test_hybrid_two_scan", "test_hybrid_two_scan", None, "test only", overwrite=True)
+    hidden, w, batch = _hidden_case(13)
+    cfg = LossConfig(entropy_coef=0.05)
+    two = get_loss("test_hybrid_two_scan")
+    two_cfg = LossConfig(name="test_hybrid_two_scan", entropy_coef=0.05)
+
+    def grads(fn):
+        return jax.jit(jax.value_and_grad(lambda h, w: fn(h, w)[0], argnums=(0, 1)))(hidden, w)
+
+    l1, g1 = grads(lambda h, w: two.chunked(h, w, batch, two_cfg, chunk_size=4))
+    l2, g2 = grads(lambda h, w: chunked_hybrid_loss(h, w, batch, cfg, chunk_size=4))
+    l3, g3 = grads(lambda h, w: hybrid_loss(jnp.einsum("bth,hv->btv", h, w), batch, cfg))
+    np.testing.assert_allclose(l1, l3, rtol=1e-5)
+    np.testing.assert_allclose(l2, l3, rtol=1e-5)
+    for got in (g1, g2):
+        _assert_rel(got[0], g3[0], what="d hidden")
+        _assert_rel(got[1], g3[1], what="d lm_head")

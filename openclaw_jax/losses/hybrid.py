@@ -32,11 +32,13 @@ they are replaced by zeros before use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from openclaw_jax.losses.config import LossConfig
 from openclaw_jax.losses.opd import opd_subset, take_candidate, topk_opd_token_loss
@@ -52,7 +54,8 @@ from openclaw_jax.losses.policy import (
 )
 from openclaw_jax.losses.registry import get_kind, loss_kind, register_loss
 from openclaw_jax.losses.selection import overlap_counts, select_hint
-from openclaw_jax.ops.logprobs import DEFAULT_CHUNK_SIZE, dense_lse_logprobs_entropy, lse_logprobs_entropy
+from openclaw_jax.ops.logprobs import (DEFAULT_CHUNK_SIZE, dense_lse_logprobs_entropy, lse_logprobs_entropy,
+                                      lse_logprobs_entropy_with_grads, vocab_stats)
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
@@ -172,6 +175,12 @@ class LossKind:
     """
 
     name: str = ""
+    # True when the loss is a sum over positions of terms that each depend on that position's
+    # current log-probs / entropy only (data-weighted: masks, token counts, advantages). The
+    # chunked path then forms the gradient in its forward scan (see `_fused_chunked_loss`); a
+    # kind that couples positions through the current policy (e.g. a sequence-level ratio) must
+    # leave it False.
+    per_position: bool = False
 
     def gather(self, batch: HybridBatch, cfg: LossConfig, *, tokens: jax.Array, kstar: jax.Array,
                active: jax.Array) -> tuple[jax.Array, Any]:
@@ -216,6 +225,8 @@ def grpo_plus_distill(grpo_sample: jax.Array, opd_token: jax.Array, cfg: LossCon
 @loss_kind("hybrid")
 class HybridKind(LossKind):
     """GRPO on the sampled token + top-K OPD on the subset S_t (docs/design.md §6)."""
+
+    per_position = True
 
     def gather(self, batch, cfg, *, tokens, kstar, active):
         subset = opd_subset(
@@ -360,6 +371,11 @@ def chunked_loss_with_stats(hidden, lm_head, batch: HybridBatch, cfg: LossConfig
     if jnp.ndim(hidden) != 3 or tuple(jnp.shape(hidden)[:2]) != (b, t):
         raise ValueError(f"hidden must be [B,T,H] = [{b},{t},H] to match the batch, got shape {jnp.shape(hidden)}")
     plan = make_gather_plan(batch, cfg, kind)
+    if get_kind(kind).per_position:
+        loss, cur, entropy = _fused_chunked_loss(kind, hidden, lm_head, jnp.asarray(temperature, jnp.float32),
+                                                 (batch, plan, sample_count), cfg, chunk_size)
+        _, stats = _loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count)
+        return _with_k_star((loss, stats), plan, with_k_star)
     _, cur, entropy = lse_logprobs_entropy(
         hidden, lm_head, plan.ids, temperature=temperature, chunk_size=chunk_size,
         with_entropy=True, entropy_grad=cfg.entropy_coef != 0,
@@ -367,6 +383,69 @@ def chunked_loss_with_stats(hidden, lm_head, batch: HybridBatch, cfg: LossConfig
     if cfg.entropy_coef == 0:
         entropy = jax.lax.stop_gradient(entropy)
     return _with_k_star(_loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count), plan, with_k_star)
+
+
+def _zero_cotangent(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 5, 6))
+def _fused_chunked_loss(kind, hidden, lm_head, temperature, data, cfg, chunk_size):
+    """``(loss, current log-probs at plan.ids [B,T,J], entropy [B,T])`` for a ``per_position`` kind,
+    ``data = (batch, plan, sample_count)``. Only ``loss`` carries a gradient (to ``hidden`` and
+    ``lm_head``); the log-probs and entropy come back for the metrics.
+
+    Why a custom VJP around the whole loss: the loss is a data-weighted sum of per-position terms,
+    so its derivative w.r.t. one chunk's log-probs needs only that chunk's log-probs, and the
+    forward scan can form the logits gradient of each chunk while it is in cache
+    (:func:`openclaw_jax.ops.logprobs.lse_logprobs_entropy_with_grads`) instead of a backward scan
+    recomputing every logits block; the backward just scales the stored gradients."""
+    batch, plan, sample_count = data
+    stats = vocab_stats(hidden, lm_head, ids=plan.ids, with_entropy=True, temperature=temperature,
+                        chunk_size=chunk_size)
+    cur, entropy = stats.logprobs_at_ids, stats.entropy
+    return _loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count)[0], cur, entropy
+
+
+def _fused_fwd(kind, hidden, lm_head, temperature, data, cfg, chunk_size):
+    batch, plan, sample_count = data
+    b, t, j = plan.ids.shape
+
+    def loss_of(cur, entropy):
+        return _loss_terms(kind, cur, entropy, batch, cfg, plan, sample_count)[0]
+
+    def cotangents(index, cur_chunk, ent_chunk):
+        # The loss's gradient at this chunk's positions, from the full loss evaluated with this chunk's
+        # values in place and zeros elsewhere: exact because each position's term depends on its own
+        # values only (`per_position`). O(B T J) per chunk, small next to the chunk's [rows, V] work.
+        c = cur_chunk.shape[1]
+        padded = -(-t // c) * c
+        start = index * c
+        cur = jax.lax.dynamic_update_slice(jnp.zeros((b, padded, j), jnp.float32), cur_chunk, (0, start, 0))[:, :t]
+        ent = jax.lax.dynamic_update_slice(jnp.zeros((b, padded), jnp.float32), ent_chunk, (0, start))[:, :t]
+        g_cur, g_ent = jax.grad(loss_of, argnums=(0, 1))(cur, ent)
+        g_cur = jnp.pad(g_cur, ((0, 0), (0, padded - t), (0, 0)))
+        g_ent = jnp.pad(g_ent, ((0, 0), (0, padded - t)))
+        return (jax.lax.dynamic_slice(g_cur, (0, start, 0), (b, c, j)),
+                jax.lax.dynamic_slice(g_ent, (0, start), (b, c)))
+
+    _, cur, entropy, d_hidden, d_lm_head = lse_logprobs_entropy_with_grads(
+        hidden, lm_head, plan.ids, cotangents, temperature=temperature, chunk_size=chunk_size,
+        entropy_grad=cfg.entropy_coef != 0)
+    return (loss_of(cur, entropy), cur, entropy), (d_hidden, d_lm_head, temperature, data)
+
+
+def _fused_bwd(kind, cfg, chunk_size, residuals, cotangents):
+    d_hidden, d_lm_head, temperature, data = residuals
+    g_loss = cotangents[0]   # the log-probs / entropy outputs are metrics: their cotangents are ignored
+    return ((g_loss * d_hidden).astype(d_hidden.dtype), (g_loss * d_lm_head).astype(d_lm_head.dtype),
+            jax.tree.map(_zero_cotangent, temperature), jax.tree.map(_zero_cotangent, data))
+
+
+_fused_chunked_loss.defvjp(_fused_fwd, _fused_bwd)
 
 
 def hybrid_loss_with_stats(logits, batch: HybridBatch, cfg: LossConfig = LossConfig(), *,

@@ -13,6 +13,8 @@ from openclaw_jax.losses.registry import loss_kind, register_loss
 class TailKLKind(LossKind):
     """GRPO + the reverse KL to the k* teacher over its top-K ids (with a tail bucket)."""
 
+    per_position = True
+
     def gather(self, batch, cfg, *, tokens, kstar, active):
         teacher_ids = masked(take_candidate(batch.teacher_topk_ids, kstar), active[..., None], jnp.int32)
         teacher_lp = masked(take_candidate(batch.teacher_topk_logprobs, kstar), active[..., None])

@@ -12,6 +12,8 @@ from openclaw_jax.losses.registry import loss_kind, register_loss
 class TokenCombineKind(LossKind):
     """PPO on the sampled token with the k* teacher's log-prob gap folded into the advantage."""
 
+    per_position = True
+
     def gather(self, batch, cfg, *, tokens, kstar, active):
         if batch.teacher_logprobs_at_tokens is None:
             raise ValueError(

@@ -14,8 +14,12 @@ backward pass recomputes each logits block, forms its gradient
     d z = p * (g_lse - sum_j g_j) + scatter(ids, g) - g_H * p * (log p + H)
 
 in float32 and immediately contracts it with ``lm_head`` / ``hidden``, so the full logits
-gradient never exists either. Softmax statistics are always float32, whatever the
-hidden/LM-head dtype; the matmuls run in that dtype with float32 accumulation.
+gradient never exists either. When the caller can say, per chunk, what the cotangents are as
+soon as the chunk's outputs exist (a loss that is a sum of per-position terms),
+:func:`lse_logprobs_entropy_with_grads` forms that gradient in the forward scan instead,
+saving the recomputation (one matmul and one exp per logit). Softmax statistics are always
+float32, whatever the hidden/LM-head dtype; the matmuls run in that dtype with float32
+accumulation.
 
 Top-K (:func:`topk_logprobs`, :func:`vocab_stats`) is not differentiable (it feeds the old
 policy and teacher passes, which run under ``stop_gradient``).
@@ -229,6 +233,67 @@ def lse_logprobs_entropy(
     return restore(lse), restore(logp_ids), restore(entropy)
 
 
+def lse_logprobs_entropy_with_grads(
+    hidden: jax.Array,
+    lm_head: jax.Array,
+    ids: jax.Array,
+    cotangents,
+    *,
+    temperature: float | jax.Array = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    entropy_grad: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`lse_logprobs_entropy`'s forward and, in the same scan, the gradient of a loss whose
+    derivative at a position depends on that position's outputs only (not differentiable itself).
+
+    ``cotangents(index, logp_ids [L, c, J], entropy [L, c]) -> (g_ids [L, c, J], g_entropy [L, c] or
+    None)`` gives the loss's derivative w.r.t. chunk ``index``'s outputs (positions ``index * c`` to
+    ``index * c + c - 1`` of ``hidden [L, T, H]``; positions past T are padding, their values
+    arbitrary). Returns ``(lse, logp_ids, entropy, d_hidden, d_lm_head)``.
+
+    Why: the backward of :func:`lse_logprobs_entropy` has to recompute every logits block (one
+    LM-head matmul and one exp per logit more than the forward); when the cotangent of a block is
+    known as soon as the block's statistics are, its gradient ``dz`` is formed while the block is
+    still in cache and contracted right away -- three matmuls per chunk instead of four.
+    """
+    hidden, lm_head, hc, idc, restore = _chunked_inputs(jnp.asarray(hidden), jnp.asarray(lm_head), ids, chunk_size)
+    if hidden.ndim != 3:
+        raise ValueError(f"hidden must be [L, T, H] here, got shape {hidden.shape}")
+    temperature = jnp.asarray(temperature, jnp.float32)
+    vocab = lm_head.shape[-1]
+    compute_dtype = jnp.result_type(hc.dtype, lm_head.dtype)
+
+    def body(dw, xs):
+        index, h, idx = xs
+        z = _block_logits(h, lm_head, temperature)
+        m = jnp.max(z, axis=-1, keepdims=True)
+        e = jnp.exp(z - m)
+        s = jnp.sum(e, axis=-1)
+        log_s = jnp.log(s)
+        lse = m[..., 0] + log_s
+        ent = log_s - jnp.sum(e * jnp.maximum(z - m, _F32_MIN), axis=-1) / s
+        clipped = jnp.clip(idx, 0, vocab - 1)
+        logp_ids = jnp.take_along_axis(z, clipped, axis=-1) - lse[..., None]
+        g_ids, g_ent = cotangents(index, logp_ids, ent)
+        g_ids = g_ids.astype(jnp.float32)
+        # d lse/dz = p and d logp_j/dz = e_j - p, with p = e / s
+        dz = e * (-jnp.sum(g_ids, axis=-1) / s)[..., None]
+        if entropy_grad and g_ent is not None:
+            # dH/dz = -p (log p + H), log p floored so a -inf logit gives 0 * finite = 0
+            logp = jnp.maximum(z - lse[..., None], 0.5 * _F32_MIN)
+            dz = dz - (e * (g_ent.astype(jnp.float32) / s)[..., None]) * (logp + ent[..., None])
+        lead = jnp.indices(idx.shape[:-1], sparse=True)
+        dz = dz.at[tuple(i[..., None] for i in lead) + (clipped,)].add(g_ids)
+        dz = (dz / temperature).astype(compute_dtype)
+        dh = jnp.dot(dz, lm_head.T, preferred_element_type=jnp.float32).astype(h.dtype)
+        dw = dw + jnp.einsum("lch,lcv->hv", h, dz, preferred_element_type=jnp.float32)
+        return dw, (lse, logp_ids, ent, dh)
+
+    index = jnp.arange(hc.shape[0], dtype=jnp.int32)
+    dw, (lse, logp_ids, ent, dhc) = jax.lax.scan(body, jnp.zeros(lm_head.shape, jnp.float32), (index, hc, idc))
+    return restore(lse), restore(logp_ids), restore(ent), restore(dhc), dw.astype(lm_head.dtype)
+
+
 def token_logprobs(hidden, lm_head, ids, *, temperature=1.0, chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
     """Differentiable log-prob of the given token ids: ``ids [..., T] -> [..., T]`` float32."""
     ids = jnp.asarray(ids, jnp.int32)
@@ -302,79 +367,93 @@ def topk_logprobs(hidden, lm_head, k: int, *, temperature=1.0,
 # Dense (full-logits) variant: the same maths as the chunked kernel above, on logits that
 # already exist ([..., V] float32). jax.grad through ``log_softmax`` + ``take_along_axis`` +
 # an entropy materialises several [..., V] arrays (the shifted logits, their exp, p * log p,
-# a zero array to scatter the gather's cotangent into, the sum of those); this custom VJP
-# evaluates exp once per logit under differentiation:
+# a zero array to scatter the gather's cotangent into, the sum of those). This custom VJP
+# reads the logits twice forward and once backward and writes one [..., V] array, the
+# gradient -- an elementwise function of the logits, so when the caller donates them
+# (``jax.jit(..., donate_argnums=...)``) XLA writes it into their buffer and nothing
+# [..., V] is allocated at all (a fresh 256 MiB array costs ~65k page faults on CPU, as much
+# time as the arithmetic):
 #
-#   forward   m = max z (read z); e = exp(z - m) (read z, write e: the one fresh [..., V]
-#             buffer, which XLA assigns to the gradient output); s = sum e (read e);
-#             t = sum e * (z - m) (read e and z, only with the entropy);
-#             lse = m + log s, H = log s - t / s
-#   backward  dz = e * ((g_lse - sum_j g_j) / s) (in place on e) + scatter(ids, g)
-#             [- g_H * p * (log p + H) with p = e / s, reading z, only when the entropy's
-#             cotangent is used]
+#   forward   m = max of the logits at ``ids`` (a gather, no pass over V: any m <= max z
+#             keeps exp(z - m) from underflowing to an all-zero sum, and the sampled / top-K
+#             ids hold the maximum or come close); s = sum exp(z - m) (read z);
+#             t = sum exp(z - m) (z - m) (read z, only with the entropy);
+#             lse = m + log s, H = log s - t / s. Should a logit exceed m by so much that s
+#             overflows (or loses the entropy's precision), the same two reductions are redone
+#             from m = max z (one more read), under a lax.cond that otherwise costs nothing.
+#   backward  dz = exp(z - lse) (g_lse - sum_j g_j) + scatter(ids, g)
+#             [- g_H p (log p + H), p = exp(z - lse), only when the entropy's cotangent is used]
 #
-# Without differentiation (the primal), nothing [..., V] is written: the same s and t come
-# from two reads that each recompute exp(z - m).
+# Two separate reductions (each recomputing exp) rather than one over a stored exp(z - m): a
+# stored exp is a [..., V] write (and, with donated logits, a second buffer); a variadic reduce
+# of both sums measured slower on XLA:CPU than the two passes.
 # ---------------------------------------------------------------------------------------------
 
 _F32_MIN = float(jnp.finfo(jnp.float32).min)
+# Fast-path bound on s = sum exp(z - m): below it the shift m is within ~28 of max z, so
+# H = log s - t / s loses at most ~28 * float32 eps to cancellation; above it, m = max z.
+_SUM_LIMIT = float(2.0 ** 40)
 
 
-def _dense_normaliser(z: jax.Array, with_entropy: bool, keep_exp: bool):
-    """``(lse, entropy or None, e or None, s)`` over the last axis of float32 logits ``z``.
-
-    ``e = exp(z - max z)`` is returned (materialised) only with ``keep_exp``."""
-    m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
-    e = jnp.exp(z - m)
-    s = jnp.sum(e, axis=-1)
-    log_s = jnp.log(s)
-    ent = None
-    if with_entropy:
-        # H = log s - sum(e * (z - m)) / s: both terms >= 0, so nothing cancels. (z - m) is
-        # floored so that a -inf logit gives 0 * finite = 0 rather than 0 * -inf. The barrier
-        # keeps XLA from sharing (z - m) between the two reductions, which would write it out.
-        shifted = jnp.maximum(z - jax.lax.optimization_barrier(m), _F32_MIN)
-        e2 = e if keep_exp else jnp.exp(z - jax.lax.optimization_barrier(m))
-        ent = log_s - jnp.sum(e2 * shifted, axis=-1) / s
-    return m[..., 0] + log_s, ent, (e if keep_exp else None), s
+def _dense_sums(z: jax.Array, m: jax.Array, with_entropy: bool):
+    """``(s, t or None)``: ``sum exp(z - m)`` and ``sum exp(z - m) (z - m)`` over the last axis, reading
+    ``z`` once per sum and writing nothing [..., V]."""
+    s = jnp.sum(jnp.exp(z - m), axis=-1)
+    if not with_entropy:
+        return s, None
+    # The barrier keeps XLA from sharing exp(z - m) between the two reductions, which would write
+    # it out; (z - m) is floored so a -inf logit gives 0 * finite = 0 rather than 0 * -inf.
+    m2 = jax.lax.optimization_barrier(m)
+    return s, jnp.sum(jnp.exp(z - m2) * jnp.maximum(z - m2, _F32_MIN), axis=-1)
 
 
-def _dense_stats(z: jax.Array, ids: jax.Array, with_entropy: bool, keep_exp: bool = False):
-    lse, ent, e, s = _dense_normaliser(z, with_entropy, keep_exp)
+def _dense_stats(z: jax.Array, ids: jax.Array, with_entropy: bool):
+    """``(lse, logp_ids, entropy or None)`` of float32 logits ``z [..., V]`` at ``ids [..., J]``."""
     vocab = z.shape[-1]
-    logp_ids = jnp.take_along_axis(z, jnp.clip(ids, 0, vocab - 1), axis=-1) - lse[..., None]
-    return (lse, logp_ids, ent), e, s
+    at_ids = jnp.take_along_axis(z, jnp.clip(ids, 0, vocab - 1), axis=-1)
+    m = jnp.max(at_ids, axis=-1, keepdims=True)
+    s, t = _dense_sums(z, m, with_entropy)
+    fine = s < _SUM_LIMIT   # False for inf / NaN too
+    if with_entropy:
+        fine = fine & jnp.isfinite(t)
+
+    def exact(_):
+        m_max = jnp.max(z, axis=-1, keepdims=True)
+        return (m_max,) + _dense_sums(z, m_max, with_entropy)
+
+    m, s, t = jax.lax.cond(jnp.all(fine), lambda _: (m, s, t), exact, None)
+    m = jax.lax.stop_gradient(m)[..., 0]
+    log_s = jnp.log(s)
+    lse = m + log_s
+    ent = log_s - t / s if with_entropy else None
+    return lse, at_ids - lse[..., None], ent
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _dense_lse_logp_entropy(z, ids, with_entropy: bool, entropy_grad: bool):
-    return _dense_stats(z, ids, with_entropy)[0]
+    return _dense_stats(z, ids, with_entropy)
 
 
 def _dense_fwd(z, ids, with_entropy, entropy_grad):
-    (lse, logp_ids, ent), e, s = _dense_stats(z, ids, with_entropy, keep_exp=True)
-    # z is kept only for the entropy's gradient (log p); otherwise e alone carries the softmax.
-    keep_z = z if (with_entropy and entropy_grad) else None
-    return (lse, logp_ids, ent), (e, s, keep_z, ids, lse, ent)
+    lse, logp_ids, ent = _dense_stats(z, ids, with_entropy)
+    return (lse, logp_ids, ent), (z, ids, lse, ent)
 
 
 def _dense_bwd(with_entropy, entropy_grad, residuals, cotangents):
-    e, s, z, ids, lse, ent = residuals
+    z, ids, lse, ent = residuals
     g_lse, g_ids, g_ent = cotangents
-    vocab = e.shape[-1]
-    # p = e / s; every output depends on z through the normaliser: d lse/dz = p, d logp_j/dz = e_j - p.
-    inv_s = 1.0 / s
-    dz = e * ((g_lse - jnp.sum(g_ids, axis=-1)) * inv_s)[..., None]
+    vocab = z.shape[-1]
+    # Every output depends on z through the normaliser: d lse/dz = p, d logp_j/dz = e_j - p.
+    logp = z - lse[..., None]
+    p = jnp.exp(logp)
+    dz = p * (g_lse - jnp.sum(g_ids, axis=-1))[..., None]
     if with_entropy and entropy_grad:
         # dH/dz = -p (log p + H); log p floored so a -inf logit gives 0 * finite = 0, not 0 * -inf.
-        # (Not the forward's floor constant: XLA would share one [..., V] broadcast of it between
-        # the two fusions and write it out.)
-        logp = jnp.maximum(z - lse[..., None], 0.5 * _F32_MIN)
-        dz = dz - (e * (g_ent * inv_s)[..., None]) * (logp + ent[..., None])
+        dz = dz - (g_ent[..., None] * p) * (jnp.maximum(logp, 0.5 * _F32_MIN) + ent[..., None])
     lead = jnp.indices(ids.shape[:-1], sparse=True)
     index = tuple(i[..., None] for i in lead) + (jnp.clip(ids, 0, vocab - 1),)
     dz = dz.at[index].add(g_ids.astype(dz.dtype))
-    return dz.astype(e.dtype), jnp.zeros(ids.shape, jax.dtypes.float0)
+    return dz.astype(z.dtype), jnp.zeros(ids.shape, jax.dtypes.float0)
 
 
 _dense_lse_logp_entropy.defvjp(_dense_fwd, _dense_bwd)
@@ -389,9 +468,9 @@ def dense_lse_logprobs_entropy(
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """Differentiable ``(logsumexp [...], log_softmax(logits) at ids [..., J], entropy [...])`` from
     full float32 logits ``[..., V]`` (ids clipped into ``[0, V)``); the dense twin of
-    :func:`lse_logprobs_entropy`. Under differentiation the only [..., V] array written is
-    ``exp(logits - max)``, which the backward turns into the gradient in place; without it,
-    none. ``entropy_grad=False`` ignores the entropy's cotangent."""
+    :func:`lse_logprobs_entropy`. The only [..., V] array it writes is the gradient (none
+    without differentiation), elementwise from the logits: donate them to the jitted caller and
+    it is written into their buffer. ``entropy_grad=False`` ignores the entropy's cotangent."""
     logits = jnp.asarray(logits, jnp.float32)
     ids = jnp.asarray(ids, jnp.int32)
     if ids.shape[:-1] != logits.shape[:-1]:
