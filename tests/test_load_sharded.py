@@ -16,12 +16,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from _xla_flags import env_without_device_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(r'''
     import os, json, sys, math, tracemalloc
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     import jax, numpy as np
     from flax import nnx
     from openclaw_jax.models.config import ModelConfig
@@ -87,7 +88,7 @@ SCRIPT = textwrap.dedent(r'''
 
 def test_load_straight_to_shards_on_8_devices(tmp_path):
     out = tmp_path / "result.json"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = env_without_device_count()
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt"), str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=900, env=env)

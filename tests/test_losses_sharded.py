@@ -11,11 +11,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from _xla_flags import env_without_device_count
 
 SCRIPT = textwrap.dedent(
     r"""
     import json, os, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     sys.path.insert(0, sys.argv[1])
@@ -93,8 +94,7 @@ SCRIPT = textwrap.dedent(
 def test_sharded_equals_unsharded(tmp_path):
     script = tmp_path / "sharded_losses.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = env_without_device_count()
     env["JAX_PLATFORMS"] = "cpu"
     tests_dir = Path(__file__).parent
     proc = subprocess.run([sys.executable, str(script), str(tests_dir)], capture_output=True, text=True,

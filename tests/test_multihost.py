@@ -24,6 +24,7 @@ import pytest
 
 from openclaw_jax.samples import Sample, SampleStore
 from tb_events import read_event_tags
+from _xla_flags import env_without_device_count
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,7 @@ def _command(run_dir: Path, max_steps: int) -> list[str]:
 
 
 def _start(run_dir: Path, max_steps: int, processes: int, logs: Path, tag: str) -> list[subprocess.Popen]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = env_without_device_count()
     env["PYTHONUNBUFFERED"] = "1"
     port = _free_port()
     procs = []

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from openclaw_jax.plan import hlo_matmul_flops, parse_bytes
+from _xla_flags import env_without_device_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,7 @@ PACKED_TEACHER = ["trainer.shared_prefix_teacher=false"]
 
 def _plan(tmp_path, *extra, overrides=()):
     (tmp_path / "config.json").write_text(json.dumps(HF_CONFIG))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = env_without_device_count()
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run([sys.executable, "-m", "openclaw_jax.plan", "--config", "configs/tiny_cpu.yaml",
                            "--devices", "4", "--model-config", str(tmp_path), *extra, *OVERRIDES, *overrides],

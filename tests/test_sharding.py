@@ -18,12 +18,13 @@ import pytest
 from openclaw_jax.parallel.mesh import MeshShapeError, resolve_mesh_shape
 from openclaw_jax.parallel.sharding import logical_to_partition_spec, partition_rules
 from jax.sharding import PartitionSpec as P
+from _xla_flags import env_without_device_count
 
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(r'''
     import json, os, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
@@ -116,7 +117,7 @@ SCRIPT = textwrap.dedent(r'''
 
 @pytest.fixture(scope="module")
 def sharded_results():
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(env_without_device_count(), PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600,
                           cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]

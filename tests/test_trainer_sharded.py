@@ -11,12 +11,13 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+from _xla_flags import env_without_device_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(r'''
     import os, json, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     import jax, numpy as np
     from flax import nnx
     sys.path.insert(0, "tests")
@@ -52,7 +53,7 @@ SCRIPT = textwrap.dedent(r'''
 
 def test_train_step_sharded_equals_one_device(tmp_path):
     out = tmp_path / "results.json"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = env_without_device_count()
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
