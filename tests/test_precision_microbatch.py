@@ -23,7 +23,7 @@ from openclaw_jax.config import load_experiment_config
 from openclaw_jax.losses import LossConfig
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
-from openclaw_jax.parallel.mesh import make_mesh
+from openclaw_jax.parallel.mesh import make_mesh, shard_model
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batcher import BatchSpec, pack
 from openclaw_jax.trainer.loop import Trainer
@@ -48,7 +48,10 @@ def _flat(state) -> dict[str, np.ndarray]:
 def _train(dtype: str, param_dtype: str, steps: int):
     cfg = load_experiment_config([], BASE + [f"model.dtype={dtype}", f"model.param_dtype={param_dtype}"])
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    trainer = Trainer(cfg, _decoder(0, dtype, param_dtype), _decoder(1, dtype, param_dtype), mesh, samples=cfg.sample_spec())
+    # placed on the mesh first, as `train.build_trainer` does: unplaced params would compile each phase twice
+    # (once for the first step's uncommitted arrays, once for the placed arrays every later step gets)
+    student, teacher = (shard_model(_decoder(seed, dtype, param_dtype), mesh) for seed in (0, 1))
+    trainer = Trainer(cfg, student, teacher, mesh, samples=cfg.sample_spec())
     before = _flat(trainer.trainable)
     packed = pack(_samples(np.random.default_rng(0)), trainer.spec)
     for _ in range(steps):
