@@ -17,7 +17,7 @@ from openclaw_jax.config import load_experiment_config
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.models.lora import LoRAConfig, add_lora
-from openclaw_jax.parallel.mesh import make_mesh
+from openclaw_jax.parallel.mesh import make_mesh, shard_model
 from openclaw_jax.trainer.batcher import BatchSpec, pack
 from openclaw_jax.trainer.loop import Trainer
 
@@ -49,8 +49,10 @@ def test_step_emits_the_serving_weights_and_later_steps_leave_them_alone(dtype, 
         overrides += ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
         student = add_lora(student, LoRAConfig(rank=4, alpha=8.0), rngs=nnx.Rngs(2))
     cfg = load_experiment_config([], overrides)
-    trainer = Trainer(cfg, student, _decoder(1, dtype), make_mesh((1, 1, 1), devices=jax.devices()[:1]),
-                   samples=cfg.sample_spec())
+    # placed on the mesh first, as `train.build_trainer` does (unplaced params compile the step twice)
+    mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    trainer = Trainer(cfg, shard_model(student, mesh), shard_model(_decoder(1, dtype), mesh), mesh,
+                      samples=cfg.sample_spec())
     spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
     packed = pack(_samples(np.random.default_rng(0))[:4], spec)
 
