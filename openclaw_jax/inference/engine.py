@@ -15,8 +15,10 @@ Shape discipline (each bucket compiles once):
     the loop ends early when a waiting request could take a freed row), so the host round trip,
     argument transfer and Python bookkeeping are paid once per call, not once per token; the host
     then accepts the tokens step by step, exactly as if each step had been its own call;
-  * decode runs the layers unrolled over per-layer copies of the weights (`kernels.split_layers`):
-    XLA:CPU copies each layer's weights out of the stacked array on every step of a layer scan.
+  * decode runs the layers unrolled over per-layer copies of the weights: XLA:CPU copies each
+    layer's weights out of the stacked array on every step of a layer scan. The copies are laid
+    out for decode (`decode_layers.fuse_layers`: q/k/v and gate/up fused into one matmul each, the
+    LM head as `[H, V]` pieces), compiled without XLA:CPU's YNNPACK dots (`kernels.CPU_DECODE_OPTIONS`).
 Sequences join free rows while others are still decoding (continuous batching); when a
 batch has no active row left it is dropped and the next one is sized for what is waiting.
 
@@ -52,8 +54,10 @@ import numpy as np
 from flax import nnx
 
 from openclaw_jax.inference import stops
-from openclaw_jax.inference.kernels import (decode_loop_jit, extend_jit, gather_prefix_jit, grow_cache_jit, insert_jit,
-                                            prefill_jit, split_layers, store_blocks_jit, zeros_cache_jit)
+from openclaw_jax.inference.decode_layers import FUSED, fuse_layers
+from openclaw_jax.inference.kernels import (decode_loop_fused_jit, decode_loop_jit, extend_jit, gather_prefix_jit,
+                                            grow_cache_jit, insert_jit, prefill_jit, split_layers, store_blocks_jit,
+                                            zeros_cache_jit)
 from openclaw_jax.inference.prefill import Prefiller
 from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, grown_batch_shape,
@@ -101,7 +105,8 @@ class Engine:
         # same architecture (weight reloads, several engines in one process) share compilations.
         self._insert = insert_jit
         self._layer_graphdef, self._layer_states = self._decode_layers(self._state)
-        self._decode = functools.partial(decode_loop_jit, self._graphdef, self._layer_graphdef)
+        loop = decode_loop_fused_jit if self._layer_graphdef == FUSED else decode_loop_jit
+        self._decode = functools.partial(loop, self._graphdef, self._layer_graphdef)
 
         self._lock = threading.Lock()  # guards params during a step
         self._cv = threading.Condition()
@@ -128,6 +133,7 @@ class Engine:
         """Number of compiled variants per jitted function (tests check buckets compile once)."""
         return {name: fn._cache_size() for name, fn in
                 (("prefill", prefill_jit), ("extend", extend_jit), ("insert", insert_jit), ("decode", decode_loop_jit),
+                 ("decode_fused", decode_loop_fused_jit),
                  ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit), ("grow", grow_cache_jit))}
 
     def prefix_cache_stats(self) -> dict[str, int]:
@@ -287,9 +293,14 @@ class Engine:
                 self._install_weights(cast, weight_version)
 
     def _decode_layers(self, state: nnx.State):
-        """(block graphdef, per-layer weights) for the unrolled decode, or (None, None) for the scan."""
+        """(layer graphdef, per-layer weights) for the unrolled decode, or (None, None) for the scan:
+        the fused decode weights (`decode_layers.fuse_layers`, marker FUSED) when the model has no
+        LoRA adapters, else the block graphdef and per-layer block params (`kernels.split_layers`)."""
         if not self.config.unrolled_decode:
             return None, None
+        fused = fuse_layers(self._graphdef, state)
+        if fused is not None:
+            return FUSED, fused
         return split_layers(self._graphdef, state)
 
     def _install_weights(self, state: nnx.State, weight_version: str | None) -> None:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from openclaw_jax.inference import sampling as sampling_ops
+from openclaw_jax.inference.decode_layers import FUSED, decode_head, decode_layer
 from openclaw_jax.models.decoder import KVCache
 from openclaw_jax.models.rope import rope_sin_cos
 from openclaw_jax.parallel.sharding import constrain
@@ -114,7 +115,9 @@ def split_layers(graphdef, state):
 
 def _decode_logits(model, layer_graphdef, layer_states, tokens, positions, cache):
     """`model.decode(tokens[:, None], positions[:, None], cache)` with the layers unrolled over
-    separate per-layer weights (see `split_layers`); the same ops layer by layer."""
+    separate per-layer weights (see `split_layers`; the same ops layer by layer), or over the fused
+    decode weights of `decode_layers.fuse_layers` (`layer_graphdef == FUSED`: the same arithmetic
+    in fewer, larger matmuls)."""
     if layer_states is None:
         logits, cache = model.decode(tokens[:, None], positions[:, None], cache)
         return logits[:, 0], cache
@@ -126,17 +129,27 @@ def _decode_logits(model, layer_graphdef, layer_states, tokens, positions, cache
     ck = constrain(cache.k, cache_axes, cfg.family)
     cv = constrain(cache.v, cache_axes, cfg.family)
     new_k, new_v = [], []
-    for i, layer_state in enumerate(layer_states):
-        block = nnx.merge(layer_graphdef, layer_state)
-        h, k, v = block(h, cos, sin, None, ck[i], cv[i], positions)
-        new_k.append(k)
-        new_v.append(v)
+    if layer_graphdef == FUSED:
+        h2 = h[:, 0]
+        for i, layer in enumerate(layer_states["layers"]):
+            h2, k, v = decode_layer(cfg, layer, h2, cos, sin, ck[i], cv[i], positions[:, 0])
+            new_k.append(k[:, None])
+            new_v.append(v[:, None])
+        h = h2[:, None]
+    else:
+        for i, layer_state in enumerate(layer_states):
+            block = nnx.merge(layer_graphdef, layer_state)
+            h, k, v = block(h, cos, sin, None, ck[i], cv[i], positions)
+            new_k.append(k)
+            new_v.append(v)
     new_k = jnp.stack(new_k).astype(ck.dtype)
     new_v = jnp.stack(new_v).astype(cv.dtype)
     rows = jnp.broadcast_to(jnp.arange(h.shape[0])[:, None], positions.shape)
     ck = ck.at[:, rows, positions].set(new_k, mode="drop")
     cv = cv.at[:, rows, positions].set(new_v, mode="drop")
     cache = KVCache(constrain(ck, cache_axes, cfg.family), constrain(cv, cache_axes, cfg.family))
+    if layer_graphdef == FUSED:
+        return decode_head(cfg, layer_states["head"], model.norm(h)[:, 0]), cache
     return model.logits(model.norm(h))[:, 0], cache
 
 
@@ -153,7 +166,8 @@ def _decode_loop_impl(graphdef, layer_graphdef, state, layer_states, cache, toke
     with `stop_on_finish`, as soon as one row stopped (its slot can take a waiting request).
     Returns the per-step outputs `[max_steps, B, ...]` (only the first `n_run` steps are
     meaningful), `n_run` and the cache. `layer_states` (from `split_layers`, with `layer_graphdef`)
-    run the layers unrolled; None runs the model's layer scan.
+    run the layers unrolled; with `layer_graphdef == decode_layers.FUSED` they are
+    `decode_layers.fuse_layers`' fused weights (and LM-head pieces); None runs the model's layer scan.
     """
     model = nnx.merge(graphdef, state)
     b = tokens.shape[0]
@@ -243,6 +257,16 @@ insert_jit = jax.jit(_insert_impl, donate_argnums=(0,))
 decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids"), donate_argnums=(2,))
 decode_loop_jit = jax.jit(_decode_loop_impl, static_argnums=(0, 1), static_argnames=("n_top", "k_ids", "max_steps"),
                           donate_argnums=(4,))
+# The fused-layer decode loop (layer graphdef `decode_layers.FUSED`) with XLA:CPU's YNNPACK dot fusions
+# off: its matmuls then run as XLA's own dots, which on this 2-core AVX2 CPU (jaxlib 0.10.2) took
+# 0.55-0.8x the CPU time of the YNNPACK calls for the 16-row decode shapes ([16, 576] x [576, 3072]
+# etc., 30 distinct weights streamed from memory, one core). Only this function: the model's
+# generic decode (the LM head as x @ embed.T above all) is slower without YNNPACK.
+# The option is a CPU compiler flag; other backends ignore it.
+CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+decode_loop_fused_jit = jax.jit(_decode_loop_impl, static_argnums=(0, 1),
+                                static_argnames=("n_top", "k_ids", "max_steps"), donate_argnums=(4,),
+                                compiler_options=CPU_DECODE_OPTIONS)
 gather_prefix_jit = jax.jit(_gather_prefix_impl, static_argnums=(2,))
 store_blocks_jit = jax.jit(_store_blocks_impl, donate_argnums=(0,))
 grow_pool_jit = jax.jit(_grow_pool_impl, static_argnums=(1,))

@@ -1,0 +1,57 @@
+"""The engine's fused decode layers (openclaw_jax/inference/decode_layers.py) against the model's block path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from openclaw_jax.inference import kernels  # noqa: E402
+from openclaw_jax.inference.decode_layers import FUSED, fuse_layers  # noqa: E402
+from openclaw_jax.models.config import ModelConfig  # noqa: E402
+from openclaw_jax.models.decoder import Decoder, KVCache  # noqa: E402
+from openclaw_jax.models.lora import LoRAConfig, add_lora  # noqa: E402
+
+
+def _cfg(**kw):
+    base = dict(family="qwen2", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=8, max_position_embeddings=64, dtype="float32", param_dtype="float32")
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(attention_bias=True), dict(qk_norm=True, tie_word_embeddings=True)],
+                         ids=["plain", "bias", "qk_norm_tied"])
+def test_fused_decode_matches_block_path(kw):
+    model = Decoder(_cfg(**kw), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    cfg = model.cfg
+    b, s = 3, 16
+    rng = np.random.default_rng(0)
+    shape = (cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim)
+    cache = KVCache(jnp.asarray(rng.standard_normal(shape), jnp.float32),
+                    jnp.asarray(rng.standard_normal(shape), jnp.float32))
+    tokens = jnp.asarray([5, 17, 90], jnp.int32)
+    positions = jnp.asarray([0, 7, s], jnp.int32)  # an empty prefix, a middle slot, past the end (dropped)
+
+    def run(layer_graphdef, layer_states):
+        return jax.jit(lambda st, ls, c: kernels._decode_logits(nnx.merge(graphdef, st), layer_graphdef, ls, tokens,
+                                                                positions, c))(state, layer_states, cache)
+
+    ref_logits, ref_cache = run(*kernels.split_layers(graphdef, state))
+    logits, new_cache = run(FUSED, fuse_layers(graphdef, state))
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(new_cache.k), np.asarray(ref_cache.k), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(new_cache.v), np.asarray(ref_cache.v), rtol=1e-5, atol=1e-5)
+    # and the block path is the model's own decode
+    full, _ = model.decode(tokens[:, None], positions[:, None], cache)
+    np.testing.assert_allclose(np.asarray(ref_logits), np.asarray(full[:, 0]), rtol=1e-5, atol=1e-5)
+
+
+def test_lora_models_keep_the_block_path():
+    model = add_lora(Decoder(_cfg(), rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
+    graphdef, state = nnx.split(model)
+    assert fuse_layers(graphdef, state) is None
