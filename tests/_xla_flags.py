@@ -21,3 +21,18 @@ def env_without_device_count(env=None) -> dict[str, str]:
     else:
         env.pop("XLA_FLAGS", None)
     return env
+
+
+def env_optimized(env=None) -> dict[str, str]:
+    """A copy of `env` (default os.environ) without the suite's -O0 compile flags: for a process whose
+    time is a real model's arithmetic (SmolLM2-135M decoding and training), not compiling."""
+    from conftest import TEST_XLA_FLAGS
+
+    env = dict(os.environ if env is None else env)
+    names = {f.split("=")[0] for f in TEST_XLA_FLAGS}
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if f.split("=")[0] not in names]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    else:
+        env.pop("XLA_FLAGS", None)
+    return env

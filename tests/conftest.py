@@ -33,11 +33,11 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 # step of test_precision_microbatch: 17.0 -> 9.1 s CPU, the same loss to the last bit); the tests'
 # arithmetic is small. Processes the tests start inherit it (tests/_xla_flags.py keeps it when a
 # test changes the device count). XLA reads XLA_FLAGS when its CPU backend starts, after this.
-_TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 if _OWNS_SESSION_DIR:  # the controller (or a lone process); xdist workers inherit its environment
     os.environ["XLA_FLAGS"] = " ".join(
         [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in
-         {t.split("=")[0] for t in _TEST_XLA_FLAGS}] + list(_TEST_XLA_FLAGS))
+         {t.split("=")[0] for t in TEST_XLA_FLAGS}] + list(TEST_XLA_FLAGS))
 if "jax" in sys.modules:  # imported by a plugin before this file: its config has read the environment
     import jax
 
@@ -88,10 +88,42 @@ def make_tiny_qwen3_checkpoint(out_dir, *, seed: int = 0, vocab: int = TINY_VOCA
     return out_dir
 
 
+def make_tiny_smollm2_checkpoint(out_dir, *, seed: int = 0, max_positions: int = 8192):
+    """A random 2-layer Qwen3ForCausalLM over SmolLM2's vocabulary, with SmolLM2's tokenizer: OpenClaw's
+    minimal-profile prompt is ~2.2 k tokens with it (~8.7 k with the tiny test tokenizer)."""
+    import torch
+    import transformers
+
+    from openclaw_jax.models.tokenizer import smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    config = transformers.Qwen3Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=max_positions, rms_norm_eps=1e-6,
+        rope_theta=10000.0, tie_word_embeddings=False, eos_token_id=list(tok.eos_token_ids), bos_token_id=None,
+        pad_token_id=tok.pad_token_id, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(1.0 + 0.2 * torch.randn(param.shape) if name.endswith("norm.weight")
+                        else 0.15 * torch.randn(param.shape))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory):
     """A tiny random Qwen3 HF checkpoint directory (seed 0) with tokenizer files."""
     return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("tiny_qwen3") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm2_dir(tmp_path_factory):
+    """A tiny random model with SmolLM2's tokenizer and chat template (seed 0): a SmolLM2 config's prompts,
+    shapes and template, at a tiny model's cost."""
+    return make_tiny_smollm2_checkpoint(tmp_path_factory.mktemp("tiny_smollm2") / "model", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -57,31 +57,6 @@ def require_openclaw() -> None:
     pytest.skip(message)
 
 
-def make_tiny_smollm2_checkpoint(out_dir: Path, *, seed: int = 0, max_positions: int = 8192) -> Path:
-    """A random 2-layer Qwen3ForCausalLM over SmolLM2's vocabulary, with SmolLM2's tokenizer: OpenClaw's
-    minimal-profile prompt is ~2.2 k tokens with it (~8.7 k with the tiny test tokenizer)."""
-    import torch
-    import transformers
-
-    from openclaw_jax.models.tokenizer import smollm2_tokenizer
-
-    tok = smollm2_tokenizer()
-    config = transformers.Qwen3Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=max_positions, rms_norm_eps=1e-6,
-        rope_theta=10000.0, tie_word_embeddings=False, eos_token_id=list(tok.eos_token_ids), bos_token_id=None,
-        pad_token_id=tok.pad_token_id, torch_dtype="float32")
-    torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(1.0 + 0.2 * torch.randn(param.shape) if name.endswith("norm.weight")
-                        else 0.15 * torch.randn(param.shape))
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tok.save_pretrained(out_dir)
-    return out_dir
-
-
 @dataclasses.dataclass
 class Stack:
     lt: LoopThread
@@ -98,11 +73,11 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, tiny_smollm2_dir):
     require_openclaw()
     start = time.monotonic()
     root = tmp_path_factory.mktemp("openclaw_real")
-    model_dir = make_tiny_smollm2_checkpoint(root / "model")
+    model_dir = tiny_smollm2_dir  # tests/conftest.py: a random 2-layer model with SmolLM2's tokenizer
     proc = subprocess.Popen([sys.executable, "-m", "openclaw_jax.inference", "--model", str(model_dir),
                              "--port", "0", "--weight-version", "v1", "--log-level", "warning",
                              # OpenClaw's prompts (2.2-2.6 k tokens) fit one prompt and one cache bucket
