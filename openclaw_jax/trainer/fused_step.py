@@ -27,7 +27,6 @@ from flax import nnx
 
 from openclaw_jax import ops
 from openclaw_jax.losses import get_loss
-from openclaw_jax.losses.policy import finalize_metrics
 from openclaw_jax.trainer import advantages as A
 from openclaw_jax.trainer import step as S
 
@@ -103,13 +102,8 @@ def fused_train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.S
     loss, metric_stats, grads, k_star = fused_loss_and_grads(
         graphdef, trainable, frozen, inputs, teacher_graphdef, teacher_state, teacher_inputs, settings,
         run_teacher=run_teacher, folded_reference=folded_reference, importance_cap=importance_cap)
-    updates, opt_state = optimizer.update(grads, opt_state, trainable)
-    trainable = optax.apply_updates(trainable, updates)
-    metrics = finalize_metrics(metric_stats)
-    metrics["loss"] = loss
-    metrics["grad_norm"] = optax.global_norm(grads)
-    if lr_schedule is not None:
-        metrics["lr"] = jnp.asarray(lr_schedule(S._optimizer_count(opt_state) - 1), jnp.float32)
+    trainable, opt_state, metrics = S.apply_update(trainable, opt_state, loss, metric_stats, grads, optimizer,
+                                                   lr_schedule)
     if not serve:
         return trainable, opt_state, metrics, k_star
     return trainable, opt_state, metrics, k_star, S.serving_state(graphdef, trainable, frozen, merge_lora=merge_lora,

@@ -416,6 +416,14 @@ def train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, 
                ) -> tuple[nnx.State, Any, dict[str, jax.Array], jax.Array]:
     """Phase 7: one optimizer update; returns (new trainable, new opt state, metrics, k* [B, T])."""
     loss, stats, grads, k_star = loss_and_grads(trainable, graphdef, frozen, inputs, batch, settings)
+    return (*apply_update(trainable, opt_state, loss, stats, grads, optimizer, lr_schedule), k_star)
+
+
+def apply_update(trainable: nnx.State, opt_state: Any, loss: jax.Array, stats: dict[str, MetricStat], grads: nnx.State,
+                 optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None
+                 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+    """The optax update from a step's gradients; returns (new trainable, new opt state, the step's metrics:
+    the loss's, `loss`, `grad_norm` and the learning rate used)."""
     updates, opt_state = optimizer.update(grads, opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
     metrics = finalize_metrics(stats)
@@ -423,7 +431,7 @@ def train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, 
     metrics["grad_norm"] = optax.global_norm(grads)
     if lr_schedule is not None:
         metrics["lr"] = jnp.asarray(lr_schedule(_optimizer_count(opt_state) - 1), jnp.float32)
-    return trainable, opt_state, metrics, k_star
+    return trainable, opt_state, metrics
 
 
 def _optimizer_count(opt_state: Any) -> jax.Array:
