@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from openclaw_jax import ops
 from openclaw_jax.losses import get_loss
 from openclaw_jax.trainer import advantages as A
 from openclaw_jax.trainer import step as S
@@ -51,18 +50,12 @@ def fused_loss_and_grads(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: n
 
     (hidden, head), pullback = jax.vjp(forward, trainable)
     hidden0, head0 = jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(head)
-    stats = ops.vocab_stats(hidden0, head0, ids=inputs.response_ids[..., None], top_k=settings.top_k,
-                            temperature=settings.temperature, chunk_size=settings.chunk_size)
-    old = S.OldPassOutput(stats.logprobs_at_ids[..., 0], stats.topk_ids, stats.topk_logprobs, hidden0)
+    old = S.old_pass_outputs(hidden0, head0, inputs.response_ids, settings)
     b, c = teacher_inputs.candidate_mask.shape
     if run_teacher:
         teach = S.teacher_pass(teacher_graphdef, teacher_state, teacher_inputs, inputs.response_ids, old.topk_ids,
                                settings)
-        kt = teach.topk_ids.shape[-1]
-        flat = teach.topk_ids.transpose(0, 2, 1, 3).reshape(b, length, c * kt)
-        old_at = ops.logprobs_at_ids(hidden0, head0, flat, temperature=settings.temperature,
-                                     chunk_size=settings.chunk_size)
-        old_at = old_at.reshape(b, length, c, kt).transpose(0, 2, 1, 3)
+        old_at = S.logprobs_at_teacher_ids(hidden0, head0, teach.topk_ids, settings)
     else:
         teach = _teacher_zeros(b, c, length, settings.top_k)
         old_at = teach.logprobs_at_student_ids

@@ -231,12 +231,18 @@ def old_pass(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], i
     length = inputs.response_ids.shape[1]
 
     def rows(x: StudentInputs):
-        hidden = _student_hidden(model, x, length, settings.image_grid)
-        stats = ops.vocab_stats(hidden, model.lm_head_kernel(), ids=x.response_ids[..., None], top_k=settings.top_k,
-                                temperature=settings.temperature, chunk_size=settings.chunk_size)
-        return OldPassOutput(stats.logprobs_at_ids[..., 0], stats.topk_ids, stats.topk_logprobs, hidden)
+        return old_pass_outputs(_student_hidden(model, x, length, settings.image_grid), model.lm_head_kernel(),
+                                x.response_ids, settings)
 
     return _map_rows(rows, inputs, settings.micro_batch_size, inputs.response_ids.shape[0])
+
+
+def old_pass_outputs(hidden: jax.Array, lm_head: jax.Array, response_ids: jax.Array,
+                     settings: StepSettings) -> OldPassOutput:
+    """Phase 1's outputs from the student's response hidden states `[B, T, H]` and its LM head."""
+    stats = ops.vocab_stats(hidden, lm_head, ids=response_ids[..., None], top_k=settings.top_k,
+                            temperature=settings.temperature, chunk_size=settings.chunk_size)
+    return OldPassOutput(stats.logprobs_at_ids[..., 0], stats.topk_ids, stats.topk_logprobs, hidden)
 
 
 def reference_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: StudentInputs,
@@ -334,9 +340,15 @@ def old_logprobs_at(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, 
                     settings: StepSettings) -> jax.Array:
     """Phase 3: l_old at `ids [B, C, T, K]` from the old response hidden states `[B, T, H]`."""
     model = _merge(graphdef, state, dtype=settings.compute_dtype)
+    return logprobs_at_teacher_ids(old_hidden, model.lm_head_kernel(), ids, settings)
+
+
+def logprobs_at_teacher_ids(hidden: jax.Array, lm_head: jax.Array, ids: jax.Array, settings: StepSettings) -> jax.Array:
+    """Log-probs `[B, C, T, K]` at the teacher's ids `[B, C, T, K]` from response hidden states `[B, T, H]`
+    (no gradient)."""
     b, c, t, k = ids.shape
     flat_ids = ids.transpose(0, 2, 1, 3).reshape(b, t, c * k)
-    logp = ops.logprobs_at_ids(jax.lax.stop_gradient(old_hidden), model.lm_head_kernel(), flat_ids,
+    logp = ops.logprobs_at_ids(jax.lax.stop_gradient(hidden), lm_head, flat_ids,
                                temperature=settings.temperature, chunk_size=settings.chunk_size)
     return jax.lax.stop_gradient(logp.reshape(b, t, c, k).transpose(0, 2, 1, 3))
 
