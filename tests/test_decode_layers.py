@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+from flax import nnx
 
-from openclaw_jax.inference import kernels  # noqa: E402
-from openclaw_jax.inference.decode_layers import FUSED, fuse_layers  # noqa: E402
-from openclaw_jax.models.config import ModelConfig  # noqa: E402
-from openclaw_jax.models.decoder import Decoder, KVCache  # noqa: E402
-from openclaw_jax.models.lora import LoRAConfig, add_lora  # noqa: E402
+from openclaw_jax.inference import kernels
+from openclaw_jax.inference.decode_layers import FUSED, fuse_layers
+from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.decoder import Decoder, KVCache
+from openclaw_jax.models.lora import LoRAConfig, add_lora
 
 
 def _cfg(**kw):
