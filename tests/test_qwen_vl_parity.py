@@ -394,6 +394,35 @@ def test_per_row_pixel_layout_equals_flat(checkpoint):
     assert np.abs(np.asarray(one)[0] - np.asarray(flat)[1]).max() <= TOL
 
 
+def test_per_row_layout_rows_with_fewer_images_equal_hf_per_row(checkpoint):
+    """Rows showing different numbers of same-size images (episodes with more or fewer screenshots):
+    the per-row layout takes the longest row's grid, a shorter row shows a prefix of it and its
+    trailing patches are never read; each row's logits equal HF on that row alone with its own images."""
+    hf, model, _ = checkpoint
+    rng = np.random.default_rng(11)
+    grid = (1, 4, 4)
+    n = 4 * 4 // MERGE ** 2
+    text = lambda k: rng.integers(0, 240, size=k).tolist()  # noqa: E731
+    two = text(2) + [VSTART] + [IMAGE] * n + [VEND] + text(3) + [VSTART] + [IMAGE] * n + [VEND] + text(2)
+    one = text(3) + [VSTART] + [IMAGE] * n + [VEND] + text(3 + n + 3)   # same length, one image
+    none = text(len(two))                                               # no image at all
+    ids = np.asarray([one, two, none], np.int64)
+    pix = _patches(rng, [grid] * 5)
+    rows = np.zeros((3, 32, pix.shape[1]), np.float32)
+    rows[0, :16] = pix[:16]                 # row 0: its one image, then 16 unused (zero) patches
+    rows[1] = pix[16:48]                    # row 1: two images
+    rows[2] = pix[48:80]                    # row 2: patches it never reads
+    ours = np.asarray(nnx.jit(lambda m, x, p: m(x, pixel_values=p, image_grid_thw=[grid, grid]))(
+        model, jnp.asarray(ids, jnp.int32), jnp.asarray(rows)))
+    want = [_hf_logits(hf, ids[:1], pix[:16], [grid]), _hf_logits(hf, ids[1:2], pix[16:48], [grid, grid]),
+            _hf_logits(hf, ids[2:])]
+    for b in range(3):
+        _compare(ours[b:b + 1], want[b], ids[b:b + 1])
+    with pytest.raises(ValueError, match="prefix of its images"):   # a row whose count is no prefix's
+        model(jnp.asarray([one[:-1] + [IMAGE]], jnp.int32), pixel_values=jnp.asarray(rows[:1]),
+              image_grid_thw=[grid, grid])
+
+
 def test_bfloat16_forward_tracks_float32(checkpoint, tmp_path):
     """The checkpoint loaded with bfloat16 compute and params (norms, softmax, rotary in float32)
     runs an image prompt with finite logits close to the float32 ones."""

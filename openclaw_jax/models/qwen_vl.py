@@ -14,8 +14,9 @@ The trainer-facing surface is the text decoder's: `hidden_states(input_ids, posi
 attention_mask, segment_ids, *, pixel_values=None, image_grid_thw=None)`, `logits`,
 `lm_head_kernel`, `cfg` (the text `ModelConfig`). `image_grid_thw` must be concrete (numpy or
 nested tuples, not traced): it fixes the vision shapes and layout at trace time. pixel_values
-are `[N, D]` (all images, HF's layout) or `[B, N_row, D]` (per row, every row's images of the
-grid given; see `QwenVL.flat_images`). Positions given
+are `[N, D]` (all images, HF's layout) or `[B, N_row, D]` (per row: the grid given is one row's, and
+each row's placeholders show a prefix of those images -- a row with fewer images, e.g. a shorter
+episode of same-size screenshots, leaves the trailing ones unused; see `QwenVL.flat_images`). Positions given
 explicitly may be `[3, B, L]` (e.g. packed rows, each segment's from `mrope_positions`).
 Generation: `prefill_hidden` (prompt with images into an empty KV cache, returns the rope deltas)
 then `decode` / `decode_hidden` of text tokens at cache slots s, rotated at s + delta (HF's
@@ -150,14 +151,29 @@ def _image_tables(grid: tuple[tuple[int, int, int], ...], merge: int):
     return cat(t_tab), cat(h_tab), cat(w_tab), cat(step)
 
 
+def image_token_rank(is_img: jax.Array, n_tokens: int, row_tokens: int | None = None) -> jax.Array:
+    """`[B, L]` int32: which image token (of `n_tokens`, in image order) each placeholder shows.
+
+    `row_tokens=None`: the k-th placeholder of the flattened batch shows token k (HF's layout, all
+    images of all rows in one list). `row_tokens=n`: every row has its own `n` tokens (row b's at
+    b * n ...), and its k-th placeholder shows its own token k, so a row may show only a prefix."""
+    B, L = is_img.shape
+    if row_tokens is None:
+        return jnp.clip(jnp.cumsum(is_img.reshape(-1)).reshape(B, L) - 1, 0, n_tokens - 1)
+    within = jnp.clip(jnp.cumsum(is_img, axis=1) - 1, 0, row_tokens - 1)
+    return within + jnp.arange(B, dtype=within.dtype)[:, None] * row_tokens
+
+
 def mrope_positions(input_ids: jax.Array, image_grid_thw: Any, image_token_id: int, spatial_merge_size: int,
                     attention_mask: jax.Array | None = None,
-                    segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                    segment_ids: jax.Array | None = None, *, per_row: bool = False) -> tuple[jax.Array, jax.Array]:
     """(positions `[3, B, L]` int32, rope deltas `[B]`): HF `get_rope_index` for text + images.
 
     Vectorised (no loop over tokens): the k-th image-token run of the flattened batch takes image k
     of `image_grid_thw` (static); a text token advances all rows by one, an image by max(rows, cols)
-    of its merged grid. Tokens outside `attention_mask` neither count nor advance (position 0, as HF).
+    of its merged grid; `per_row=True`: `image_grid_thw` is every row's own images' grid (the per-row
+    layout of `QwenVL.flat_images`), each row's image-token runs take its images in order. Tokens
+    outside `attention_mask` neither count nor advance (position 0, as HF).
     The delta (max position + 1 - tokens) shifts the positions of tokens decoded after the prompt.
     `segment_ids [B, L]` (packed rows, each sequence a contiguous run): positions restart at 0 in
     each segment (the images still fill the placeholders in row-major order); deltas are then per row.
@@ -167,7 +183,10 @@ def mrope_positions(input_ids: jax.Array, image_grid_thw: Any, image_token_id: i
     B, L = input_ids.shape
     valid = jnp.ones((B, L), bool) if attention_mask is None else attention_mask.astype(bool)
     is_img = (input_ids == image_token_id) & valid if grid else jnp.zeros((B, L), bool)
-    rank = jnp.clip(jnp.cumsum(is_img.reshape(-1)).reshape(B, L) - 1, 0, t_tab.shape[0] - 1)
+    if per_row:
+        rank = jnp.clip(jnp.cumsum(is_img, axis=1) - 1, 0, t_tab.shape[0] - 1)
+    else:
+        rank = image_token_rank(is_img, t_tab.shape[0])
     inc = jnp.where(valid, jnp.where(is_img, step_tab[rank], 1), 0)
     start = jnp.cumsum(inc, axis=1) - inc  # the running position before each token
     if segment_ids is not None:
@@ -181,14 +200,24 @@ def mrope_positions(input_ids: jax.Array, image_grid_thw: Any, image_token_id: i
     return positions, deltas.astype(jnp.int32)
 
 
-def check_image_tokens(input_ids: Any, image_grid_thw: Any, image_token_id: int, spatial_merge_size: int) -> None:
-    """Raise ValueError unless the placeholders in `input_ids` (concrete) match the images' token counts."""
+def check_image_tokens(input_ids: Any, image_grid_thw: Any, image_token_id: int, spatial_merge_size: int, *,
+                       per_row: bool = False) -> None:
+    """Raise ValueError unless the placeholders in `input_ids` (concrete) match the images' token counts
+    (`per_row`: each row's count is that of a prefix of `image_grid_thw`, one row's images)."""
     grid = as_grid(image_grid_thw) if image_grid_thw is not None else ()
-    want = sum(t * h * w for t, h, w in grid) // spatial_merge_size ** 2
-    have = int(np.sum(np.asarray(input_ids) == image_token_id))
-    if have != want:
-        raise ValueError(f"input_ids hold {have} image tokens (id {image_token_id}) but image_grid_thw {grid} "
-                         f"gives {want}")
+    counts = [t * h * w // spatial_merge_size ** 2 for t, h, w in grid]
+    ids = np.asarray(input_ids)
+    if not per_row:
+        have, want = int(np.sum(ids == image_token_id)), sum(counts)
+        if have != want:
+            raise ValueError(f"input_ids hold {have} image tokens (id {image_token_id}) but image_grid_thw {grid} "
+                             f"gives {want}")
+        return
+    prefixes = set(np.cumsum([0] + counts).tolist())
+    for b, have in enumerate(np.sum(ids == image_token_id, axis=1).tolist()):
+        if have not in prefixes:
+            raise ValueError(f"row {b} of input_ids holds {have} image tokens (id {image_token_id}), not the tokens "
+                             f"of a prefix of its images {grid} (any of {sorted(prefixes)})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,25 +260,27 @@ class QwenVL(nnx.Module):
               image_grid_thw: Any = None) -> jax.Array:
         """Token embeddings `[B, L, H]` with the image features at the image-token placeholders."""
         h = self.language_model.embed(input_ids)
-        pixel_values, image_grid_thw = self.flat_images(input_ids, pixel_values, image_grid_thw)
         if pixel_values is None:
             return h
         if image_grid_thw is None:
             raise ValueError("pixel_values need image_grid_thw")
+        per_row = pixel_values.ndim == 3
         if not isinstance(input_ids, jax.core.Tracer):
             check_image_tokens(input_ids, image_grid_thw, self.vl_cfg.image_token_id,
-                               self.vl_cfg.vision.spatial_merge_size)
-        features = self.image_features(pixel_values, image_grid_thw).astype(h.dtype)
-        B, L = input_ids.shape
+                               self.vl_cfg.vision.spatial_merge_size, per_row=per_row)
+        flat_pixels, flat_grid = self.flat_images(input_ids, pixel_values, image_grid_thw)
+        features = self.image_features(flat_pixels, flat_grid).astype(h.dtype)
         is_img = input_ids == self.vl_cfg.image_token_id
-        rank = jnp.clip(jnp.cumsum(is_img.reshape(-1)).reshape(B, L) - 1, 0, features.shape[0] - 1)
+        rank = image_token_rank(is_img, features.shape[0],
+                                features.shape[0] // input_ids.shape[0] if per_row else None)
         return jnp.where(is_img[..., None], jnp.take(features, rank, axis=0), h)
 
     def positions(self, input_ids: jax.Array, image_grid_thw: Any = None, attention_mask: jax.Array | None = None,
-                  segment_ids: jax.Array | None = None) -> jax.Array:
-        """M-RoPE positions `[3, B, L]` (`mrope_positions`)."""
+                  segment_ids: jax.Array | None = None, *, per_row: bool = False) -> jax.Array:
+        """M-RoPE positions `[3, B, L]` (`mrope_positions`; `per_row`: `image_grid_thw` is each row's)."""
         return mrope_positions(input_ids, image_grid_thw, self.vl_cfg.image_token_id,
-                               self.vl_cfg.vision.spatial_merge_size, attention_mask, segment_ids)[0]
+                               self.vl_cfg.vision.spatial_merge_size, attention_mask, segment_ids,
+                               per_row=per_row)[0]
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
                       attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None, *,
@@ -257,10 +288,10 @@ class QwenVL(nnx.Module):
         """Final-norm hidden states `[B, L, H]` (cfg.dtype). positions: `[3, B, L]`, `[B, L]` (text
         only: all three rows equal) or None (from the images' placement, `mrope_positions`, restarting
         in each segment when `segment_ids` pack several sequences in a row)."""
-        pixel_values, image_grid_thw = self.flat_images(input_ids, pixel_values, image_grid_thw)
         embeds = self.embed(input_ids, pixel_values, image_grid_thw)
         if positions is None and pixel_values is not None:
-            positions = self.positions(input_ids, image_grid_thw, attention_mask, segment_ids)
+            positions = self.positions(input_ids, image_grid_thw, attention_mask, segment_ids,
+                                       per_row=pixel_values.ndim == 3)
         return self.language_model.hidden_states_from_embeds(embeds, positions, attention_mask, segment_ids)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -277,10 +308,10 @@ class QwenVL(nnx.Module):
         """A prompt (with images) into an empty cache at slots 0..L-1: (hidden `[B, L, H]`, cache,
         rope deltas `[B]`). `attention_mask` marks each row's real tokens (right padding) so the
         deltas count only them; tokens decoded at slot s then rotate at position s + delta."""
-        pixel_values, image_grid_thw = self.flat_images(input_ids, pixel_values, image_grid_thw)
         embeds = self.embed(input_ids, pixel_values, image_grid_thw)
         rope, deltas = mrope_positions(input_ids, image_grid_thw, self.vl_cfg.image_token_id,
-                                       self.vl_cfg.vision.spatial_merge_size, attention_mask)
+                                       self.vl_cfg.vision.spatial_merge_size, attention_mask,
+                                       per_row=pixel_values is not None and pixel_values.ndim == 3)
         hidden, cache = self.language_model.prefill_hidden(input_ids, cache, embeds=embeds, rope_positions=rope)
         return hidden, cache, deltas
 

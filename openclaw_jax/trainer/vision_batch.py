@@ -5,9 +5,11 @@ sample store (`samples.store.read_image`). `attach_images` turns them into the m
 (`models.image_processing.process_images`) and adds `pixel_values` to the batch: `[B, N_row, D]`
 for the student rows and `[B, C, N_row, D]` for the teacher's candidate rows (a hint prompt shows
 the same images), with the batch's grid as `PackedBatch.image_grid`. The grid is a static part of
-the jitted phases (`StepSettings.image_grid`), so every row of one batch has the same images' grid
-(e.g. screenshots of one screen size) and its image tokens: padding rows and padding candidates take
-a copy of a real row (their masks keep them out of the loss). Batches with images are not packed
+the jitted phases (`StepSettings.image_grid`): it is the grid of the batch's row with the most images,
+and every row's images must be a prefix of it (e.g. episodes of one screen size with different
+numbers of screenshots; a shorter row's trailing patches are zeros its placeholders never read, see
+`QwenVL.flat_images`). Padding rows and padding candidates take a copy of a real row (their masks
+keep them out of the loss). Batches with images are not packed
 (no segments, no shared teacher prefix): `pack` them with `BatchSpec(packing=False,
 shared_prefix=False)`; `attach_images` refuses other layouts.
 """
@@ -39,21 +41,25 @@ def attach_images(packed: PackedBatch, image_bytes: Callable[[str], bytes], proc
         pv, grid = process_images([image_bytes(h) for h in s.image_sha256], processor)
         pixels.append(pv)
         grids.append(tuple(tuple(int(v) for v in g) for g in grid))
-    grid = grids[0]
-    if any(g != grid for g in grids):
-        raise ValueError(f"the samples' images have different grids {sorted(set(grids))}: batch samples with the "
-                         "same images' grid together")
-    want = sum(image_token_count(g, processor.merge_size) for g in grid)
+    # the batch's grid is its longest row's; every row shows a prefix of it (episodes of one screen size
+    # with different numbers of screenshots) and the trailing patches of a shorter row are never read
+    grid = max(grids, key=len)
+    if any(g != grid[:len(g)] for g in grids):
+        raise ValueError(f"the samples' images have grids {sorted(set(grids))}, not prefixes of one: batch samples "
+                         "whose images have the same sizes together")
+    wants = [sum(image_token_count(g, processor.merge_size) for g in row_grid) for row_grid in grids]
     student = {k: v.copy() for k, v in packed.student.items()}
     b = student["input_ids"].shape[0]
     n_real = len(samples)
     for i in range(n_real):
         have = int(np.sum(student["input_ids"][i] == image_token_id))
-        if have != want:
+        if have != wants[i]:
             raise ValueError(f"sample {samples[i].sample_id}: its prompt holds {have} image tokens (id "
-                             f"{image_token_id}) but its images {grid} give {want}")
+                             f"{image_token_id}) but its images {grids[i]} give {wants[i]}")
     for i in range(n_real, b):   # padding rows: a real row's tokens (their images' tokens included)
         student["input_ids"][i] = student["input_ids"][0]
+    n_patches = max(p.shape[0] for p in pixels)
+    pixels = [np.concatenate([p, np.zeros((n_patches - p.shape[0], p.shape[1]), p.dtype)]) for p in pixels]
     pv = np.stack(pixels + [pixels[0]] * (b - n_real)).astype(np.float32)
     student["pixel_values"] = pv
     teacher = {k: v.copy() for k, v in packed.teacher.items()}
@@ -65,9 +71,9 @@ def attach_images(packed: PackedBatch, image_bytes: Callable[[str], bytes], proc
             for j in range(ids.shape[1]):
                 if mask[i, j]:
                     have = int(np.sum(ids[i, j] == image_token_id))
-                    if have != want:
+                    if have != wants[i]:
                         raise ValueError(f"sample {samples[i].sample_id} candidate {j}: {have} image tokens, its "
-                                         f"images give {want}")
+                                         f"images give {wants[i]}")
                 else:   # a padding candidate: a real candidate's tokens
                     own = np.argwhere(mask[i])
                     ids[i, j] = ids[i, int(own[0][0])] if len(own) else ids[first]
