@@ -23,8 +23,64 @@ _require = require
 
 
 @dataclass(frozen=True)
+class RandomVisionConfig:
+    """The vision tower of a random Qwen2.5-VL model (`model.random.vision`): its presence makes
+    `model.path: random` write a Qwen2.5-VL checkpoint (text decoder of `model.random`'s shape, family
+    qwen2) whose image tokens come from the tokenizer (`model.tokenizer: tiny_vl`)."""
+
+    depth: int = 2
+    hidden_size: int = 32
+    intermediate_size: int = 64
+    num_heads: int = 2
+    out_hidden_size: int = 0            # must equal model.random.hidden_size (0 = that value)
+    patch_size: int = 14
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    window_size: int = 56               # a multiple of patch_size x spatial_merge_size
+    fullatt_block_indexes: tuple[int, ...] = (1,)
+    # M-RoPE (temporal, height, width) rotary sections of the text decoder: they sum to head_dim / 2
+    # (empty = head_dim/2 split 1/4, 3/8, 3/8 as Qwen2.5-VL's 16/24/24 of 64)
+    mrope_section: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        key = "model.random.vision"
+        for name in ("depth", "hidden_size", "intermediate_size", "num_heads", "patch_size", "spatial_merge_size",
+                     "temporal_patch_size", "window_size"):
+            _require(getattr(self, name) > 0, f"{key}.{name}={getattr(self, name)} must be > 0")
+        _require(self.out_hidden_size >= 0, f"{key}.out_hidden_size={self.out_hidden_size} must be >= 0 "
+                                            "(0 = model.random.hidden_size)")
+        head = self.hidden_size // self.num_heads
+        _require(self.hidden_size % self.num_heads == 0 and head % 4 == 0,
+                 f"{key}.hidden_size={self.hidden_size} / num_heads={self.num_heads} must be a whole head_dim "
+                 "divisible by 4 (the 2-D rotary positions)")
+        unit = self.patch_size * self.spatial_merge_size
+        _require(self.window_size % unit == 0, f"{key}.window_size={self.window_size} must be a multiple of "
+                                               f"patch_size x spatial_merge_size = {unit}")
+        bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.depth]
+        _require(not bad, f"{key}.fullatt_block_indexes={list(self.fullatt_block_indexes)} must lie in "
+                          f"[0, depth={self.depth})")
+        _require(all(s > 0 for s in self.mrope_section) and len(self.mrope_section) in (0, 3),
+                 f"{key}.mrope_section={list(self.mrope_section)} must be three positive sizes "
+                 "(temporal, height, width) or empty")
+
+    def sections(self, head_dim: int) -> tuple[int, int, int]:
+        """The M-RoPE sections for a text head_dim (validated: they sum to head_dim / 2)."""
+        half = head_dim // 2
+        if self.mrope_section:
+            _require(sum(self.mrope_section) == half,
+                     f"model.random.vision.mrope_section={list(self.mrope_section)} sums to "
+                     f"{sum(self.mrope_section)}; it must sum to head_dim / 2 = {half}")
+            return tuple(self.mrope_section)  # type: ignore[return-value]
+        t = max(1, half // 4)
+        h = (half - t) // 2
+        _require(half >= 3 and h >= 1, f"model.random head_dim={head_dim} is too small for M-RoPE: need >= 6")
+        return t, h, half - t - h
+
+
+@dataclass(frozen=True)
 class RandomModelConfig:
-    """Shape of a randomly initialised model (tests, `tiny_cpu`): Qwen3-shaped by default."""
+    """Shape of a randomly initialised model (tests, `tiny_cpu`): Qwen3-shaped by default; with
+    `vision`, a Qwen2.5-VL model (family qwen2, head_dim = hidden_size / num_heads)."""
 
     family: Literal["llama", "qwen2", "qwen3"] = "qwen3"
     hidden_size: int = 64
@@ -36,12 +92,24 @@ class RandomModelConfig:
     max_position_embeddings: int = 1024
     tie_word_embeddings: bool = True
     seed: int = 0
+    vision: RandomVisionConfig | None = None   # a vision tower: the model is a Qwen2.5-VL
 
     def __post_init__(self):
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
             _require(getattr(self, name) > 0, f"model.random.{name}={getattr(self, name)} must be > 0")
         _require(self.num_heads % self.num_kv_heads == 0,
                  f"model.random.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.vision is not None:
+            v = self.vision
+            _require(self.family == "qwen2", f"model.random.family={self.family!r}: a model with model.random.vision "
+                                             "is a Qwen2.5-VL, whose text decoder is qwen2; set model.random.family=qwen2")
+            _require(self.head_dim * self.num_heads == self.hidden_size,
+                     f"model.random.head_dim={self.head_dim} x num_heads={self.num_heads} must equal hidden_size="
+                     f"{self.hidden_size} for a Qwen2.5-VL model (its head_dim is hidden_size / num_heads)")
+            _require(v.out_hidden_size in (0, self.hidden_size),
+                     f"model.random.vision.out_hidden_size={v.out_hidden_size} must equal model.random.hidden_size="
+                     f"{self.hidden_size} (the merger feeds the text decoder); leave it 0 for that value")
+            v.sections(self.head_dim)
 
 
 @dataclass(frozen=True)
@@ -60,7 +128,7 @@ class ModelSourceConfig:
     """
 
     path: str = "smollm2"
-    tokenizer: str = "auto"  # auto (from path) | tiny | qwen3 | smollm2 | an HF dir
+    tokenizer: str = "auto"  # auto (from path) | tiny | tiny_vl (tiny + vision tokens) | qwen3 | smollm2 | an HF dir
     dtype: Literal["float32", "bfloat16"] = "float32"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     remat: bool = False
@@ -75,6 +143,11 @@ class ModelSourceConfig:
         if self.path == "random":
             _require(self.tokenizer != "auto",
                      "model.tokenizer='auto' cannot be used with model.path=random; use tiny, qwen3, smollm2 or a dir")
+            if self.random.vision is not None:
+                _require(self.tokenizer != "tiny", "model.random.vision needs a tokenizer with the vision tokens "
+                                                   "(<|vision_start|>, <|image_pad|>, ...); use model.tokenizer=tiny_vl")
+                _require(not self.lora.enabled, "model.lora with a vision-language model (model.random.vision) is not "
+                                                "supported yet; set model.lora.enabled=false")
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as err:
                 errors.append(str(err))
+        if len(errors) == 1:   # `X | None`: what was wrong with the X (e.g. a field of a section)
+            raise ConfigError(errors[0])
         raise ConfigError(f"{key}={value!r} is not valid; expected {_type_name(tp)}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):

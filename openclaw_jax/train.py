@@ -37,10 +37,11 @@ from openclaw_jax.gateway.server import start_gateway, stop_gateway
 from openclaw_jax.inference.engine import Engine, EngineConfig
 from openclaw_jax.inference.server import InferenceServer
 from openclaw_jax.logs import configure_logging
-from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.config import ModelConfig, ModelConfigError
 from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.models.hub import load_pretrained
 from openclaw_jax.models.lora import add_lora
+from openclaw_jax.models.random_vl import RandomVLError, write_random_vl_model
 from openclaw_jax.models.tokenizer import tokenizer_by_name
 from openclaw_jax.models.weights import save_hf_checkpoint
 from openclaw_jax.parallel import multihost
@@ -75,6 +76,13 @@ def _random_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
     """Create (once) a random HF checkpoint of the configured shape, with tokenizer files."""
     r = cfg.model.random
     tokenizer = tokenizer_by_name(cfg.model.tokenizer)
+    if r.vision is not None:   # a Qwen2.5-VL model (models/random_vl.py)
+        try:
+            vl = write_random_vl_model(r, tokenizer, out_dir)
+        except (RandomVLError, ModelConfigError) as exc:
+            raise ConfigError(f"model.random.vision: {exc}") from None
+        log.info("created random Qwen2.5-VL base model (%s) in %s", vl, out_dir)
+        return
     mcfg = ModelConfig(
         family=r.family, vocab_size=tokenizer.vocab_size, hidden_size=r.hidden_size,
         intermediate_size=r.intermediate_size, num_layers=r.num_layers, num_heads=r.num_heads,
@@ -134,6 +142,8 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
         teacher = load_pretrained(cfg.trainer.teacher, mesh=mesh, dtype=cfg.model.dtype, attention=cfg.model.attention,
                                   tokenizer=False).model
     if cfg.model.lora.enabled:
+        if hasattr(student, "vl_cfg"):
+            raise ConfigError("model.lora with a Qwen2.5-VL model is not supported yet; set model.lora.enabled=false")
         student = add_lora(student, cfg.model.lora, rngs=nnx.Rngs(cfg.seed + 1))
     student = shard_model(student, mesh)  # places what is not placed yet (LoRA adapters)
     teacher = shard_model(teacher, mesh)

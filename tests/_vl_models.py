@@ -18,3 +18,27 @@ def tiny_hf_vl_config(*, vocab_size: int, image: int, vision_start: int, vision_
     return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=image,
                                          video_token_id=video, vision_start_token_id=vision_start,
                                          vision_end_token_id=vision_end, tie_word_embeddings=False)
+
+
+# `model.path: random` with a vision tower (models/random_vl.py): a tiny Qwen2.5-VL with the tiny_vl tokenizer
+RANDOM_VL_OVERRIDES = [
+    "model.path=random", "model.tokenizer=tiny_vl", "model.random.family=qwen2", "model.random.hidden_size=32",
+    "model.random.intermediate_size=64", "model.random.num_heads=4", "model.random.num_kv_heads=2",
+    "model.random.head_dim=8", "model.random.num_layers=2", "model.random.tie_word_embeddings=false",
+    "model.random.vision={depth: 2, hidden_size: 16, intermediate_size: 32, num_heads: 2, window_size: 56, "
+    "fullatt_block_indexes: [1]}",
+]
+
+
+def hf_vl_logits(hf, ids, image_token_id: int, pixel_values=None, grid=None):
+    """float32 logits of a `transformers` Qwen2.5-VL model (torch, no grad) on `ids` `[B, L]` (+ one grid list)."""
+    import numpy as np
+    import torch
+
+    kwargs = {"input_ids": torch.tensor(np.asarray(ids), dtype=torch.long)}
+    if pixel_values is not None:
+        kwargs.update(pixel_values=torch.tensor(np.asarray(pixel_values)),
+                      image_grid_thw=torch.tensor(grid, dtype=torch.long),
+                      mm_token_type_ids=torch.tensor((np.asarray(ids) == image_token_id).astype(np.int64)))
+    with torch.no_grad():
+        return hf(**kwargs).logits.float().numpy()

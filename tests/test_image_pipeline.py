@@ -19,8 +19,7 @@ from openclaw_jax.gateway.protocol import parse_agent_chat_request
 from openclaw_jax.inference.vision import VisionGenerator
 from openclaw_jax.models.image_processing import ImageProcessorConfig
 from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig
-from openclaw_jax.models.tokenizer.core import _add_tokens_at_ids
-from openclaw_jax.models.tokenizer.tiny import tiny_test_tokenizer
+from openclaw_jax.models.tokenizer.tiny import TINY_VL_IDS, tiny_vl_tokenizer
 from openclaw_jax.models.vision_prompt import render_image_prompt
 from openclaw_jax.parallel.mesh import make_mesh
 from openclaw_jax.samples.sample import Sample
@@ -32,14 +31,11 @@ from openclaw_jax.trainer.loop import Trainer
 from test_vlm_train_step import BASE, png
 from _vl_models import tiny_hf_vl_config
 
-VSTART, VEND, IMAGE = 320, 321, 322
+VSTART, VEND, IMAGE = (TINY_VL_IDS[t] for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"))
 
 
 def tokenizer():
-    tok = tiny_test_tokenizer(320)
-    _add_tokens_at_ids(tok.backend, [(VSTART, "<|vision_start|>", True), (VEND, "<|vision_end|>", True),
-                                     (IMAGE, "<|image_pad|>", True)])
-    return tok
+    return tiny_vl_tokenizer()   # tiny + the vision tokens at VSTART, VEND, IMAGE (and <|video_pad|> at 323)
 
 
 def vl_config() -> QwenVLConfig:

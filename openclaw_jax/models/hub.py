@@ -27,6 +27,7 @@ import jax
 
 from openclaw_jax.models import gguf, weights
 from openclaw_jax.models.config import ModelConfig
+from openclaw_jax.models.qwen_vl import QwenVLConfig, apply_vl_dtypes, build_vl_model, is_vl_config
 from openclaw_jax.models.tokenizer import tokenizer_by_name
 
 logger = logging.getLogger(__name__)
@@ -36,12 +37,13 @@ EMBEDDED_MODELS = ("smollm2",)
 
 @dataclass
 class Pretrained:
-    model: Any  # openclaw_jax.models.decoder.Decoder
-    config: ModelConfig
+    model: Any  # openclaw_jax.models.decoder.Decoder, or a models.qwen_vl.QwenVL for a Qwen2.5-VL directory
+    config: ModelConfig  # of the (text) decoder
     tokenizer: Any  # openclaw_jax.models.tokenizer.Tokenizer (None with tokenizer=False)
     hf_config: dict[str, Any]
     source: str  # the GGUF file or the HF directory the weights came from
     teacher: Any = None  # a second Decoder from the same files (with `teacher_dtype`)
+    vl_config: QwenVLConfig | None = None  # a Qwen2.5-VL model's whole config
 
 
 def _gguf_source(path: Path):
@@ -78,7 +80,10 @@ def _open(name_or_dir: str | os.PathLike) -> tuple[dict[str, Any], Any, str, str
             f"model {str(name_or_dir)!r} is neither an embedded model {EMBEDDED_MODELS} nor a directory; "
             f"pass an HF checkpoint directory (config.json + model.safetensors + tokenizer.json)")
     hf_config = weights.read_hf_config(model_dir)
-    default = ModelConfig.from_hf_dict(hf_config).param_dtype
+    if is_vl_config(hf_config):
+        default = QwenVLConfig.from_hf_dict(hf_config).text.param_dtype
+    else:
+        default = ModelConfig.from_hf_dict(hf_config).param_dtype
     return hf_config, weights.SafetensorsSource(model_dir), default, str(model_dir), lambda: tokenizer_by_name(model_dir)
 
 
@@ -92,6 +97,10 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh |
     kernel (`ModelConfig.attention`). `tokenizer=False` skips the tokenizer.
     """
     hf_config, source, default_dtype, where, make_tokenizer = _open(name_or_dir)
+    if is_vl_config(hf_config):
+        return _load_vl(hf_config, source, default_dtype, where, make_tokenizer, mesh=mesh, dtype=dtype,
+                        param_dtype=param_dtype, teacher_dtype=teacher_dtype, remat=remat, attention=attention,
+                        tokenizer=tokenizer)
     cfg = ModelConfig.from_hf_dict(hf_config, param_dtype=default_dtype)
     cfg = weights.apply_dtypes(cfg, dtype, param_dtype)
     if remat is not None:
@@ -106,3 +115,24 @@ def load_pretrained(name_or_dir: str | os.PathLike, *, mesh: jax.sharding.Mesh |
     logger.info("loaded %s (%s, params %s, compute %s%s)", where, cfg.family, cfg.param_dtype, cfg.dtype,
                 f", teacher {jax.numpy.dtype(teacher_dtype).name}" if teacher is not None else "")
     return Pretrained(model, cfg, make_tokenizer() if tokenizer else None, hf_config, where, teacher)
+
+
+def _load_vl(hf_config, source, default_dtype, where, make_tokenizer, *, mesh, dtype, param_dtype, teacher_dtype,
+             remat, attention, tokenizer) -> Pretrained:
+    """`load_pretrained` of a Qwen2.5-VL directory: a QwenVL (vision tower + text decoder), both towers
+    with the same dtypes, rematerialisation flag and attention kernel."""
+    cfg = apply_vl_dtypes(QwenVLConfig.from_hf_dict(hf_config, param_dtype=default_dtype), dtype, param_dtype)
+    text, vision = cfg.text, cfg.vision
+    if remat is not None:
+        text, vision = text.replace(remat=bool(remat)), vision.replace(remat=bool(remat))
+    if attention is not None:
+        text, vision = text.replace(attention=attention), vision.replace(attention=attention)
+    cfg = cfg.replace(text=text, vision=vision)
+    model = build_vl_model(cfg, source, mesh)
+    teacher = None
+    if teacher_dtype is not None:
+        teacher = build_vl_model(apply_vl_dtypes(cfg, teacher_dtype, teacher_dtype), source, mesh)
+    logger.info("loaded %s (Qwen2.5-VL, %d text layers, %d vision blocks, params %s, compute %s%s)", where,
+                text.num_layers, vision.depth, text.param_dtype, text.dtype,
+                f", teacher {jax.numpy.dtype(teacher_dtype).name}" if teacher is not None else "")
+    return Pretrained(model, cfg.text, make_tokenizer() if tokenizer else None, hf_config, where, teacher, cfg)

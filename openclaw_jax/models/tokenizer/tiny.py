@@ -19,6 +19,10 @@ from openclaw_jax.models.tokenizer.core import (QWEN_PRETOKENIZE_REGEX, Tokenize
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>",
                        "</think>")
 _TINY_SPECIAL_FLAGS = {"<|endoftext|>": True, "<|im_start|>": True, "<|im_end|>": True}
+# the Qwen2.5-VL vision tokens of `tiny_vl_tokenizer`, special, at ids 320.. (after the 320 of `tiny`)
+TINY_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+TINY_VL_BASE = 320
+TINY_VL_IDS = {tok: TINY_VL_BASE + i for i, tok in enumerate(TINY_VL_TOKENS)}
 
 # Text the tiny BPE learns its merges from: chat, tool use, arithmetic and a little code.
 _TINY_CORPUS = """
@@ -102,3 +106,14 @@ def tiny_test_tokenizer(vocab_size: int = 320) -> Tokenizer:
     return Tokenizer(backend, chat_template=QWEN3_CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                      extra_eos_token_ids=(backend.token_to_id("<|endoftext|>"),), model_max_length=4096,
                      name=f"tiny-test-{vocab_size}")
+
+
+def tiny_vl_tokenizer() -> Tokenizer:
+    """`tiny_test_tokenizer(320)` plus the Qwen2.5-VL vision tokens as specials at fixed ids
+    (`TINY_VL_IDS`): `<|vision_start|>` 320, `<|vision_end|>` 321, `<|image_pad|>` 322, `<|video_pad|>` 323
+    (324 ids), for tiny random vision-language models (`model.tokenizer: tiny_vl`)."""
+    backend = tokenizers.Tokenizer.from_str(_tiny_backend_json(TINY_VL_BASE))
+    _add_tokens_at_ids(backend, [(i, tok, True) for tok, i in TINY_VL_IDS.items()])
+    return Tokenizer(backend, chat_template=QWEN3_CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                     extra_eos_token_ids=(backend.token_to_id("<|endoftext|>"),), model_max_length=4096,
+                     name="tiny-vl")
