@@ -212,4 +212,4 @@ def test_run_wiring_builds_the_driver_and_demonstrations_from_the_experiment_con
     assert driver.runner.limits.max_turns == cfg.agentic.max_turns
     assert driver.backlog > 0
     pairs = asyncio.run(demonstrations(episode_runner(cfg.agentic, driver.env, tok), driver.train_tasks[:3]))
-    assert len(pairs) == 3 and all(tok.decode(turn).startswith("apple") for _, turn in pairs)
+    assert len(pairs) == 3 and all(tok.decode(turn).startswith("apple") and images == [] for _, turn, images in pairs)

@@ -89,6 +89,19 @@ def process_image(image: Any, cfg: ImageProcessorConfig = ImageProcessorConfig()
     return np.ascontiguousarray(x.reshape(gh * gw, 3 * T * P * P), dtype=np.float32), (1, gh, gw)
 
 
+def image_grid(image: Any, cfg: ImageProcessorConfig = ImageProcessorConfig()) -> tuple[int, int, int]:
+    """The grid (1, gh, gw) `process_image` gives `image`, from its size alone (no pixel work)."""
+    from PIL import Image
+
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        pil = Image.open(io.BytesIO(bytes(image)))   # reads the header only
+    else:
+        pil = _to_pil(image)
+    height, width = smart_resize(pil.height, pil.width, cfg.patch_size * cfg.merge_size, cfg.min_pixels,
+                                 cfg.max_pixels)
+    return 1, height // cfg.patch_size, width // cfg.patch_size
+
+
 def process_images(images: Sequence[Any], cfg: ImageProcessorConfig = ImageProcessorConfig()
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(pixel_values `[sum N_i, C*T*P*P]` float32, image_grid_thw `[n, 3]` int64) for several images."""

@@ -23,6 +23,7 @@ from openclaw_jax.envs.agentic import PoolPolicy, episode_runner, make_env
 from openclaw_jax.envs.agentic.rollout import GroupRollouts, StepVote, demonstrations, evaluate
 from openclaw_jax.gateway.judge import ModelJudge, NextState, RuleJudge
 from openclaw_jax.models.hub import load_pretrained
+from openclaw_jax.models.image_processing import ImageProcessorConfig
 from openclaw_jax.models.weights import save_hf_checkpoint
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.samples import SampleStore
@@ -30,6 +31,13 @@ from openclaw_jax.trainer.input_pipeline import demonstration_batches
 from openclaw_jax.trainer.sft import SFTTrainer
 
 log = logging.getLogger(__name__)
+
+
+def policy_images(model) -> ImageProcessorConfig | None:
+    """The image processor of a vision-language policy (a QwenVL: its episodes show it the environment's
+    screenshots), or None for a text model."""
+    vl_cfg = getattr(model, "vl_cfg", None)
+    return ImageProcessorConfig.for_vision(vl_cfg.vision) if vl_cfg is not None else None
 
 
 def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
@@ -41,7 +49,8 @@ def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
         model = load_pretrained(str(out), dtype=cfg.model.param_dtype).model
         return dataclasses.replace(base, model=model)
     env = make_env(a)
-    runner = episode_runner(a, env, base.tokenizer)
+    images = policy_images(base.model)
+    runner = episode_runner(a, env, base.tokenizer, images=images)
     # demonstrations come from training tasks the RL stream reaches last (a different seed)
     tasks = env.tasks("train", a.warmup_examples, seed=a.seed + 7919)
     t0 = time.monotonic()
@@ -52,7 +61,7 @@ def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
              time.monotonic() - t0)
     pad = base.tokenizer.pad_token_id
     sft = SFTTrainer(base.model, lr=a.warmup_lr, pad_id=int(pad) if pad is not None else 0,
-                     chunk_size=cfg.trainer.chunk_size)
+                     chunk_size=cfg.trainer.chunk_size, images=images)
     losses = []
     batches = demonstration_batches(pairs, steps=a.warmup_steps, batch_size=a.warmup_batch_size, seed=a.seed)
     for step, batch in enumerate(batches):   # batches sorted by length: few padded shapes (and compiles)
@@ -89,7 +98,8 @@ class AgenticDriver:
     """Group rollouts into the store while the trainer trains; held-out evaluation; metrics."""
 
     def __init__(self, cfg: ExperimentConfig, policy_urls: list[str], tokenizer, *, store_dir: str,
-                 offset_fn: Callable[[], int]):
+                 offset_fn: Callable[[], int], images: ImageProcessorConfig | None = None):
+        """`images`: the policy's image processor (a vision-language policy sees the screenshots)."""
         self.cfg = cfg
         self.policy_urls = policy_urls
         self.tokenizer = tokenizer
@@ -97,7 +107,7 @@ class AgenticDriver:
         self.offset_fn = offset_fn
         a = cfg.agentic
         self.env = make_env(a)
-        self.runner = episode_runner(a, self.env, tokenizer)
+        self.runner = episode_runner(a, self.env, tokenizer, images=images)
         self.heldout = self.env.tasks("heldout", a.heldout_tasks, seed=a.seed)
         self.train_tasks = self.env.tasks("train", a.train_tasks, seed=a.seed)
         self.backlog = a.backlog or 2 * cfg.trainer.samples_per_step

@@ -65,13 +65,14 @@ def make_env(cfg: AgenticConfig) -> Environment:
     return ENVIRONMENTS.get(cfg.env).from_config(tuple(cfg.families), limits)
 
 
-def episode_runner(cfg: AgenticConfig, env: Environment, tokenizer) -> EpisodeRunner:
-    """The runner of `env`'s episodes with the `agentic:` config's limits and tool prompt."""
+def episode_runner(cfg: AgenticConfig, env: Environment, tokenizer, images: Any = None) -> EpisodeRunner:
+    """The runner of `env`'s episodes with the `agentic:` config's limits and tool prompt (`images`: a
+    vision-language policy's `ImageProcessorConfig`)."""
     limits = EpisodeLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
                            max_response_tokens=cfg.max_response_tokens, max_observation_chars=cfg.max_observation_chars,
                            timeout_s=cfg.episode_timeout_s)
     native = None if cfg.tool_prompt == "auto" else cfg.tool_prompt == "native"
-    return EpisodeRunner(env, tokenizer, limits, native_tools=native)
+    return EpisodeRunner(env, tokenizer, limits, native_tools=native, images=images)
 
 
 __all__ = ["ENVIRONMENTS", "AgenticConfig", "EasyEnv", "Environment", "Episode", "EpisodeLimits", "EpisodeRunner",

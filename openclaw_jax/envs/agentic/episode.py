@@ -6,6 +6,13 @@ assistant turn appends exactly the `output_ids` the pool returned (trained, loss
 their rollout log-probs) and every observation appends the tokens the chat template renders for
 the new tool messages (untrained context, loss mask 0). Nothing sampled is ever re-tokenised.
 
+Images (a vision-language policy, `EpisodeRunner(images=...)`, and an environment whose
+`observation_image` gives screenshots): the opening user message and each turn's last tool message
+carry the environment's current screenshot as an image placeholder, widened to the image's token
+count as the chat template's image form (`expand_image_placeholders`); `Episode.images` keeps the
+PNG bytes in prompt order, the policy receives them with every turn's prompt, and the sample names
+them (the store keeps their bytes).
+
 A tool call the agent gets wrong -- unparsable `<tool_call>` JSON, an unknown tool, bad
 arguments, a tool that fails, an oversized output -- becomes an error observation the agent sees;
 the episode goes on. Limits: assistant turns, new tokens per turn, response tokens per episode
@@ -22,7 +29,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from openclaw_jax.models.image_processing import ImageProcessorConfig, image_grid, image_token_count
+from openclaw_jax.models.tokenizer.chat_template import expand_image_placeholders
 from openclaw_jax.registry import Registry
+from openclaw_jax.wire.images import IMAGE_PLACEHOLDER, ImageInput, image_data_url
 from openclaw_jax.wire.tool_calls import has_tool_call, parse_tool_calls
 
 log = logging.getLogger(__name__)
@@ -68,6 +78,10 @@ class Environment(abc.ABC):
         """The outcome reward in [0, 1] (1 = solved)."""
 
     async def close(self, state: Any) -> None:
+        return None
+
+    def observation_image(self, state: Any) -> bytes | None:
+        """The screen as it is now (PNG bytes) for an image-aware runner, or None (text observations)."""
         return None
 
     @abc.abstractmethod
@@ -122,7 +136,8 @@ class Generation:
 
 
 class Policy(Protocol):
-    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float) -> Generation: ...
+    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float,
+                       images: Sequence[bytes] = ()) -> Generation: ...
 
 
 class PoolPolicy:
@@ -133,10 +148,13 @@ class PoolPolicy:
         self.top_p = top_p
         self.seed = seed
 
-    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float) -> Generation:
+    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float,
+                       images: Sequence[bytes] = ()) -> Generation:
         params = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_p": self.top_p,
                   "top_k": -1}
-        result = await self.client.generate(list(input_ids), sampling_params=params, return_logprob=True)
+        image_data = [image_data_url(ImageInput.of(png, "image/png")) for png in images] or None
+        result = await self.client.generate(list(input_ids), sampling_params=params, return_logprob=True,
+                                            image_data=image_data)
         stopped = result.finish_reason is not None and result.finish_reason.type == "stop"
         return Generation(list(result.output_ids), [float(x) for x in result.output_logprobs], stopped,
                           result.weight_version)
@@ -150,7 +168,8 @@ class ScriptedPolicy:
         self.turns = list(turns)
         self.eos = int(tokenizer.eos_token_ids[0])
 
-    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float) -> Generation:
+    async def generate(self, input_ids: list[int], *, max_new_tokens: int, temperature: float,
+                       images: Sequence[bytes] = ()) -> Generation:
         text = self.turns.pop(0) if self.turns else "I am done."
         ids = list(self.tokenizer.encode(text)) + [self.eos]
         stopped = len(ids) <= max_new_tokens  # like a real policy, cut at the token budget
@@ -187,11 +206,13 @@ class Episode:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[tuple[int, int]] = field(default_factory=list)   # [start, end) of each assistant turn
+    images: list[bytes] = field(default_factory=list)             # PNGs the prompt + response show, in order
+    turn_images: list[int] = field(default_factory=list)          # how many of them precede each turn
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation as text
     observations: list[str] = field(default_factory=list)         # per assistant turn ("" for the last)
     final_text: str = ""
     reward: float = 0.0
-    end_reason: str = ""      # answer | max_turns | max_tokens | length | timeout
+    end_reason: str = ""      # answer | max_turns | max_tokens | length | timeout | image_token
     tool_calls: int = 0
     tool_errors: int = 0
     sandbox_timeouts: int = 0
@@ -225,11 +246,15 @@ def _compact_tool(fn: dict[str, Any]) -> str:
     return f"{fn['name']}({args}): {fn.get('description', '')}"
 
 
-def opening_messages(env: Environment, task: Task, native_tools: bool) -> list[dict[str, Any]]:
+def opening_messages(env: Environment, task: Task, native_tools: bool, *, image: bool = False
+                     ) -> list[dict[str, Any]]:
+    """System (with the tools when the template has no tool support) and the task; `image`: the user
+    message ends with an image placeholder (the screen the task starts on)."""
     system = env.system_prompt
     if not native_tools and env.tools:
         system += ("\n\nTools:\n" + "\n".join(_compact_tool(t["function"]) for t in env.tools) + "\n" + TOOL_FORMAT)
-    return [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+    user = task.prompt + ("\n" + IMAGE_PLACEHOLDER if image else "")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 @dataclass(frozen=True)
@@ -270,35 +295,59 @@ class EpisodeRunner:
     """Runs episodes of one environment against a policy; renders with the tokenizer's chat template."""
 
     def __init__(self, env: Environment, tokenizer: Any, limits: EpisodeLimits = EpisodeLimits(), *,
-                 native_tools: bool | None = None):
+                 native_tools: bool | None = None, images: ImageProcessorConfig | None = None):
+        """`images`: the policy reads images (a vision-language model with this image processor); the
+        environment's screenshots (`Environment.observation_image`) then go into the episode."""
         self.env = env
+        self.images = images
+        # the image markers' ids: a sampled one would misplace the images of every later prompt
+        self.image_marker_ids = set(int(i) for i in tokenizer.encode(IMAGE_PLACEHOLDER)) if images else set()
         self.tokenizer = tokenizer
         self.limits = limits
         self.native_tools = uses_native_tools(tokenizer) if native_tools is None else native_tools
         self.tool_names = [t["function"]["name"] for t in env.tools]
         self.eos_ids = {int(i) for i in tokenizer.eos_token_ids}
 
-    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool,
+                images: Sequence[bytes] = ()) -> str:
+        """The chat template's text; each image placeholder widened to its image's token count."""
         tools = self.env.tools if self.native_tools and self.env.tools else None
-        return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
                                                   tokenize=False)
+        if self.images is None:
+            return text
+        return expand_image_placeholders(text, [image_token_count(image_grid(png, self.images), self.images.merge_size)
+                                                for png in images])
 
-    def prompt_ids(self, task: Task) -> list[int]:
-        return list(self.tokenizer.encode(self._render(opening_messages(self.env, task, self.native_tools), True)))
+    def _screen(self, state: Any) -> bytes | None:
+        return self.env.observation_image(state) if self.images is not None else None
 
-    def observation_ids(self, history: list[dict[str, Any]], new: list[dict[str, Any]], last_token: int) -> list[int]:
-        """Tokens that follow the last assistant turn (which ended on `last_token`) once `new` is appended."""
-        before = self._render(history, False)
-        after = self._render(history + new, True)
+    def prompt_ids(self, task: Task, image: bytes | None = None) -> list[int]:
+        messages = opening_messages(self.env, task, self.native_tools, image=image is not None)
+        return list(self.tokenizer.encode(self._render(messages, True, [image] if image is not None else [])))
+
+    def observation_ids(self, history: list[dict[str, Any]], new: list[dict[str, Any]], last_token: int,
+                        images: Sequence[bytes] = (), new_images: Sequence[bytes] = ()) -> list[int]:
+        """Tokens that follow the last assistant turn (which ended on `last_token`) once `new` is appended
+        (`images`: those `history` shows; `new_images`: those `new` adds)."""
+        after = self._render(history + new, True, list(images) + list(new_images))
+        if last_token in self.eos_ids:
+            # The turn's tokens end on the end-of-turn token; the observation is what `after` holds past
+            # it. Located from the prompt the policy answered (`history` without its last turn) rather
+            # than from `history` rendered alone: some templates (Qwen3) render a final assistant
+            # message differently (an empty think block) from one that tool messages follow.
+            prompt = self._render(history[:-1], True, images)
+            eos_text = self.tokenizer.decode([last_token])
+            cut = after.find(eos_text, len(prompt)) if after.startswith(prompt) else -1
+            if cut < 0:
+                raise RuntimeError("the chat template re-renders earlier messages when tool messages are appended; "
+                                   "token-exact episodes need a prefix-stable template")
+            return list(self.tokenizer.encode(after[cut + len(eos_text):]))
+        before = self._render(history, False, images)
         if not after.startswith(before):
             raise RuntimeError("the chat template re-renders earlier messages when tool messages are appended; "
                                "token-exact episodes need a prefix-stable template")
-        tail = ""
-        if last_token in self.eos_ids:  # what the template puts after the end-of-turn token (e.g. "\n")
-            eos_text = self.tokenizer.decode([last_token])
-            cut = before.rfind(eos_text)
-            tail = before[cut + len(eos_text):] if cut >= 0 else ""
-        return list(self.tokenizer.encode(tail + after[len(before):]))
+        return list(self.tokenizer.encode(after[len(before):]))
 
     def _text(self, ids: Sequence[int]) -> str:
         body = list(ids[:-1]) if ids and int(ids[-1]) in self.eos_ids else list(ids)
@@ -329,10 +378,12 @@ class EpisodeRunner:
     async def run(self, task: Task, policy: Policy, *, temperature: float) -> Episode:
         t0 = time.monotonic()
         deadline = t0 + self.limits.timeout_s
-        history = opening_messages(self.env, task, self.native_tools)
-        episode = Episode(task=task, prompt_ids=self.prompt_ids(task), messages=list(history))
         state = await self.env.start(task)
         try:
+            screen = self._screen(state)
+            history = opening_messages(self.env, task, self.native_tools, image=screen is not None)
+            episode = Episode(task=task, prompt_ids=self.prompt_ids(task, screen), messages=list(history),
+                              images=[screen] if screen is not None else [])
             try:
                 await asyncio.wait_for(self._turns(task, policy, temperature, state, history, episode),
                                        timeout=max(deadline - time.monotonic(), 1e-3))
@@ -351,10 +402,14 @@ class EpisodeRunner:
             if budget <= 0:
                 episode.end_reason = "max_tokens"
                 return
+            episode.turn_images.append(len(episode.images))
             gen = await policy.generate(episode.prompt_ids + episode.response_ids, max_new_tokens=budget,
-                                        temperature=temperature)
+                                        temperature=temperature, images=list(episode.images))
             if not gen.output_ids:
                 episode.end_reason = "length"
+                return
+            if self.image_marker_ids.intersection(int(i) for i in gen.output_ids):
+                episode.end_reason = "image_token"   # not appended: the episode ends, unsolved, without a sample
                 return
             start = len(episode.response_ids)
             episode._append(gen.output_ids, True, gen.logprobs)
@@ -385,11 +440,16 @@ class EpisodeRunner:
             if turn == lim.max_turns - 1:
                 episode.end_reason = "max_turns"
                 return
-            obs_ids = self.observation_ids(history, new, int(gen.output_ids[-1]))
+            screen = self._screen(state)
+            if screen is not None:   # the screen after the turn's actions, with its last tool message
+                new[-1] = {**new[-1], "content": new[-1]["content"] + "\n" + IMAGE_PLACEHOLDER}
+            shown = [screen] if screen is not None else []
+            obs_ids = self.observation_ids(history, new, int(gen.output_ids[-1]), episode.images, shown)
             if len(episode.response_ids) + len(obs_ids) >= lim.max_response_tokens:
                 episode.end_reason = "max_tokens"
                 return
             episode._append(obs_ids, False)
+            episode.images.extend(shown)
             history.extend(new)
             episode.messages.extend(new)
         episode.end_reason = "max_turns"

@@ -21,8 +21,8 @@ Per episode:
     or two processes per frame (and need x11-apps / imagemagick). The tool result text says what
     happened; with `a11y=True` it also lists the widgets and their boxes (for text-only policies and
     debugging). Every frame is kept (`state.frames`); `observation_content` makes the OpenAI
-    `image_url` parts. The episode runner is text-only today: putting the screenshot into the tool
-    message is item 2's work;
+    `image_url` parts. An image-aware `EpisodeRunner` (a vision-language policy) shows the policy the
+    first screenshot with the task and the latest one after each turn (`observation_image`);
   * **the checker** reads the application's own state through a control pipe (stdin/stdout of
     the jailed process; the agent only has the display): entry values, button presses (each with
     the entries at that moment), the chosen menu item. `progress` grades the state after every
@@ -251,6 +251,10 @@ class GuiEnv(Environment):
 
     def screenshot(self, state: GuiState) -> bytes:
         """The latest screenshot (PNG bytes, WIDTH x HEIGHT)."""
+        return state.screenshot
+
+    def observation_image(self, state: GuiState) -> bytes | None:
+        """What an image-aware runner shows the policy: the latest screenshot."""
         return state.screenshot
 
     async def close(self, state: GuiState) -> None:

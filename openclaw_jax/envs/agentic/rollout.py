@@ -19,6 +19,7 @@ trainer's staleness bound applies as for conversation samples.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -74,7 +75,8 @@ def episode_sample(episode: Episode, advantages: list[float], *, group_id: str, 
         eval_votes=list(step_scores or []), judge="agentic-prm" if step_scores else "agentic-outcome",
         next_state={"env_reward": episode.reward, "end_reason": episode.end_reason, "task_id": episode.task.task_id},
         response_text=episode.final_text, finish_reason=episode.end_reason,
-        response_mask=list(episode.loss_mask), token_advantages=advantages)
+        response_mask=list(episode.loss_mask), token_advantages=advantages,
+        image_sha256=[hashlib.sha256(png).hexdigest() for png in episode.images])
 
 
 # A process reward model's vote on one assistant step: (the step's text, the tool observation that
@@ -169,12 +171,13 @@ class GroupRollouts:
         votes: list[list[int] | None] = [None] * len(episodes)
         if self.step_vote is not None:
             votes = list(await asyncio.gather(*(step_votes(self.step_vote, e) for e in episodes)))
-        samples = [episode_sample(e, token_advantages(e, a, v, self.prm_weight), group_id=gid, index=i,
-                                  temperature=self.temperature, step_scores=v)
-                   for i, (e, a, v) in enumerate(zip(episodes, advs, votes)) if e.response_ids]
-        for s in samples:
-            await asyncio.to_thread(self.store.append, s)
-        self.stats.samples += len(samples)
+        kept = [(i, e, a, v) for i, (e, a, v) in enumerate(zip(episodes, advs, votes))
+                if e.response_ids and e.end_reason != "image_token"]   # a sampled image marker: no sample
+        for i, e, a, v in kept:
+            sample = episode_sample(e, token_advantages(e, a, v, self.prm_weight), group_id=gid, index=i,
+                                    temperature=self.temperature, step_scores=v)
+            await asyncio.to_thread(self.store.append, sample, e.images)   # the screenshots' blobs first
+        self.stats.samples += len(kept)
         return episodes, advs
 
     async def drive(self, stop: asyncio.Event, *, groups_in_flight: int, waiting: Callable[[], int],
@@ -236,9 +239,11 @@ async def evaluate(runner: EpisodeRunner, policy: Policy, tasks: Sequence[Task],
                       {k: mean(v) for k, v in sorted(fams.items())}, eps)
 
 
-async def demonstrations(runner: EpisodeRunner, tasks: Sequence[Task]) -> list[tuple[list[int], list[int]]]:
-    """(context ids, assistant-turn ids) per assistant turn of each task's demonstration, with the
-    observations produced by really running its tool calls (the SFT warm-up's examples)."""
+async def demonstrations(runner: EpisodeRunner, tasks: Sequence[Task]
+                         ) -> list[tuple[list[int], list[int], list[bytes]]]:
+    """(context ids, assistant-turn ids, the images the context shows) per assistant turn of each
+    task's demonstration, with the observations produced by really running its tool calls (the SFT
+    warm-up's examples; the images are the screenshots of an image-aware runner, else empty)."""
     sem = asyncio.Semaphore(8)
 
     async def one(task):
@@ -250,7 +255,8 @@ async def demonstrations(runner: EpisodeRunner, tasks: Sequence[Task]) -> list[t
             return []
         ids = episode.prompt_ids + episode.response_ids
         p = len(episode.prompt_ids)
-        return [(ids[:p + s], ids[p + s:p + e]) for s, e in episode.turns]
+        return [(ids[:p + s], ids[p + s:p + e], episode.images[:n])
+                for (s, e), n in zip(episode.turns, episode.turn_images)]
 
     out = []
     for pairs in await asyncio.gather(*(one(t) for t in tasks)):
