@@ -36,6 +36,7 @@ from openclaw_jax.configlib import ConfigError, dump_yaml
 from openclaw_jax.gateway.server import start_gateway, stop_gateway
 from openclaw_jax.inference.engine import Engine, EngineConfig
 from openclaw_jax.inference.server import InferenceServer
+from openclaw_jax.inference.vision import VisionGenerator
 from openclaw_jax.logs import configure_logging
 from openclaw_jax.models.config import ModelConfig, ModelConfigError
 from openclaw_jax.models.decoder import Decoder
@@ -214,18 +215,22 @@ async def _start_embedded_pool(r: _Run):
     policy_urls, sync = [], None
     if r.is_main:
         cfg, base = r.cfg, r.base
-        engine = Engine(serving, base.tokenizer, context_length=cfg.policy.context_length or None,
-                        config=engine_config(cfg.policy),
+        # a Qwen2.5-VL policy: the engine serves its text decoder, the image path (inference/vision.py) the
+        # whole model; weight pushes swap both under one version (`swap_served_weights`)
+        vision = VisionGenerator(serving, weight_version=r.trainer.weight_version) \
+            if hasattr(serving, "vl_cfg") else None
+        engine = Engine(serving.language_model if vision is not None else serving, base.tokenizer,
+                        context_length=cfg.policy.context_length or None, config=engine_config(cfg.policy),
                         weight_version=r.trainer.weight_version, seed=cfg.seed)
         server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
-                                 served_model_name=Path(base.model_dir).name)
+                                 served_model_name=Path(base.model_dir).name, vision=vision)
         runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
         await site.start()
         r.cleanups.append(runner.cleanup)
         policy_urls = [f"http://{cfg.policy.host}:{runner.addresses[0][1]}"]
-        sync = InProcessWeightSync(engine)
+        sync = InProcessWeightSync(engine, vision=vision)
 
     async def push(graphdef, state, version):
         # `state` is already detached from the trainer's buffers (Trainer.run hands over a copy)

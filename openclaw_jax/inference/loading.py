@@ -38,6 +38,37 @@ def default_weight_loader(engine: Engine) -> WeightLoader:
     return load
 
 
+def vl_weight_loader(vision: Any) -> WeightLoader:
+    """A Qwen2.5-VL HF directory -> the whole QwenVL's params (the structure of the image path's model,
+    `inference/vision.py`), read in the served param dtype; a checkpoint of another shape is refused."""
+
+    def load(path: str, load_format: str | None):
+        if load_format not in (None, "auto", "safetensors", "hf"):
+            raise ValueError(f"load_format={load_format!r} is not supported; use 'auto' (HF safetensors)")
+        p = Path(path)
+        if not p.is_dir():
+            raise FileNotFoundError(f"model_path {path} is not a directory")
+        served = vision.vl_cfg
+        model, cfg = load_qwen_vl_checkpoint(p, dtype=served.text.dtype, param_dtype=served.text.param_dtype)
+        for part, name_list in (("text", ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                          "num_heads", "num_kv_heads", "head_dim", "tie_word_embeddings",
+                                          "mrope_section")),
+                                ("vision", ("depth", "hidden_size", "intermediate_size", "num_heads",
+                                            "out_hidden_size", "patch_size", "temporal_patch_size",
+                                            "spatial_merge_size", "window_size", "fullatt_block_indexes"))):
+            for name in name_list:
+                got, want = getattr(getattr(cfg, part), name), getattr(getattr(served, part), name)
+                if got != want:
+                    raise ValueError(f"checkpoint {path} has {part} {name}={got!r}, the served model has {want!r}")
+        for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+            if getattr(cfg, name) != getattr(served, name):
+                raise ValueError(f"checkpoint {path} has {name}={getattr(cfg, name)}, the served model has "
+                                 f"{getattr(served, name)}")
+        return nnx.split(model)[1]
+
+    return load
+
+
 def load_for_serving(model: str, *, dtype: str | None = None):
     """(Decoder, Tokenizer, hf_config, model_path) for `--model` (an HF directory or 'smollm2')."""
     pre = load_pretrained(model, dtype=dtype)

@@ -35,10 +35,10 @@ from aiohttp import web
 
 from openclaw_jax.inference import protocol as P
 from openclaw_jax.inference.engine import Engine, EngineError
-from openclaw_jax.inference.loading import WeightLoader, default_weight_loader
+from openclaw_jax.inference.loading import WeightLoader, default_weight_loader, vl_weight_loader
 from openclaw_jax.inference.openai_routes import OpenAIRoutes, json_response
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
-from openclaw_jax.inference.vision import image_sequence_output
+from openclaw_jax.inference.vision import VisionGenerator, image_sequence_output, swap_served_weights
 from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.text_budget import TextBudget
 from openclaw_jax.wire import openai as O
@@ -76,8 +76,11 @@ class InferenceServer(OpenAIRoutes):
     def __init__(self, engine: Engine, tokenizer: Any, *, model_path: str, served_model_name: str | None = None,
                  tokenizer_path: str | None = None, api_key: str | None = None,
                  weight_loader: WeightLoader | None = None, guard: G.GuardConfig | None = None,
-                 max_text_chars: int | None = None, max_request_tokens: int | None = None):
+                 max_text_chars: int | None = None, max_request_tokens: int | None = None,
+                 vision: VisionGenerator | None = None):
         self.engine = engine
+        # the image path of a Qwen2.5-VL model (inference/vision.py; the engine serves its text decoder)
+        self.vision = vision
         self.tokenizer = tokenizer
         self.vocab_size = engine.vocab_size
         self.context_length = engine.context_length
@@ -92,7 +95,7 @@ class InferenceServer(OpenAIRoutes):
         self.budget = TextBudget(tokenizer, max_tokens=self.context_length, max_text_chars=max_text_chars)
         # Prompt + completion tokens over all sequences of one request (n and batch lists included).
         self.max_request_tokens = max_request_tokens or self.context_length * 1024
-        self.weight_loader = weight_loader or default_weight_loader(engine)
+        self._weight_loader = weight_loader   # None: the default for what is served (`weight_loader`)
         self._update_lock = asyncio.Lock()
         self._token_text_cache: dict[int, str] = {}
 
@@ -149,6 +152,26 @@ class InferenceServer(OpenAIRoutes):
 
     async def _json(self, request: web.Request) -> Any:
         return await G.read_json(request, self.guard, allow_nonfinite=True)
+
+    @property
+    def weight_loader(self) -> WeightLoader:
+        """`/update_weights_from_disk`'s loader: the one given, else a Qwen2.5-VL directory's (whole model)
+        when the server has an image path, else a text decoder's."""
+        if self._weight_loader is not None:
+            return self._weight_loader
+        return vl_weight_loader(self.vision) if self.vision is not None else default_weight_loader(self.engine)
+
+    @weight_loader.setter
+    def weight_loader(self, loader: WeightLoader | None) -> None:
+        self._weight_loader = loader
+
+    def swap_weights(self, state: Any, weight_version: str | None = None) -> None:
+        """New weights into everything that serves: the engine, and with an image path the whole QwenVL
+        (`swap_served_weights`: one version, checked before either changes). Blocking."""
+        if self.vision is not None:
+            swap_served_weights(self.engine, self.vision, state, weight_version)
+        else:
+            self.engine.swap_weights(state, weight_version)
 
     # ------------------------------------------------------------------ helpers
     def token_text(self, token_id: int) -> str:
@@ -303,7 +326,7 @@ class InferenceServer(OpenAIRoutes):
     async def _generate_with_images(self, request: web.Request, req: S.GenerateRequest) -> web.Response:
         """A prompt with `image_data`: served by `self.vision` (inference/vision.py, a QwenVL), one sequence,
         not streamed; a server without it refuses."""
-        vision = getattr(self, "vision", None)
+        vision = self.vision
         if vision is None:
             raise WireError("this server's model reads text only: image_data is not served", param="image_data")
         if req.stream:
@@ -361,18 +384,12 @@ class InferenceServer(OpenAIRoutes):
             return json_response(S.update_weights_body(False, exc.message), 400)
         except G.RequestRejected as exc:
             return json_response(S.update_weights_body(False, exc.message), exc.status)
-        if getattr(self, "vision", None) is not None:
-            # the image path (inference/vision.py) holds the weights too; swapping the engine's alone would
-            # serve images with the old weights under the new version
-            return json_response(S.update_weights_body(
-                False, "weight updates of a server with an image path (InferenceServer.vision) are not supported "
-                       "yet; restart the server with the new weights"), 400)
         async with self._update_lock:
             try:
                 state = await asyncio.to_thread(self.weight_loader, upd.model_path, upd.load_format)
                 if upd.abort_all_requests:
                     await asyncio.to_thread(self.engine.abort_all, "Aborted for a weight update.")
-                await asyncio.to_thread(self.engine.swap_weights, state, upd.weight_version)
+                await asyncio.to_thread(self.swap_weights, state, upd.weight_version)
             except Exception as exc:
                 logger.warning("weight update from %s failed: %s", upd.model_path, exc)
                 return json_response(S.update_weights_body(

@@ -7,6 +7,7 @@ are the same ids, so image prompts must not share it. `VisionGenerator` is the i
 embedded server: `/generate` with `image_data` runs here when `InferenceServer.vision` is set
 (`image_sequence_output`); the batched engine serves the text decoder of the same weights. The prompt holds each
 image's placeholders (`<|image_pad|>` x `image_token_count(grid)`, `expand_image_placeholders`);
+weight updates reach both paths through `swap_served_weights` (one version, checked before either changes);
 `prefill_hidden` places the image features there and returns the M-RoPE delta; each decoded token
 at cache slot s then rotates at position s + delta (`QwenVL.decode`). The returned log-probs are
 log_softmax(logits / T) at the sampled token, what the trainer recomputes as pi_old (docs/design.md §6).
@@ -15,6 +16,7 @@ log_softmax(logits / T) at the sampled token, what the trainer recomputes as pi_
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -38,6 +40,7 @@ class VisionOutput:
     output_logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "length"
     rope_delta: int = 0
+    weight_version: str | None = None   # of the weights that generated it (None: the generator was given none)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
@@ -70,16 +73,29 @@ def _sample(logits, temperature, top_p, top_k, min_p, key):
 class VisionGenerator:
     """`VisionGenerator(model).generate(prompt_ids, images, max_new_tokens=..., temperature=..., seed=...)`."""
 
-    def __init__(self, model: QwenVL, processor: ImageProcessorConfig | None = None):
+    def __init__(self, model: QwenVL, processor: ImageProcessorConfig | None = None, *,
+                 weight_version: str | None = None):
         if not isinstance(model, QwenVL):
             raise TypeError(f"VisionGenerator serves a QwenVL, got {type(model).__name__}")
         self.vl_cfg = model.vl_cfg
         self.processor = processor or ImageProcessorConfig.for_vision(model.vl_cfg.vision)
-        self.graphdef, self.state = nnx.split(model)
+        self.graphdef, state = nnx.split(model)
+        # (weights, their version), replaced together: a generation reads both once, at its start
+        self._weights: tuple[Any, str | None] = (state, None if weight_version is None else str(weight_version))
+        self.swap_lock = threading.Lock()   # one weight swap at a time (swap_served_weights)
 
-    def set_state(self, state: Any) -> None:
-        """New weights (a weight sync); same structure."""
-        self.state = state
+    @property
+    def state(self) -> Any:
+        return self._weights[0]
+
+    @property
+    def weight_version(self) -> str | None:
+        return self._weights[1]
+
+    def set_state(self, state: Any, weight_version: str | None = None) -> None:
+        """New weights (same structure; `swap_served_weights` checks and places them) and their version
+        (None keeps the current one); generations already running finish on the weights they started with."""
+        self._weights = (state, self._weights[1] if weight_version is None else str(weight_version))
 
     def pixels(self, images: Sequence[Any]) -> tuple[np.ndarray, tuple[tuple[int, int, int], ...]]:
         pv, grid = process_images(list(images), self.processor)
@@ -91,6 +107,7 @@ class VisionGenerator:
         n = len(prompt_ids)
         if n == 0 or max_new_tokens < 1:
             raise ValueError("generate needs a prompt and max_new_tokens >= 1")
+        state, version = self._weights   # one version for the whole sequence
         pv, grid = self.pixels(images) if images else (None, None)
         check_image_tokens(np.asarray(prompt_ids)[None], grid, self.vl_cfg.image_token_id,
                            self.vl_cfg.vision.spatial_merge_size)
@@ -98,9 +115,9 @@ class VisionGenerator:
         cache_len = bucket(n + max_new_tokens, minimum=16)
         ids = np.zeros((1, lp_len), np.int32)
         ids[0, :n] = prompt_ids
-        logits, cache, deltas = _prefill(self.graphdef, self.state, jnp.asarray(ids), jnp.int32(n),
+        logits, cache, deltas = _prefill(self.graphdef, state, jnp.asarray(ids), jnp.int32(n),
                                          None if pv is None else jnp.asarray(pv), grid, cache_len)
-        out = VisionOutput(rope_delta=int(deltas[0]))
+        out = VisionOutput(rope_delta=int(deltas[0]), weight_version=version)
         key = jax.random.key(seed)
         stops = set(int(t) for t in stop_token_ids)
         for step in range(max_new_tokens):
@@ -114,9 +131,44 @@ class VisionGenerator:
                 break
             if step + 1 == max_new_tokens:
                 break
-            logits, cache = _decode(self.graphdef, self.state, jnp.asarray([tok], jnp.int32),
+            logits, cache = _decode(self.graphdef, state, jnp.asarray([tok], jnp.int32),
                                     jnp.asarray([n + step], jnp.int32), cache, deltas)
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# weight updates of a server with an image path: the engine's text decoder and the whole QwenVL
+
+
+def swap_served_weights(engine: Any, vision: VisionGenerator, state: Any, weight_version: str | None = None, *,
+                        drain: bool = False) -> None:
+    """Install new QwenVL weights (`state`: the whole model's, the structure of `nnx.split(QwenVL)`) in both
+    serving paths under one version: the engine (`Engine.swap_weights`) gets the text decoder, the image
+    path the vision tower plus the engine's installed text weights (the same arrays: the decoder is not
+    held twice). Everything is checked before anything changes: a bad state leaves both as they were.
+    Each output names the version of the weights that made it (a text sequence may span versions,
+    as `Engine.swap_weights` says; an image sequence runs on the version it started with)."""
+    new_flat = dict(nnx.to_flat_state(state))
+    with vision.swap_lock:
+        old_flat = dict(nnx.to_flat_state(vision.state))
+        if new_flat.keys() != old_flat.keys():
+            missing = sorted(".".join(map(str, k)) for k in old_flat.keys() - new_flat.keys())[:5]
+            extra = sorted(".".join(map(str, k)) for k in new_flat.keys() - old_flat.keys())[:5]
+            raise ValueError(f"new weights do not match the served Qwen2.5-VL model: missing {missing}, "
+                             f"unexpected {extra}")
+        for key, old in old_flat.items():
+            got, want = tuple(new_flat[key].get_value().shape), tuple(old.get_value().shape)
+            if got != want:
+                raise ValueError(f"new weight {'.'.join(map(str, key))} has shape {got}, the served model has {want}")
+        # the image path's own weights in their served dtypes and placements (no recompilation)
+        own = {k: old.replace(jax.device_put(jnp.asarray(new_flat[k].get_value(), old.get_value().dtype),
+                                             old.get_value().sharding))
+               for k, old in old_flat.items() if k[0] != "language_model"}
+        text = nnx.from_flat_state([(k[1:], v) for k, v in new_flat.items() if k[0] == "language_model"])
+        engine.swap_weights(text, weight_version, drain=drain)
+        installed = dict(nnx.to_flat_state(engine.params))
+        merged = [(k, installed[k[1:]] if k[0] == "language_model" else own[k]) for k in old_flat]
+        vision.set_state(nnx.from_flat_state(merged), engine.weight_version)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,6 +190,8 @@ def image_sequence_output(vision: VisionGenerator, tokenizer: Any, item: Any, pr
     keep = out.output_ids[:-1] if out.finish_reason == "stop" and not sp.no_stop_trim else out.output_ids
     finish = ({"type": "stop", "matched": out.output_ids[-1]} if out.finish_reason == "stop"
               else {"type": "length", "length": len(out.output_ids)})
+    if out.weight_version is not None:   # the version of the weights that made it
+        weight_version = out.weight_version
     seq = SequenceOutput(rid=rid, prompt_ids=list(prompt_ids), output_ids=list(out.output_ids),
                          text=tokenizer.decode(keep, skip_special_tokens=sp.skip_special_tokens),
                          finish_reason=finish, output_logprobs=list(out.output_logprobs),

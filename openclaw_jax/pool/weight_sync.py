@@ -31,13 +31,20 @@ class WeightSyncError(RuntimeError):
 
 
 class InProcessWeightSync:
-    """Swap the params of an in-process `Engine`."""
+    """Swap the params of an in-process `Engine`; with `vision` (the image path of a Qwen2.5-VL policy,
+    `inference.vision.VisionGenerator`) `state` is the whole QwenVL's and both paths take it under one
+    version (`inference.vision.swap_served_weights`)."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Any, vision: Any = None):
         self.engine = engine
+        self.vision = vision
 
     async def __call__(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> None:
-        await asyncio.to_thread(self.engine.swap_weights, state, version)
+        if self.vision is not None:
+            from openclaw_jax.inference.vision import swap_served_weights   # the inference stack, only here
+            await asyncio.to_thread(swap_served_weights, self.engine, self.vision, state, version)
+        else:
+            await asyncio.to_thread(self.engine.swap_weights, state, version)
         log.info("weights pushed in process: weight_version=%s", version)
 
 
