@@ -4,6 +4,7 @@ the episode state that owns them (gui.py describes the whole)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import select
@@ -80,10 +81,37 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+# Display numbers this process hands out, in turn (from a per-process start), never the lowest free
+# one: an Xvfb that is exiting removes its socket path after its lock, so a new server that took the
+# same number at that moment would lose its socket (seen with 8 episodes starting and ending at once).
+_DISPLAYS = itertools.count((os.getpid() * 37) % 2000)
+_DISPLAY_BASE, _DISPLAY_SPAN = 100, 4000
+
+
+def _next_free_display() -> int:
+    for _ in range(_DISPLAY_SPAN):
+        n = _DISPLAY_BASE + next(_DISPLAYS) % _DISPLAY_SPAN
+        if not os.path.exists(f"/tmp/.X{n}-lock") and not os.path.exists(f"/tmp/.X11-unix/X{n}"):
+            return n
+    raise GuiError(f"no free X display in :{_DISPLAY_BASE}..:{_DISPLAY_BASE + _DISPLAY_SPAN - 1}")
+
+
 def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0,
-               cleanup_dir: str | None = None) -> tuple[subprocess.Popen, int]:
-    """(process, display number) of a fresh Xvfb that picked a free display itself; `cleanup_dir` is
+               cleanup_dir: str | None = None, tries: int = 4) -> tuple[subprocess.Popen, int]:
+    """(process, display number) of a fresh Xvfb on a display this process has not used lately
+    (`_DISPLAYS`; another process may take it first: then the next, `tries` times); `cleanup_dir` is
     removed when it ends (also when this process dies without closing it)."""
+    for attempt in range(tries):
+        try:
+            return _start_xvfb(_next_free_display(), width, height, timeout_s, cleanup_dir)
+        except GuiError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_xvfb(display: int, width: int, height: int, timeout_s: float,
+                cleanup_dir: str | None) -> tuple[subprocess.Popen, int]:
     r, w = os.pipe()
     log = tempfile.TemporaryFile()  # Xvfb's stderr (a file: an unread pipe could block or SIGPIPE it)
     try:
@@ -93,7 +121,7 @@ def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0
         # (killed, crashed), the pipe's end reaches `read` and the shell takes Xvfb down with it.
         # (The shell ignores SIGTERM once Xvfb runs, and on the pipe's end waits for Xvfb's clean exit.)
         script = 'Xvfb "$@" & x=$!; trap "" TERM; read _; kill $x; wait $x; [ -z "$GUI_DIR" ] || rm -rf -- "$GUI_DIR"'
-        proc = subprocess.Popen(["sh", "-c", script, "sh",
+        proc = subprocess.Popen(["sh", "-c", script, "sh", f":{display}",
                                  "-displayfd", str(w),
                                  "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-nocursor", "-noreset"],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
