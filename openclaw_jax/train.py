@@ -49,7 +49,7 @@ from openclaw_jax.parallel import multihost
 from openclaw_jax.parallel.mesh import make_mesh, maybe_initialize_distributed, shard_model
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.pool.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
-from openclaw_jax.runs.agentic import AgenticDriver, warm_up
+from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
 from openclaw_jax.runs.users import env_runner
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
@@ -275,7 +275,8 @@ async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
     """Group rollouts of an environment feed the store; returns (evaluate, driver, drive task)."""
     trainer = r.trainer
     agentic = await AgenticDriver(r.cfg, policy_urls, r.base.tokenizer, store_dir=str(r.run_dir / "samples"),
-                                  offset_fn=lambda: trainer.sample_offset).start()
+                                  offset_fn=lambda: trainer.sample_offset,
+                                  images=policy_images(r.base)).start()
     r.cleanups.append(agentic.close)
     r.summary["heldout"] = []
 

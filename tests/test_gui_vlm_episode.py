@@ -141,3 +141,28 @@ def _black_png() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (WIDTH, HEIGHT)).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def test_env_options_scale_the_screens_the_policy_sees(env):
+    """`agentic.env_options` reach the environment: half-size screenshots (a quarter of the image tokens),
+    actions still in screen pixels; an option an environment does not take is a clear error."""
+    from PIL import Image
+
+    from openclaw_jax.envs.agentic import AgenticConfig, make_env
+
+    gui = make_env(AgenticConfig(env="gui", families=("button",), env_options={"screenshot_scale": 0.5, "terse": True}))
+    assert gui.screenshot_scale == 0.5 and len(gui.system_prompt) < len(GuiEnv.system_prompt)
+    tok = tiny_vl_tokenizer()
+    runner = EpisodeRunner(gui, tok, EpisodeLimits(max_turns=4, max_response_tokens=1024), images=ImageProcessorConfig(),
+                           native_tools=False)
+    task = gui.tasks("heldout", 2, 0)[0]
+    ep = asyncio.run(runner.run(task, ScriptedPolicy(tok, gui.demonstration(task)), temperature=0.0))
+    assert ep.success   # the demonstration's clicks are screen pixels, as the tools say
+    assert {Image.open(io.BytesIO(p)).size for p in ep.images} == {(WIDTH // 2, HEIGHT // 2)}
+    assert runs_of(ep.prompt_ids + ep.response_ids, PAD) == [TOKENS_PER_SCREEN // 4] * len(ep.images)
+    with pytest.raises(ValueError, match=r"agentic.env_options=\{'zoom': 2\} are not options of the 'gui'"):
+        make_env(AgenticConfig(env="gui", env_options={"zoom": 2}))
+    with pytest.raises(ValueError, match="are not options of the 'toolcall'"):
+        make_env(AgenticConfig(env="toolcall", env_options={"screenshot_scale": 0.5}))
+    with pytest.raises(ValueError, match="screenshot_scale=2"):
+        GuiEnv(screenshot_scale=2)

@@ -33,10 +33,10 @@ from openclaw_jax.trainer.sft import SFTTrainer
 log = logging.getLogger(__name__)
 
 
-def policy_images(model) -> ImageProcessorConfig | None:
-    """The image processor of a vision-language policy (a QwenVL: its episodes show it the environment's
-    screenshots), or None for a text model."""
-    vl_cfg = getattr(model, "vl_cfg", None)
+def policy_images(base) -> ImageProcessorConfig | None:
+    """The image processor of a vision-language policy (`base.vl_config` of a Qwen2.5-VL model: its
+    episodes show it the environment's screenshots), or None for a text model."""
+    vl_cfg = getattr(base, "vl_config", None)
     return ImageProcessorConfig.for_vision(vl_cfg.vision) if vl_cfg is not None else None
 
 
@@ -49,7 +49,7 @@ def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
         model = load_pretrained(str(out), dtype=cfg.model.param_dtype).model
         return dataclasses.replace(base, model=model)
     env = make_env(a)
-    images = policy_images(base.model)
+    images = policy_images(base)
     runner = episode_runner(a, env, base.tokenizer, images=images)
     # demonstrations come from training tasks the RL stream reaches last (a different seed)
     tasks = env.tasks("train", a.warmup_examples, seed=a.seed + 7919)

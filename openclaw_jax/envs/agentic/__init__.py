@@ -62,7 +62,14 @@ class EasyEnv(Environment):
 def make_env(cfg: AgenticConfig) -> Environment:
     """The environment `cfg.env` names (a ValueError lists the registered ones)."""
     limits = SandboxLimits(timeout_s=cfg.sandbox_timeout_s, memory_mb=cfg.sandbox_memory_mb)
-    return ENVIRONMENTS.get(cfg.env).from_config(tuple(cfg.families), limits)
+    options = dict(cfg.env_options)
+    try:
+        return ENVIRONMENTS.get(cfg.env).from_config(tuple(cfg.families), limits, **options)
+    except TypeError as err:
+        if not options:
+            raise
+        raise ValueError(f"agentic.env_options={options} are not options of the {cfg.env!r} environment "
+                         f"({err})") from None
 
 
 def episode_runner(cfg: AgenticConfig, env: Environment, tokenizer, images: Any = None) -> EpisodeRunner:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from openclaw_jax.configlib import require
 from openclaw_jax.envs.agentic.episode import ENVIRONMENTS
@@ -18,6 +18,8 @@ class AgenticConfig:
     # module runs `envs/agentic/__init__.py` first, which imports (and so registers) the built-in ones.
     env: str = "toolcall"
     families: tuple[str, ...] = ()       # task families of the environment (empty = its defaults)
+    # the environment's own keyword options (`from_config`), e.g. gui: {screenshot_scale: 0.5}
+    env_options: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     train_tasks: int = 4096              # size of the generated training task set (cycled)
     heldout_tasks: int = 32

@@ -89,9 +89,11 @@ class Environment(abc.ABC):
         """Assistant turns that solve `task` (tool calls as text); used for the SFT warm-up."""
 
     @classmethod
-    def from_config(cls, families: tuple[str, ...], sandbox: Any) -> "Environment":
-        """The environment for the `agentic:` config's task families (empty: its defaults) and
-        sandbox limits (a `SandboxLimits`); `make_env` calls it."""
+    def from_config(cls, families: tuple[str, ...], sandbox: Any, **options: Any) -> "Environment":
+        """The environment for the `agentic:` config's task families (empty: its defaults), sandbox
+        limits (a `SandboxLimits`) and `env_options`; `make_env` calls it."""
+        if options:
+            raise TypeError(f"unexpected options {sorted(options)}")
         return cls()
 
     @staticmethod

@@ -49,6 +49,7 @@ disjoint by a hash of the task):
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import random
@@ -95,7 +96,16 @@ class GuiEnv(Environment):
 
     def __init__(self, families: Sequence[str] = FAMILIES, sandbox: SandboxLimits | None = None, *,
                  a11y: bool = False, step_check: bool = False, reply_timeout_s: float = 5.0,
-                 max_type_chars: int = 200):
+                 max_type_chars: int = 200, screenshot_scale: float = 1.0, terse: bool = False):
+        """`screenshot_scale`: the policy sees screenshots resized by this factor (fewer image tokens; the
+        actions stay in screen pixels, as the tools say). `terse`: a one-line system prompt and tool
+        descriptions without prose (a small policy's context: the same tools, a third of the tokens)."""
+        if terse:
+            self.system_prompt = f"Act on the {WIDTH}x{HEIGHT} screen, one tool call per turn; say Done. when finished."
+            self.tools = [{"type": "function", "function": {**t["function"], "description": ""}} for t in _TOOLS]
+        if not 0.1 <= screenshot_scale <= 1.0:
+            raise ValueError(f"screenshot_scale={screenshot_scale} must lie in [0.1, 1]")
+        self.screenshot_scale = float(screenshot_scale)
         self.families = self.check_families(families, FAMILIES)
         # the jail's limits: the app lives for the whole episode (wall and CPU), Tk needs some memory
         self.sandbox = sandbox or SandboxLimits(timeout_s=600.0, memory_mb=512)
@@ -105,10 +115,12 @@ class GuiEnv(Environment):
         self.max_type_chars = max_type_chars
 
     @classmethod
-    def from_config(cls, families: tuple[str, ...], sandbox: SandboxLimits) -> "GuiEnv":
+    def from_config(cls, families: tuple[str, ...], sandbox: SandboxLimits, *, a11y: bool = False,
+                    step_check: bool = False, screenshot_scale: float = 1.0, terse: bool = False) -> "GuiEnv":
         # the config's sandbox limits are per command; an app lives for an episode
         limits = SandboxLimits(timeout_s=max(sandbox.timeout_s, 600.0), memory_mb=max(sandbox.memory_mb, 512))
-        return cls(families or FAMILIES, limits)
+        return cls(families or FAMILIES, limits, a11y=a11y, step_check=step_check,
+                   screenshot_scale=screenshot_scale, terse=terse)
 
     # -- tasks
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
@@ -254,8 +266,16 @@ class GuiEnv(Environment):
         return state.screenshot
 
     def observation_image(self, state: GuiState) -> bytes | None:
-        """What an image-aware runner shows the policy: the latest screenshot."""
-        return state.screenshot
+        """What an image-aware runner shows the policy: the latest screenshot (resized by
+        `screenshot_scale`, area-averaged)."""
+        if self.screenshot_scale == 1.0:
+            return state.screenshot
+        from PIL import Image
+
+        size = (round(WIDTH * self.screenshot_scale), round(HEIGHT * self.screenshot_scale))
+        out = io.BytesIO()
+        Image.open(io.BytesIO(state.screenshot)).resize(size, Image.Resampling.BOX).save(out, format="PNG")
+        return out.getvalue()
 
     async def close(self, state: GuiState) -> None:
         if state is not None:
