@@ -69,3 +69,14 @@ def make_hint_following_model(out_dir, *, steps: int = 300, batch: int = 32, see
     save_hf_checkpoint(sft.model(), cfg, out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir, losses
+
+
+if __name__ == "__main__":  # tests/test_learning.py runs the warm-up in a process with XLA's full optimisation
+    import argparse
+
+    parser = argparse.ArgumentParser(description=make_hint_following_model.__doc__)
+    parser.add_argument("out_dir")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=32)
+    args = parser.parse_args()
+    make_hint_following_model(args.out_dir, steps=args.steps, batch=args.batch)
