@@ -38,6 +38,14 @@ if _OWNS_SESSION_DIR:  # the controller (or a lone process); xdist workers inher
     os.environ["XLA_FLAGS"] = " ".join(
         [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in
          {t.split("=")[0] for t in TEST_XLA_FLAGS}] + list(TEST_XLA_FLAGS))
+# PyTorch (the transformers references, tiny checkpoints) on one thread: the suite runs two workers on
+# two cores, and torch's OpenMP threads then wait on each other at every op while the other worker
+# holds a core (SmolLM2's 20-token greedy decode in transformers: 16.4 CPU s with torch's default
+# two threads beside a busy core, 1.9 s with one). Processes the tests start inherit it, as SGLang's
+# workers already do (scripts/sglang_cpu.sh); XLA's CPU thread pool does not read it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported by a plugin before this file
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 if "jax" in sys.modules:  # imported by a plugin before this file: its config has read the environment
     import jax
 
