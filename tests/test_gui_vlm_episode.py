@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import os
 
 import numpy as np
@@ -160,6 +161,17 @@ def test_env_options_scale_the_screens_the_policy_sees(env):
     assert ep.success   # the demonstration's clicks are screen pixels, as the tools say
     assert {Image.open(io.BytesIO(p)).size for p in ep.images} == {(WIDTH // 2, HEIGHT // 2)}
     assert runs_of(ep.prompt_ids + ep.response_ids, PAD) == [TOKENS_PER_SCREEN // 4] * len(ep.images)
+    # with a11y the task's message also lists the widgets the application reports, by centre: the
+    # demonstration's click is the target's listed centre
+    a11y = make_env(AgenticConfig(env="gui", families=("button",),
+                                  env_options={"screenshot_scale": 0.5, "terse": True, "a11y": True}))
+    runner = EpisodeRunner(a11y, tok, EpisodeLimits(max_turns=4, max_response_tokens=1024),
+                           images=ImageProcessorConfig(), native_tools=False)
+    ep = asyncio.run(runner.run(task, ScriptedPolicy(tok, a11y.demonstration(task)), temperature=0.0))
+    user = ep.messages[1]["content"]
+    click = json.loads(a11y.demonstration(task)[0].split("\n")[1])["arguments"]
+    assert ep.success and f"{task.answer['press']} {click['x']},{click['y']};" in user.replace(".", ";")
+    assert user.count("button_") == len(task.data["app"]["widgets"])
     with pytest.raises(ValueError, match=r"agentic.env_options=\{'zoom': 2\} are not options of the 'gui'"):
         make_env(AgenticConfig(env="gui", env_options={"zoom": 2}))
     with pytest.raises(ValueError, match="are not options of the 'toolcall'"):

@@ -80,6 +80,11 @@ class Environment(abc.ABC):
     async def close(self, state: Any) -> None:
         return None
 
+    def opening_observation(self, state: Any) -> str:
+        """Text about the episode's starting state added to the task's message (e.g. a GUI's
+        accessibility tree); empty for most environments."""
+        return ""
+
     def observation_image(self, state: Any) -> bytes | None:
         """The screen as it is now (PNG bytes) for an image-aware runner, or None (text observations)."""
         return None
@@ -248,14 +253,14 @@ def _compact_tool(fn: dict[str, Any]) -> str:
     return f"{fn['name']}({args}): {fn.get('description', '')}"
 
 
-def opening_messages(env: Environment, task: Task, native_tools: bool, *, image: bool = False
-                     ) -> list[dict[str, Any]]:
+def opening_messages(env: Environment, task: Task, native_tools: bool, *, image: bool = False,
+                     observation: str = "") -> list[dict[str, Any]]:
     """System (with the tools when the template has no tool support) and the task; `image`: the user
     message ends with an image placeholder (the screen the task starts on)."""
     system = env.system_prompt
     if not native_tools and env.tools:
         system += ("\n\nTools:\n" + "\n".join(_compact_tool(t["function"]) for t in env.tools) + "\n" + TOOL_FORMAT)
-    user = task.prompt + ("\n" + IMAGE_PLACEHOLDER if image else "")
+    user = task.prompt + ("\n" + observation if observation else "") + ("\n" + IMAGE_PLACEHOLDER if image else "")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -324,8 +329,9 @@ class EpisodeRunner:
     def _screen(self, state: Any) -> bytes | None:
         return self.env.observation_image(state) if self.images is not None else None
 
-    def prompt_ids(self, task: Task, image: bytes | None = None) -> list[int]:
-        messages = opening_messages(self.env, task, self.native_tools, image=image is not None)
+    def prompt_ids(self, task: Task, image: bytes | None = None, observation: str = "") -> list[int]:
+        messages = opening_messages(self.env, task, self.native_tools, image=image is not None,
+                                    observation=observation)
         return list(self.tokenizer.encode(self._render(messages, True, [image] if image is not None else [])))
 
     def observation_ids(self, history: list[dict[str, Any]], new: list[dict[str, Any]], last_token: int,
@@ -383,8 +389,9 @@ class EpisodeRunner:
         state = await self.env.start(task)
         try:
             screen = self._screen(state)
-            history = opening_messages(self.env, task, self.native_tools, image=screen is not None)
-            episode = Episode(task=task, prompt_ids=self.prompt_ids(task, screen), messages=list(history),
+            seen = self.env.opening_observation(state)
+            history = opening_messages(self.env, task, self.native_tools, image=screen is not None, observation=seen)
+            episode = Episode(task=task, prompt_ids=self.prompt_ids(task, screen, seen), messages=list(history),
                               images=[screen] if screen is not None else [])
             try:
                 await asyncio.wait_for(self._turns(task, policy, temperature, state, history, episode),

@@ -100,6 +100,7 @@ class GuiEnv(Environment):
         """`screenshot_scale`: the policy sees screenshots resized by this factor (fewer image tokens; the
         actions stay in screen pixels, as the tools say). `terse`: a one-line system prompt and tool
         descriptions without prose (a small policy's context: the same tools, a third of the tokens)."""
+        self.terse = terse
         if terse:
             self.system_prompt = f"Act on the {WIDTH}x{HEIGHT} screen, one tool call per turn; say Done. when finished."
             self.tools = [{"type": "function", "function": {**t["function"], "description": ""}} for t in _TOOLS]
@@ -231,6 +232,12 @@ class GuiEnv(Environment):
     def describe(self, state: GuiState) -> str:
         """The text half of an observation (the screenshot is `state.screenshot`)."""
         out = "Screenshot updated."
+        if self.a11y and self.terse:   # the accessibility tree as each widget's name and centre
+            out += " Widgets: " + "; ".join(f"{n} {center(b)[0]},{center(b)[1]}" for n, b in state.geometry.items())
+            if state.menu:
+                out += f". Menu {state.menu['name']}: " + "; ".join(
+                    f"{i[0]} {center(i[1:5])[0]},{center(i[1:5])[1]}" for i in state.menu["items"])
+            return out + "."
         if self.a11y:
             boxes = "; ".join(f"{n} at {b[0]},{b[1]} size {b[2]}x{b[3]}" for n, b in state.geometry.items())
             out += f" Widgets: {boxes}."
@@ -241,6 +248,10 @@ class GuiEnv(Environment):
 
     async def call(self, state: GuiState, task: Task, name: str, arguments: dict[str, Any]) -> str:
         return await asyncio.to_thread(self.act, state, task, name, arguments)
+
+    def opening_observation(self, state: GuiState) -> str:
+        """With `a11y`: the first screen's widgets (else nothing: the screenshot alone)."""
+        return self.describe(state).removeprefix("Screenshot updated. ") if self.a11y else ""
 
     def final_state(self, state: GuiState) -> dict[str, Any] | None:
         """The application's state at the end (or when `done` was called); None when it failed."""
