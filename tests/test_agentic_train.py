@@ -81,3 +81,32 @@ def test_cpu_config_runs_end_to_end(tmp_path, config, tiny_smollm2_dir):
     samples = SampleStore(run_dir / "samples", readonly=True).read(0)
     assert len(samples) >= 4
     assert all(len(s.response_mask) == len(s.response_ids) and s.weight_version is not None for s in samples)
+
+
+@pytest.mark.slow
+def test_gui_config_runs_end_to_end_with_screenshots(tmp_path):
+    """configs/gui_cpu.yaml for a step: a random Qwen2.5-VL policy warmed up on demonstrations with their
+    screenshots, group rollouts on real Xvfb desktops served through the image path, a trainer step on
+    samples whose screenshots come back from the store's blobs (the push to the image path:
+    tests/test_vl_weight_update.py)."""
+    from openclaw_jax.envs.agentic.gui_desktop import INSTALL_HINT, missing_tools
+    from openclaw_jax.models.tokenizer import TINY_VL_IDS
+    from openclaw_jax.samples.store import read_image
+
+    if missing_tools():
+        message = f"the GUI environment needs {', '.join(missing_tools())}; install with `{INSTALL_HINT}`"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    run_dir = tmp_path / "gui"
+    summary = _train(["--config", str(ROOT / "configs/gui_cpu.yaml"), "trainer.max_steps=1",
+                      "trainer.samples_per_step=4", "agentic.group_size=2", "agentic.all_equal=zero",
+                      "agentic.backlog=4", "agentic.heldout_tasks=2", "agentic.warmup_steps=1",
+                      "agentic.warmup_examples=4", "agentic.warmup_batch_size=2"], run_dir, timeout=1200)
+    assert summary["end_step"] == 1 and [r["step"] for r in summary["heldout"]] == [0, 1]
+    samples = SampleStore(run_dir / "samples", readonly=True).read(0)
+    assert len(samples) >= 4
+    pad = TINY_VL_IDS["<|image_pad|>"]
+    for s in samples:   # every screen the episode showed is a blob, and holds its 8 x 6 tokens in the ids
+        assert s.image_sha256 and all(read_image(run_dir / "samples", h)[:4] == b"\x89PNG" for h in s.image_sha256)
+        assert (s.prompt_ids + s.response_ids).count(pad) == 48 * len(s.image_sha256)

@@ -24,6 +24,7 @@ from openclaw_jax.envs.agentic.rollout import GroupRollouts, StepVote, demonstra
 from openclaw_jax.gateway.judge import ModelJudge, NextState, RuleJudge
 from openclaw_jax.models.hub import load_pretrained
 from openclaw_jax.models.image_processing import ImageProcessorConfig
+from openclaw_jax.models.qwen_vl import QwenVLConfig, is_vl_config
 from openclaw_jax.models.weights import save_hf_checkpoint
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.samples import SampleStore
@@ -34,10 +35,10 @@ log = logging.getLogger(__name__)
 
 
 def policy_images(base) -> ImageProcessorConfig | None:
-    """The image processor of a vision-language policy (`base.vl_config` of a Qwen2.5-VL model: its
-    episodes show it the environment's screenshots), or None for a text model."""
-    vl_cfg = getattr(base, "vl_config", None)
-    return ImageProcessorConfig.for_vision(vl_cfg.vision) if vl_cfg is not None else None
+    """The image processor of a vision-language policy (a Qwen2.5-VL `base.hf_config`: its episodes
+    show it the environment's screenshots), or None for a text model."""
+    hf = dict(getattr(base, "hf_config", None) or {})
+    return ImageProcessorConfig.for_vision(QwenVLConfig.from_hf_dict(hf).vision) if is_vl_config(hf) else None
 
 
 def warm_up(cfg: ExperimentConfig, base, run_dir: Path):

@@ -52,10 +52,11 @@ def _sft_step(params, opt_state, input_ids, target_mask, pixel_values=None, *, t
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-def pack_examples(examples: Sequence[tuple], pad_id: int,
-                  min_bucket: int = 32) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt ids, response ids[, images]) examples -> right-padded [B, L] ids and response target mask."""
-    length = bucket_length(max(len(e[0]) + len(e[1]) for e in examples), min_bucket)
+def pack_examples(examples: Sequence[tuple], pad_id: int, min_bucket: int = 32,
+                  quantum: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt ids, response ids[, images]) examples -> right-padded [B, L] ids and response target mask
+    (L: a power of two up to `quantum`, then a multiple of it: 658 tokens pad to 768, not 1024)."""
+    length = bucket_length(max(len(e[0]) + len(e[1]) for e in examples), min_bucket, quantum=quantum)
     ids = np.full((len(examples), length), pad_id, np.int32)
     mask = np.zeros((len(examples), length), np.float32)
     for i, (prompt, response, *_) in enumerate(examples):
