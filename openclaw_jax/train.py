@@ -40,7 +40,7 @@ from openclaw_jax.inference.vision import VisionGenerator
 from openclaw_jax.logs import configure_logging
 from openclaw_jax.models.config import ModelConfig, ModelConfigError
 from openclaw_jax.models.decoder import Decoder
-from openclaw_jax.models.hub import load_pretrained
+from openclaw_jax.models.hub import load_pretrained, save_checkpoint
 from openclaw_jax.models.lora import add_lora
 from openclaw_jax.models.random_vl import RandomVLError, write_random_vl_model
 from openclaw_jax.models.tokenizer import tokenizer_by_name
@@ -420,8 +420,8 @@ def export(trainer, base: BaseModel, run_dir: Path) -> Path:
     """HF safetensors (+ tokenizer files) of the current student under export/step_N."""
     out = run_dir / "export" / f"step_{trainer.step}"
     if not out.exists():
-        save_hf_checkpoint(trainer.serving_model(trainer.cfg.trainer.export_dtype), None, out,
-                           extra_config=base.hf_config)
+        save_checkpoint(trainer.serving_model(trainer.cfg.trainer.export_dtype), None, out,
+                        extra_config=base.hf_config)
         if hasattr(base.tokenizer, "save_pretrained"):
             base.tokenizer.save_pretrained(out)
     return out

@@ -21,13 +21,14 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 
 from openclaw_jax.models import gguf, weights
 from openclaw_jax.models.config import ModelConfig
-from openclaw_jax.models.qwen_vl import QwenVLConfig, apply_vl_dtypes, build_vl_model, is_vl_config
+from openclaw_jax.models.qwen_vl import (QwenVLConfig, apply_vl_dtypes, build_vl_model, is_vl_config,
+                                         save_qwen_vl_checkpoint)
 from openclaw_jax.models.tokenizer import tokenizer_by_name
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,15 @@ class Pretrained:
     source: str  # the GGUF file or the HF directory the weights came from
     teacher: Any = None  # a second Decoder from the same files (with `teacher_dtype`)
     vl_config: QwenVLConfig | None = None  # a Qwen2.5-VL model's whole config
+
+
+def save_checkpoint(model, cfg: ModelConfig | None, out_dir: str | os.PathLike, max_shard_bytes: int | None = None,
+                    *, extra_config: Mapping[str, Any] | None = None) -> Path:
+    """`weights.save_hf_checkpoint` for a text decoder, `qwen_vl.save_qwen_vl_checkpoint` (its own config;
+    `cfg` unused) for a Qwen2.5-VL model: what `load_pretrained` reads back."""
+    if hasattr(model, "vl_cfg"):
+        return save_qwen_vl_checkpoint(model, out_dir, max_shard_bytes, extra_config=extra_config)
+    return weights.save_hf_checkpoint(model, cfg, out_dir, max_shard_bytes, extra_config=extra_config)
 
 
 def _gguf_source(path: Path):

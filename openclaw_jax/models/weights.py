@@ -572,12 +572,9 @@ def save_hf_checkpoint(model, cfg: ModelConfig | None, out_dir: str | os.PathLik
     written to a temp name and renamed, weights first and `config.json` last, and stale weight
     files from an earlier save are removed. `extra_config` keys (e.g. the original HF config's
     token ids) are kept unless ours define them. Multi-host: every process must call this (the
-    gather is collective); only process 0 writes. A Qwen2.5-VL model (`models.qwen_vl.QwenVL`) is saved
-    with its own config (`save_qwen_vl_checkpoint`; `cfg` is then not used).
+    gather is collective); only process 0 writes. A text decoder only: `models.hub.save_checkpoint`
+    also saves a Qwen2.5-VL model (`models.qwen_vl.save_qwen_vl_checkpoint`).
     """
-    if hasattr(model, "vl_cfg"):
-        from openclaw_jax.models.qwen_vl import save_qwen_vl_checkpoint   # it imports this module
-        return save_qwen_vl_checkpoint(model, out_dir, max_shard_bytes, extra_config=extra_config)
     cfg = cfg or model.cfg
     tensors = state_dict_from_model(model)
     if jax.process_index() != 0:

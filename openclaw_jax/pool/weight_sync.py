@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from flax import nnx
 
-from openclaw_jax.models.weights import save_hf_checkpoint
+from openclaw_jax.models.hub import save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class DiskWeightSync:
 
     def _write(self, graphdef: nnx.GraphDef, state: nnx.State, version: str) -> Path:
         out = self.directory / f"step_{version}"
-        save_hf_checkpoint(nnx.merge(graphdef, state), self.model_config, out, extra_config=self.extra_config)
+        save_checkpoint(nnx.merge(graphdef, state), self.model_config, out, extra_config=self.extra_config)
         if self.tokenizer_files_from is not None:
             for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                          "generation_config.json", "chat_template.jinja"):

@@ -22,10 +22,9 @@ from openclaw_jax.config import ExperimentConfig
 from openclaw_jax.envs.agentic import PoolPolicy, episode_runner, make_env
 from openclaw_jax.envs.agentic.rollout import GroupRollouts, StepVote, demonstrations, evaluate
 from openclaw_jax.gateway.judge import ModelJudge, NextState, RuleJudge
-from openclaw_jax.models.hub import load_pretrained
+from openclaw_jax.models.hub import load_pretrained, save_checkpoint
 from openclaw_jax.models.image_processing import ImageProcessorConfig
 from openclaw_jax.models.qwen_vl import QwenVLConfig, is_vl_config
-from openclaw_jax.models.weights import save_hf_checkpoint
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.samples import SampleStore
 from openclaw_jax.trainer.input_pipeline import demonstration_batches
@@ -70,7 +69,7 @@ def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
         if step % 10 == 0 or step == a.warmup_steps - 1:
             log.info("warm-up step %d/%d: loss %.4f", step + 1, a.warmup_steps, losses[-1])
     model = sft.model()
-    save_hf_checkpoint(model, None, out, extra_config=base.hf_config)
+    save_checkpoint(model, None, out, extra_config=base.hf_config)
     if hasattr(base.tokenizer, "save_pretrained"):  # the cache must load on resume like any HF dir
         base.tokenizer.save_pretrained(out)
     return dataclasses.replace(base, model=model)
