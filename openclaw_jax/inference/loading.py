@@ -17,15 +17,21 @@ from openclaw_jax.models.tokenizer.sources import load_tokenizer
 WeightLoader = Callable[[str, "str | None"], Any]  # (path, load_format) -> nnx.State
 
 
+def _checkpoint_dir(path: str, load_format: str | None) -> Path:
+    """The HF directory of a weight update, refused unless it is one in a format we read."""
+    if load_format not in (None, "auto", "safetensors", "hf"):
+        raise ValueError(f"load_format={load_format!r} is not supported; use 'auto' (HF safetensors)")
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"model_path {path} is not a directory")
+    return p
+
+
 def default_weight_loader(engine: Engine) -> WeightLoader:
     """HF safetensors directory -> params with the served model's structure and dtypes."""
 
     def load(path: str, load_format: str | None):
-        if load_format not in (None, "auto", "safetensors", "hf"):
-            raise ValueError(f"load_format={load_format!r} is not supported; use 'auto' (HF safetensors)")
-        p = Path(path)
-        if not p.is_dir():
-            raise FileNotFoundError(f"model_path {path} is not a directory")
+        p = _checkpoint_dir(path, load_format)
         served: ModelConfig = engine.model_config
         model, cfg = load_hf_checkpoint(p, dtype=served.param_dtype)
         for name in ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -43,11 +49,7 @@ def vl_weight_loader(vision: Any) -> WeightLoader:
     `inference/vision.py`), read in the served param dtype; a checkpoint of another shape is refused."""
 
     def load(path: str, load_format: str | None):
-        if load_format not in (None, "auto", "safetensors", "hf"):
-            raise ValueError(f"load_format={load_format!r} is not supported; use 'auto' (HF safetensors)")
-        p = Path(path)
-        if not p.is_dir():
-            raise FileNotFoundError(f"model_path {path} is not a directory")
+        p = _checkpoint_dir(path, load_format)
         served = vision.vl_cfg
         model, cfg = load_qwen_vl_checkpoint(p, dtype=served.text.dtype, param_dtype=served.text.param_dtype)
         for part, name_list in (("text", ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
