@@ -11,7 +11,6 @@ longest row's images' grid, each row a prefix of it), one compile per (length bu
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import jax
@@ -43,7 +42,6 @@ def sft_loss(params: nnx.State, graphdef: nnx.GraphDef, input_ids: jax.Array, ta
     return -(logp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-@functools.partial(jax.jit, static_argnames=("tx", "graphdef", "chunk_size", "image_grid"))
 def _sft_step(params, opt_state, input_ids, target_mask, pixel_values=None, *, tx, graphdef, chunk_size,
               image_grid=()):
     loss, grads = jax.value_and_grad(sft_loss)(params, graphdef, input_ids, target_mask, chunk_size, pixel_values,
@@ -97,6 +95,12 @@ class SFTTrainer:
         self.graphdef, self.params = nnx.split(model)
         self.tx = optax.adam(lr)
         self.opt_state = self.tx.init(self.params)
+        # a loaded model's params carry their mesh's shardings; without pinning the outputs to the
+        # same ones, XLA's choice differs and the second step of every shape compiles again
+        shardings = jax.tree.map(lambda x: x.sharding, (self.params, self.opt_state))
+        self.params, self.opt_state = jax.device_put((self.params, self.opt_state), shardings)
+        self._step = jax.jit(_sft_step, static_argnames=("tx", "graphdef", "chunk_size", "image_grid"),
+                             out_shardings=(*shardings, None))
         self.pad_id = pad_id
         self.chunk_size = chunk_size
 
@@ -108,7 +112,7 @@ class SFTTrainer:
                 raise ValueError("these examples carry images: build SFTTrainer(..., images=<the model's image "
                                  "processor>) for a vision-language model")
             pixels, grid = example_pixels(examples, self.images)
-        self.params, self.opt_state, loss = _sft_step(
+        self.params, self.opt_state, loss = self._step(
             self.params, self.opt_state, jnp.asarray(ids), jnp.asarray(mask),
             None if pixels is None else jnp.asarray(pixels),
             tx=self.tx, graphdef=self.graphdef, chunk_size=self.chunk_size, image_grid=grid)
