@@ -57,3 +57,17 @@ def test_greedy_stops_and_checks_the_image_tokens(generator):
     assert stopped.output_ids == first.output_ids[:1] and stopped.finish_reason == "stop"
     with pytest.raises(ValueError, match="image tokens"):
         generator.generate([t for t in prompt if t != IMAGE] + [IMAGE], [image], max_new_tokens=2)
+
+
+def test_sampling_without_a_seed_differs_per_call_and_a_seed_repeats(generator):
+    """A group's episodes send one prompt without a seed: each must get its own sample (the image path
+    once used seed 0 for all, so every GRPO group of the GUI agent was four equal episodes)."""
+    rng = np.random.default_rng(2)
+    image = png(8)
+    prompt = prompt_with_image(rng, 6, image)
+    unseeded = [tuple(generator.generate(prompt, [image], max_new_tokens=12, temperature=1.0).output_ids)
+                for _ in range(4)]
+    assert len(set(unseeded)) > 1
+    seeded = [generator.generate(prompt, [image], max_new_tokens=12, temperature=1.0, seed=5).output_ids
+              for _ in range(2)]
+    assert seeded[0] == seeded[1]

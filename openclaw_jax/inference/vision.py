@@ -74,7 +74,8 @@ class VisionGenerator:
     """`VisionGenerator(model).generate(prompt_ids, images, max_new_tokens=..., temperature=..., seed=...)`."""
 
     def __init__(self, model: QwenVL, processor: ImageProcessorConfig | None = None, *,
-                 weight_version: str | None = None):
+                 weight_version: str | None = None, seed: int | None = None):
+        """`seed`: of the generator that draws a request's sampling seed when it names none."""
         if not isinstance(model, QwenVL):
             raise TypeError(f"VisionGenerator serves a QwenVL, got {type(model).__name__}")
         self.vl_cfg = model.vl_cfg
@@ -83,6 +84,8 @@ class VisionGenerator:
         # (weights, their version), replaced together: a generation reads both once, at its start
         self._weights: tuple[Any, str | None] = (state, None if weight_version is None else str(weight_version))
         self.swap_lock = threading.Lock()   # one weight swap at a time (swap_served_weights)
+        self._seeds = np.random.default_rng(seed)
+        self._seeds_lock = threading.Lock()   # numpy's generators are not for concurrent callers
 
     @property
     def state(self) -> Any:
@@ -102,8 +105,10 @@ class VisionGenerator:
         return pv, tuple(tuple(int(v) for v in g) for g in grid)
 
     def generate(self, prompt_ids: Sequence[int], images: Sequence[Any], *, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, seed: int = 0,
-                 stop_token_ids: Sequence[int] = ()) -> VisionOutput:
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                 seed: int | None = None, stop_token_ids: Sequence[int] = ()) -> VisionOutput:
+        """`seed` None: a fresh one per call (as the batched engine does): the episodes of a group
+        share a prompt and must not share their samples."""
         n = len(prompt_ids)
         if n == 0 or max_new_tokens < 1:
             raise ValueError("generate needs a prompt and max_new_tokens >= 1")
@@ -118,6 +123,9 @@ class VisionGenerator:
         logits, cache, deltas = _prefill(self.graphdef, state, jnp.asarray(ids), jnp.int32(n),
                                          None if pv is None else jnp.asarray(pv), grid, cache_len)
         out = VisionOutput(rope_delta=int(deltas[0]), weight_version=version)
+        if seed is None:
+            with self._seeds_lock:
+                seed = int(self._seeds.integers(0, 2 ** 31 - 1))
         key = jax.random.key(seed)
         stops = set(int(t) for t in stop_token_ids)
         for step in range(max_new_tokens):
@@ -186,7 +194,8 @@ def image_sequence_output(vision: VisionGenerator, tokenizer: Any, item: Any, pr
     stops = tuple(sp.stop_token_ids or ()) + (() if sp.ignore_eos else tuple(eos_token_ids))
     out = vision.generate(list(prompt_ids), [im.data for im in item.images], max_new_tokens=int(sp.max_new_tokens),
                           temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=int(sp.top_k),
-                          min_p=float(sp.min_p), seed=int(sp.sampling_seed or 0), stop_token_ids=stops)
+                          min_p=float(sp.min_p), seed=None if sp.sampling_seed is None else int(sp.sampling_seed),
+                          stop_token_ids=stops)
     keep = out.output_ids[:-1] if out.finish_reason == "stop" and not sp.no_stop_trim else out.output_ids
     finish = ({"type": "stop", "matched": out.output_ids[-1]} if out.finish_reason == "stop"
               else {"type": "length", "length": len(out.output_ids)})
