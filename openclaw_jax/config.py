@@ -128,7 +128,7 @@ class ModelSourceConfig:
     """
 
     path: str = "smollm2"
-    tokenizer: str = "auto"  # auto (from path) | tiny | tiny_vl (tiny + vision tokens) | qwen3 | smollm2 | an HF dir
+    tokenizer: str = "auto"  # auto (from path) | tiny | tiny_vl / smollm2_vl (+ vision tokens) | qwen3 | smollm2 | an HF dir
     dtype: Literal["float32", "bfloat16"] = "float32"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     remat: bool = False
@@ -137,9 +137,20 @@ class ModelSourceConfig:
     attention: Literal["dense", "blockwise", "fused", "auto"] = "auto"
     random: RandomModelConfig = field(default_factory=RandomModelConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    # a random vision tower in front of the pretrained text model at `path`: the run's base model is
+    # the Qwen2.5-VL of both (written once to <run_dir>/base_model; seed model.random.seed)
+    vision: RandomVisionConfig | None = None
 
     def __post_init__(self):
         _require(bool(self.path), "model.path must name an HF directory, 'smollm2' or 'random'")
+        if self.vision is not None:
+            _require(self.path != "random", "model.vision puts a vision tower on a pretrained text model; with "
+                                            "model.path=random use model.random.vision instead")
+            _require(self.tokenizer not in ("auto", "tiny", "smollm2", "qwen3"),
+                     f"model.vision needs a tokenizer with the vision tokens (<|vision_start|>, <|image_pad|>, ...), "
+                     f"not model.tokenizer={self.tokenizer!r}; use smollm2_vl for model.path=smollm2")
+            _require(not self.lora.enabled, "model.lora with a vision-language model (model.vision) is not "
+                                            "supported yet; set model.lora.enabled=false")
         if self.path == "random":
             _require(self.tokenizer != "auto",
                      "model.tokenizer='auto' cannot be used with model.path=random; use tiny, qwen3, smollm2 or a dir")

@@ -42,7 +42,7 @@ from openclaw_jax.models.config import ModelConfig, ModelConfigError
 from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.models.hub import load_pretrained, save_checkpoint
 from openclaw_jax.models.lora import add_lora
-from openclaw_jax.models.random_vl import RandomVLError, write_random_vl_model
+from openclaw_jax.models.random_vl import RandomVLError, write_random_vl_model, write_vl_on_text_model
 from openclaw_jax.models.tokenizer import tokenizer_by_name
 from openclaw_jax.models.weights import save_hf_checkpoint
 from openclaw_jax.parallel import multihost
@@ -96,14 +96,25 @@ def _random_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
     log.info("created random %s base model (%s) in %s", r.family, mcfg, out_dir)
 
 
+def _vision_on_text_base_model(cfg: ExperimentConfig, out_dir: Path) -> None:
+    """Create (once) the Qwen2.5-VL of the pretrained text model `model.path` and a random vision tower."""
+    tokenizer = tokenizer_by_name(cfg.model.tokenizer)
+    text = load_pretrained(cfg.model.path, tokenizer=False)
+    try:
+        vl = write_vl_on_text_model(text, cfg.model.vision, tokenizer, out_dir, seed=cfg.model.random.seed)
+    except (RandomVLError, ModelConfigError) as exc:
+        raise ConfigError(f"model.vision: {exc}") from None
+    log.info("created a Qwen2.5-VL base model (%s: %s + a random vision tower) in %s", cfg.model.path, vl, out_dir)
+
+
 def load_base_model(cfg: ExperimentConfig) -> BaseModel:
     """Student (master dtype) and, for `trainer.teacher=initial`, the frozen teacher (compute dtype),
     both read from the same files straight onto the trainer's mesh (no resident base copy)."""
     path = cfg.model.path
-    if path == "random":
+    if path == "random" or cfg.model.vision is not None:
         out = Path(cfg.run_dir) / "base_model"
         if jax.process_index() == 0 and not (out / "config.json").exists():
-            _random_base_model(cfg, out)
+            (_random_base_model if path == "random" else _vision_on_text_base_model)(cfg, out)
         multihost.barrier("random_base_model")  # the other processes read what process 0 wrote
         path = str(out)
     mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
@@ -111,7 +122,7 @@ def load_base_model(cfg: ExperimentConfig) -> BaseModel:
     loaded = load_pretrained(path, mesh=mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                              teacher_dtype=teacher_dtype, remat=cfg.model.remat, attention=cfg.model.attention)
     tokenizer = loaded.tokenizer
-    if cfg.model.tokenizer not in ("auto",) and cfg.model.path != "random":
+    if cfg.model.tokenizer not in ("auto",) and cfg.model.path != "random" and cfg.model.vision is None:
         tokenizer = tokenizer_by_name(cfg.model.tokenizer)
     return BaseModel(loaded.model, tokenizer, path, dict(loaded.hf_config or {}), loaded.config, loaded.teacher,
                      mesh)

@@ -17,7 +17,7 @@ import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import tokenizers
 from tokenizers import AddedToken
@@ -27,6 +27,7 @@ from openclaw_jax.models.tokenizer.chat_template import QWEN3_CHAT_TEMPLATE, Tok
 from openclaw_jax.models.tokenizer.core import (LLAMA3_PRETOKENIZE_REGEX, QWEN_PRETOKENIZE_REGEX, Tokenizer,
                                                 _add_tokens_at_ids, _byte_level_backend, _ids_list,
                                                 _token_content, bytes_to_token_string)
+from openclaw_jax.models.tokenizer.tiny import TINY_VL_TOKENS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,8 +199,9 @@ _GGUF_PRETOKENIZERS: dict[str, tuple[str | None, bool]] = {
 }
 
 
-def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
-    """The byte-level BPE tokenizer and chat template stored in a GGUF file's metadata."""
+def tokenizer_from_gguf(path: str | os.PathLike, added: Sequence[tuple[int, str, bool]] = ()) -> Tokenizer:
+    """The byte-level BPE tokenizer and chat template stored in a GGUF file's metadata (`added`: extra
+    (id, token, special) entries placed at exactly those ids after the file's vocabulary)."""
     meta = read_gguf(path).metadata
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
@@ -223,6 +225,8 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
     backend.add_tokens([AddedToken(tok, special=False, normalized=False)
                         for tok, kind in zip(tokens, types) if kind == GGML_TOKEN_USER_DEFINED])
 
+    _add_tokens_at_ids(backend, added)
+
     def token_at(key: str) -> str | None:
         token_id = meta.get(f"tokenizer.ggml.{key}")
         return tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
@@ -240,3 +244,16 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
 def smollm2_tokenizer() -> Tokenizer:
     """SmolLM2-135M-Instruct's tokenizer (49152 tokens, ChatML) from the packaged GGUF (shared: read-only)."""
     return tokenizer_from_gguf(smollm2_gguf_path())
+
+
+SMOLLM2_VOCAB = 49152
+
+
+def smollm2_vl_tokenizer() -> Tokenizer:
+    """SmolLM2's tokenizer plus the Qwen2.5-VL vision tokens as specials at ids 49152..49155 (`<|vision_start|>`,
+    `<|vision_end|>`, `<|image_pad|>`, `<|video_pad|>`): for a Qwen2.5-VL built on SmolLM2's text decoder
+    (`model.vision`, models/random_vl.py)."""
+    tok = tokenizer_from_gguf(smollm2_gguf_path(),
+                              added=[(SMOLLM2_VOCAB + i, t, True) for i, t in enumerate(TINY_VL_TOKENS)])
+    tok.name = "smollm2-vl"
+    return tok
