@@ -85,7 +85,8 @@ def test_cpu_config_runs_end_to_end(tmp_path, config, tiny_smollm2_dir):
 
 @pytest.mark.slow
 def test_gui_config_runs_end_to_end_with_screenshots(tmp_path):
-    """configs/gui_cpu.yaml for a step: a random Qwen2.5-VL policy warmed up on demonstrations with their
+    """configs/gui_cpu.yaml for a step, its SmolLM2-based policy swapped for a tiny random Qwen2.5-VL (the
+    graft onto SmolLM2: tests/test_vl_on_text_model.py): warmed up on demonstrations with their
     screenshots, group rollouts on real Xvfb desktops served through the image path, a trainer step on
     samples whose screenshots come back from the store's blobs (the push to the image path:
     tests/test_vl_weight_update.py)."""
@@ -99,7 +100,10 @@ def test_gui_config_runs_end_to_end_with_screenshots(tmp_path):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     run_dir = tmp_path / "gui"
-    summary = _train(["--config", str(ROOT / "configs/gui_cpu.yaml"), "trainer.max_steps=1",
+    tiny_vl = ["model.path=random", "model.tokenizer=tiny_vl", "model.vision=null", "model.random.family=qwen2",
+               "model.random.hidden_size=64", "model.random.num_heads=4", "model.random.head_dim=16",
+               "model.random.vision={depth: 2, hidden_size: 32, num_heads: 2, window_size: 56}"]
+    summary = _train(["--config", str(ROOT / "configs/gui_cpu.yaml"), *tiny_vl, "trainer.max_steps=1",
                       "trainer.samples_per_step=4", "agentic.group_size=2", "agentic.all_equal=zero",
                       "agentic.backlog=4", "agentic.heldout_tasks=2", "agentic.warmup_steps=1",
                       "agentic.warmup_examples=4", "agentic.warmup_batch_size=2"], run_dir, timeout=1200)
@@ -107,6 +111,6 @@ def test_gui_config_runs_end_to_end_with_screenshots(tmp_path):
     samples = SampleStore(run_dir / "samples", readonly=True).read(0)
     assert len(samples) >= 4
     pad = TINY_VL_IDS["<|image_pad|>"]
-    for s in samples:   # every screen the episode showed is a blob, and holds its 8 x 6 tokens in the ids
+    for s in samples:   # every screen (112 x 84 at the config's 1/4 scale) is a blob, and its 4 x 3 tokens are in the ids
         assert s.image_sha256 and all(read_image(run_dir / "samples", h)[:4] == b"\x89PNG" for h in s.image_sha256)
-        assert (s.prompt_ids + s.response_ids).count(pad) == 48 * len(s.image_sha256)
+        assert (s.prompt_ids + s.response_ids).count(pad) == 12 * len(s.image_sha256)
