@@ -128,7 +128,8 @@ class ModelSourceConfig:
     """
 
     path: str = "smollm2"
-    tokenizer: str = "auto"  # auto (from path) | tiny | tiny_vl / smollm2_vl (+ vision tokens) | qwen3 | smollm2 | an HF dir
+    # auto (from path) | tiny | qwen3 | smollm2 | tiny_vl / smollm2_vl (+ the vision tokens) | an HF dir
+    tokenizer: str = "auto"
     dtype: Literal["float32", "bfloat16"] = "float32"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     remat: bool = False

@@ -90,12 +90,13 @@ def write_vl_on_text_model(text_model: Any, vision: Any, tokenizer: Any, out_dir
     positions is RoPE)."""
     tc = text_model.config
     if tc.head_dim * tc.num_heads != tc.hidden_size:
-        raise RandomVLError(f"the text model's head_dim {tc.head_dim} x num_heads {tc.num_heads} is not its hidden_size "
-                            f"{tc.hidden_size}: a Qwen2.5-VL text decoder needs head_dim = hidden_size / num_heads")
+        raise RandomVLError(f"the text model's head_dim {tc.head_dim} x num_heads {tc.num_heads} is not its "
+                            f"hidden_size {tc.hidden_size}: a Qwen2.5-VL text decoder needs head_dim = hidden_size / num_heads")
     if tc.qk_norm:
         raise RandomVLError("the text model normalises q and k (Qwen3): a Qwen2.5-VL text decoder does not")
     if tokenizer.vocab_size < tc.vocab_size:
-        raise RandomVLError(f"the tokenizer has {tokenizer.vocab_size} ids, fewer than the text model's {tc.vocab_size}")
+        raise RandomVLError(f"the tokenizer has {tokenizer.vocab_size} ids, fewer than the text model's "
+                            f"{tc.vocab_size}")
     text = {"hidden_size": tc.hidden_size, "intermediate_size": tc.intermediate_size,
             "num_hidden_layers": tc.num_layers, "num_attention_heads": tc.num_heads,
             "num_key_value_heads": tc.num_kv_heads, "max_position_embeddings": tc.max_position_embeddings,

@@ -6,7 +6,8 @@ import os
 from typing import Callable
 
 from openclaw_jax.models.tokenizer.core import Tokenizer
-from openclaw_jax.models.tokenizer.sources import load_tokenizer, qwen3_tokenizer, smollm2_tokenizer, smollm2_vl_tokenizer
+from openclaw_jax.models.tokenizer.sources import (load_tokenizer, qwen3_tokenizer, smollm2_tokenizer,
+                                                   smollm2_vl_tokenizer)
 from openclaw_jax.models.tokenizer.tiny import tiny_test_tokenizer, tiny_vl_tokenizer
 
 NAMED_TOKENIZERS: dict[str, Callable[[], Tokenizer]] = {
