@@ -74,8 +74,7 @@ class VisionGenerator:
     """`VisionGenerator(model).generate(prompt_ids, images, max_new_tokens=..., temperature=..., seed=...)`."""
 
     def __init__(self, model: QwenVL, processor: ImageProcessorConfig | None = None, *,
-                 weight_version: str | None = None, seed: int | None = None):
-        """`seed`: of the generator that draws a request's sampling seed when it names none."""
+                 weight_version: str | None = None):
         if not isinstance(model, QwenVL):
             raise TypeError(f"VisionGenerator serves a QwenVL, got {type(model).__name__}")
         self.vl_cfg = model.vl_cfg
@@ -84,7 +83,7 @@ class VisionGenerator:
         # (weights, their version), replaced together: a generation reads both once, at its start
         self._weights: tuple[Any, str | None] = (state, None if weight_version is None else str(weight_version))
         self.swap_lock = threading.Lock()   # one weight swap at a time (swap_served_weights)
-        self._seeds = np.random.default_rng(seed)
+        self._seeds = np.random.default_rng()   # a request's sampling seed when it names none
         self._seeds_lock = threading.Lock()   # numpy's generators are not for concurrent callers
 
     @property

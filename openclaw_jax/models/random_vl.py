@@ -38,11 +38,18 @@ def vision_token_ids(tokenizer: Any) -> dict[str, int]:
 
 def random_vl_hf_config(random: Any, tokenizer: Any) -> dict[str, Any]:
     """The `config.json` (public Qwen2.5-VL layout) of a random model of shape `random` (RandomModelConfig)."""
-    text = {"hidden_size": random.hidden_size, "intermediate_size": random.intermediate_size,
-            "num_hidden_layers": random.num_layers, "num_attention_heads": random.num_heads,
-            "num_key_value_heads": random.num_kv_heads, "max_position_embeddings": random.max_position_embeddings,
-            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": bool(random.tie_word_embeddings)}
-    return vl_hf_config(text, random.head_dim, random.vision, tokenizer)
+    return vl_hf_config(_hf_text_keys(random, rms_norm_eps=1e-6, rope_theta=1000000.0), random.head_dim,
+                        random.vision, tokenizer)
+
+
+def _hf_text_keys(shape: Any, *, rms_norm_eps: float, rope_theta: float) -> dict[str, Any]:
+    """The text decoder's HF config keys from a shape with ModelConfig's field names (a ModelConfig or
+    a RandomModelConfig)."""
+    return {"hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size,
+            "num_hidden_layers": shape.num_layers, "num_attention_heads": shape.num_heads,
+            "num_key_value_heads": shape.num_kv_heads, "max_position_embeddings": shape.max_position_embeddings,
+            "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta,
+            "tie_word_embeddings": bool(shape.tie_word_embeddings)}
 
 
 def vl_hf_config(text: dict[str, Any], head_dim: int, v: Any, tokenizer: Any) -> dict[str, Any]:
@@ -97,11 +104,7 @@ def write_vl_on_text_model(text_model: Any, vision: Any, tokenizer: Any, out_dir
     if tokenizer.vocab_size < tc.vocab_size:
         raise RandomVLError(f"the tokenizer has {tokenizer.vocab_size} ids, fewer than the text model's "
                             f"{tc.vocab_size}")
-    text = {"hidden_size": tc.hidden_size, "intermediate_size": tc.intermediate_size,
-            "num_hidden_layers": tc.num_layers, "num_attention_heads": tc.num_heads,
-            "num_key_value_heads": tc.num_kv_heads, "max_position_embeddings": tc.max_position_embeddings,
-            "rms_norm_eps": tc.rms_norm_eps, "rope_theta": tc.rope_theta,
-            "tie_word_embeddings": bool(tc.tie_word_embeddings)}
+    text = _hf_text_keys(tc, rms_norm_eps=tc.rms_norm_eps, rope_theta=tc.rope_theta)
     cfg = QwenVLConfig.from_hf_dict(vl_hf_config(text, tc.head_dim, vision, tokenizer))
     model = QwenVL(cfg, rngs=nnx.Rngs(seed))
     source = nnx.to_pure_dict(nnx.state(text_model.model, nnx.Param))
