@@ -228,7 +228,8 @@ async def _start_embedded_pool(r: _Run):
         cfg, base = r.cfg, r.base
         # a Qwen2.5-VL policy: the engine serves its text decoder, the image path (inference/vision.py) the
         # whole model; weight pushes swap both under one version (`swap_served_weights`)
-        vision = VisionGenerator(serving, weight_version=r.trainer.weight_version) \
+        vision = VisionGenerator(serving, weight_version=r.trainer.weight_version,
+                                 max_batch=cfg.policy.max_batch_size) \
             if hasattr(serving, "vl_cfg") else None
         engine = Engine(serving.language_model if vision is not None else serving, base.tokenizer,
                         context_length=cfg.policy.context_length or None, config=engine_config(cfg.policy),

@@ -126,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              guard=guard, max_text_chars=args.max_text_chars,
                              max_request_tokens=args.max_request_tokens)
     if vl is not None:
-        server.vision = VisionGenerator(vl_model, weight_version=engine.weight_version)
+        server.vision = VisionGenerator(vl_model, weight_version=engine.weight_version,
+                                        max_batch=args.max_running_requests)
     sock = _bind_socket(args.host, args.port)
     try:
         asyncio.run(serve(server, sock, args.shutdown_timeout))

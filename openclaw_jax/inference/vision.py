@@ -1,9 +1,11 @@
 """Generation with images for a Qwen2.5-VL policy (`models.qwen_vl.QwenVL`): prefill with the pixels,
 decode text with the per-sequence rope delta, and the rollout log-probs of every sampled token.
 
-One sequence at a time and no prefix cache: the batched engine (engine.py, its kernels) serves
-text decoders; its prefix cache keys K/V by token ids, and the image tokens of two different images
-are the same ids, so image prompts must not share it. `VisionGenerator` is the image path of the
+Each prompt is prefilled on its own (in its caller's thread) and then decoded together with every
+other sequence in flight (`_BatchDecoder`: one batch cache, one decode call per token for all rows).
+No prefix cache: the batched engine (engine.py, its kernels) serves text decoders; its prefix cache
+keys K/V by token ids, and the image tokens of two different images are the same ids, so image
+prompts must not share it. `VisionGenerator` is the image path of the
 embedded server: `/generate` with `image_data` runs here when `InferenceServer.vision` is set
 (`image_sequence_output`); the batched engine serves the text decoder of the same weights. The prompt holds each
 image's placeholders (`<|image_pad|>` x `image_token_count(grid)`, `expand_image_placeholders`);
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -27,8 +30,9 @@ import numpy as np
 from flax import nnx
 
 from openclaw_jax.models.image_processing import ImageProcessorConfig, process_images
+from openclaw_jax.models.decoder import KVCache
 from openclaw_jax.models.qwen_vl import QwenVL, check_image_tokens
-from openclaw_jax.inference.sampling import sample_tokens
+from openclaw_jax.inference.sampling import sample_tokens, step_keys
 from openclaw_jax.inference.scheduler import bucket
 from openclaw_jax.inference.types import SequenceOutput
 from openclaw_jax.wire.errors import WireError
@@ -55,26 +59,170 @@ def _prefill(graphdef, state, ids, length, pixel_values, grid, cache_len):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(4,))
-def _decode(graphdef, state, token, position, cache, deltas):
+def _decode_rows(graphdef, state, tokens, positions, cache, deltas):
+    """One decode step of every row of the batch cache (idle rows decode a dummy token at slot 0)."""
     model = nnx.merge(graphdef, state)
-    logits, cache = model.decode(token.reshape(1, 1), position.reshape(1, 1), cache, deltas)
+    logits, cache = model.decode(tokens[:, None], positions[:, None], cache, deltas)
     return logits[:, 0], cache
 
 
 @jax.jit
-def _sample(logits, temperature, top_p, top_k, min_p, key):
-    """The engine's own sampler (`sampling.sample_tokens`) on the one row; the log-prob of the token."""
-    row = lambda x, dtype: jnp.asarray(x, dtype).reshape(1)   # noqa: E731
-    token, lp = sample_tokens(logits, row(temperature, jnp.float32), row(top_p, jnp.float32),
-                              row(top_k, jnp.int32), row(min_p, jnp.float32), jax.random.key_data(key)[None])
-    return token, jnp.take_along_axis(lp, token[:, None], axis=-1)[:, 0]
+def _sample_rows(logits, temperature, top_p, top_k, min_p, base_keys, steps):
+    """The engine's own sampler (`sampling.sample_tokens`), a key per row and step; the tokens' log-probs."""
+    tokens, lp = sample_tokens(logits, temperature, top_p, top_k, min_p, step_keys(base_keys, steps))
+    return tokens, jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def _place_row(cache: KVCache, logits, row_cache: KVCache, row_logits, slot):
+    """A prefilled sequence (its cache, at most the batch cache's length, and last logits) into row `slot`.
+    The slots past its prompt keep the previous occupant's k/v: decode never reads a slot >= the position."""
+    put = lambda c, r: jax.lax.dynamic_update_slice(c, r.astype(c.dtype), (0, slot, 0, 0, 0))  # noqa: E731
+    return KVCache(put(cache.k, row_cache.k), put(cache.v, row_cache.v)), logits.at[slot].set(row_logits[0])
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _grow(cache: KVCache, length: int) -> KVCache:
+    pad = ((0, 0), (0, 0), (0, length - cache.k.shape[2]), (0, 0), (0, 0))
+    return KVCache(jnp.pad(cache.k, pad), jnp.pad(cache.v, pad))
+
+
+@dataclass
+class _Row:
+    """One sequence of the batched decode: its prefill, sampling settings and output so far."""
+    state: Any                  # the weights it started on (the batch decodes one version at a time)
+    cache: KVCache | None       # its prefill, batch 1 (dropped once placed in the batch cache)
+    logits: jax.Array | None    # [1, V] at its last prompt token
+    length: int                 # prompt length: the first decoded token goes to this cache slot
+    delta: int
+    max_new_tokens: int
+    sampling: tuple[float, float, int, float]   # temperature, top_p, top_k, min_p
+    key: np.ndarray             # raw PRNG key [2] uint32; step i samples with fold_in(key, i)
+    stops: frozenset[int]
+    out: VisionOutput
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class _BatchDecoder:
+    """Decodes every sequence in flight together: a thread steps a batch cache of `width` rows, one
+    decode call and one sampling call per token for all of them (the weights are read once per token,
+    not once per sequence, which is what a CPU decode step costs). Prefills run in the callers' threads
+    and join at the next token; a row leaves when it stops and its slot takes the next sequence. One
+    weight version at a time: a sequence prefilled on other weights waits until the batch drains."""
+
+    def __init__(self, graphdef: Any, width: int):
+        self.graphdef, self.width = graphdef, width
+        self._cond = threading.Condition()
+        self._pending: deque[_Row] = deque()
+        self._rows: list[_Row | None] = [None] * width
+        self._state: Any = None
+        self._cache: KVCache | None = None
+        self._logits: jax.Array | None = None
+        self._thread: threading.Thread | None = None
+        self._host = {"temperature": np.zeros(width, np.float32), "top_p": np.ones(width, np.float32),
+                      "top_k": np.zeros(width, np.int32), "min_p": np.zeros(width, np.float32),
+                      "keys": np.zeros((width, 2), np.uint32), "steps": np.zeros(width, np.int32),
+                      "tokens": np.zeros(width, np.int32), "positions": np.zeros(width, np.int32),
+                      "deltas": np.zeros(width, np.int32)}
+
+    def run(self, row: _Row) -> VisionOutput:
+        with self._cond:
+            self._pending.append(row)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="vision-decode", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        row.done.wait()
+        if row.error is not None:
+            raise row.error
+        return row.out
+
+    def _admit(self) -> list[tuple[int, _Row]]:
+        """Pending rows into free slots (under the lock), in arrival order, while their weights match."""
+        admitted = []
+        active = any(r is not None for r in self._rows)
+        while self._pending and None in self._rows:
+            row = self._pending[0]
+            if active and row.state is not self._state:
+                break
+            self._pending.popleft()
+            slot = self._rows.index(None)
+            self._rows[slot] = row
+            self._state, active = row.state, True
+            admitted.append((slot, row))
+        return admitted
+
+    def _place(self, slot: int, row: _Row) -> None:
+        need = row.cache.k.shape[2]
+        if self._cache is None:
+            self._cache = KVCache(*(jnp.zeros((c.shape[0], self.width) + c.shape[2:], c.dtype) for c in row.cache))
+            self._logits = jnp.zeros((self.width, row.logits.shape[-1]), jnp.float32)
+        if need > self._cache.k.shape[2]:
+            self._cache = _grow(self._cache, need)
+        self._cache, self._logits = _place_row(self._cache, self._logits, row.cache, row.logits, jnp.int32(slot))
+        row.cache = row.logits = None   # placed: drop the prefill's buffers
+        h = self._host
+        h["temperature"][slot], h["top_p"][slot], h["top_k"][slot], h["min_p"][slot] = row.sampling
+        h["keys"][slot], h["steps"][slot], h["deltas"][slot] = row.key, 0, row.delta
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and all(r is None for r in self._rows):
+                    self._cond.wait()
+                admitted = self._admit()
+            try:
+                for slot, row in admitted:
+                    self._place(slot, row)
+                self._step()
+            except BaseException as err:   # noqa: BLE001 -- every waiting caller gets it; the loop goes on
+                with self._cond:
+                    failed = [r for r in self._rows if r is not None]
+                    self._rows = [None] * self.width
+                    self._cache = self._logits = None
+                for row in failed:
+                    row.error = err
+                    row.done.set()
+
+    def _step(self) -> None:
+        """Sample a token for every live row; retire the finished ones; decode the rest one step."""
+        h = self._host
+        tokens, lps = _sample_rows(self._logits, h["temperature"], h["top_p"], h["top_k"], h["min_p"],
+                                   h["keys"], h["steps"])
+        tokens, lps = np.asarray(tokens), np.asarray(lps)
+        h["tokens"][:] = 0
+        h["positions"][:] = 0
+        finished = []
+        for slot, row in enumerate(self._rows):
+            if row is None:
+                continue
+            tok = int(tokens[slot])
+            row.out.output_ids.append(tok)
+            row.out.output_logprobs.append(float(lps[slot]))
+            n_out = len(row.out.output_ids)
+            if tok in row.stops or n_out == row.max_new_tokens:
+                row.out.finish_reason = "stop" if tok in row.stops else "length"
+                finished.append(slot)
+                continue
+            h["tokens"][slot], h["positions"][slot], h["steps"][slot] = tok, row.length + n_out - 1, n_out
+        with self._cond:
+            for slot in finished:
+                row, self._rows[slot] = self._rows[slot], None
+                row.done.set()
+            live = any(r is not None for r in self._rows)
+        if live:
+            self._logits, self._cache = _decode_rows(self.graphdef, self._state, h["tokens"], h["positions"],
+                                                     self._cache, h["deltas"])
 
 
 class VisionGenerator:
     """`VisionGenerator(model).generate(prompt_ids, images, max_new_tokens=..., temperature=..., seed=...)`."""
 
     def __init__(self, model: QwenVL, processor: ImageProcessorConfig | None = None, *,
-                 weight_version: str | None = None):
+                 weight_version: str | None = None, max_batch: int = 8):
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch} must be >= 1 (sequences decoded together)")
         if not isinstance(model, QwenVL):
             raise TypeError(f"VisionGenerator serves a QwenVL, got {type(model).__name__}")
         self.vl_cfg = model.vl_cfg
@@ -85,6 +233,7 @@ class VisionGenerator:
         self.swap_lock = threading.Lock()   # one weight swap at a time (swap_served_weights)
         self._seeds = np.random.default_rng()   # a request's sampling seed when it names none
         self._seeds_lock = threading.Lock()   # numpy's generators are not for concurrent callers
+        self._decoder = _BatchDecoder(self.graphdef, max_batch)
 
     @property
     def state(self) -> Any:
@@ -125,22 +274,11 @@ class VisionGenerator:
         if seed is None:
             with self._seeds_lock:
                 seed = int(self._seeds.integers(0, 2 ** 31 - 1))
-        key = jax.random.key(seed)
-        stops = set(int(t) for t in stop_token_ids)
-        for step in range(max_new_tokens):
-            key, sub = jax.random.split(key)
-            token, lp = _sample(logits, temperature, top_p, top_k, min_p, sub)
-            tok = int(token[0])
-            out.output_ids.append(tok)
-            out.output_logprobs.append(float(lp[0]))
-            if tok in stops:
-                out.finish_reason = "stop"
-                break
-            if step + 1 == max_new_tokens:
-                break
-            logits, cache = _decode(self.graphdef, state, jnp.asarray([tok], jnp.int32),
-                                    jnp.asarray([n + step], jnp.int32), cache, deltas)
-        return out
+        row = _Row(state=state, cache=cache, logits=logits, length=n, delta=out.rope_delta,
+                   max_new_tokens=max_new_tokens, sampling=(temperature, top_p, top_k, min_p),
+                   key=np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32),
+                   stops=frozenset(int(t) for t in stop_token_ids), out=out)
+        return self._decoder.run(row)
 
 
 # ---------------------------------------------------------------------------------------------
