@@ -41,13 +41,15 @@ def policy_images(base) -> ImageProcessorConfig | None:
 
 
 def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
-    """SFT on generated demonstrations (cached in <run_dir>/warmup); returns `base` with the warmed model."""
+    """SFT on generated demonstrations (cached in <run_dir>/warmup); returns `base` with the warmed model
+    as the student and, when `base` has a frozen teacher, as that teacher too: RL after a warm-up starts
+    from the warmed-up policy, so the KL anchor (`loss.kl_coef`) and the OPD teacher hold it there, not at
+    the model before the warm-up."""
     a = cfg.agentic
     out = run_dir / "warmup"
     if (out / "config.json").exists():
         log.info("loading the warmed-up model from %s", out)
-        model = load_pretrained(str(out), dtype=cfg.model.param_dtype).model
-        return dataclasses.replace(base, model=model)
+        return _warmed_up(cfg, base, out)
     env = make_env(a)
     images = policy_images(base)
     runner = episode_runner(a, env, base.tokenizer, images=images)
@@ -68,11 +70,20 @@ def warm_up(cfg: ExperimentConfig, base, run_dir: Path):
         losses.append(sft.step(batch))
         if step % 10 == 0 or step == a.warmup_steps - 1:
             log.info("warm-up step %d/%d: loss %.4f", step + 1, a.warmup_steps, losses[-1])
-    model = sft.model()
-    save_checkpoint(model, None, out, extra_config=base.hf_config)
+    save_checkpoint(sft.model(), None, out, extra_config=base.hf_config)
     if hasattr(base.tokenizer, "save_pretrained"):  # the cache must load on resume like any HF dir
         base.tokenizer.save_pretrained(out)
-    return dataclasses.replace(base, model=model)
+    del sft
+    return _warmed_up(cfg, base, out)
+
+
+def _warmed_up(cfg: ExperimentConfig, base, out: Path):
+    """`base` with the student (and the frozen teacher, if it has one) read from the warm-up's checkpoint,
+    in the dtypes and on the mesh `train.load_base_model` gives the base model."""
+    loaded = load_pretrained(str(out), mesh=base.mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+                             teacher_dtype=cfg.model.dtype if base.teacher is not None else None,
+                             remat=cfg.model.remat, attention=cfg.model.attention, tokenizer=False)
+    return dataclasses.replace(base, model=loaded.model, teacher=loaded.teacher)
 
 
 def judge_step_vote(judge) -> StepVote:
@@ -150,7 +161,10 @@ class AgenticDriver:
                   "turns": result.turns, "tool_calls": result.tool_calls, "tool_errors": result.tool_errors,
                   "end_reasons": dict(Counter(e.end_reason for e in result.episodes)),
                   # what the failed episodes ended with (to tell a wrong answer from a cut-off turn)
-                  "failures": [{"task": e.task.task_id, "end": e.end_reason, "text": e.final_text[-120:]}
+                  # and what they did (the assistant turns: a wrong click tells a misread from a broken call)
+                  "failures": [{"task": e.task.task_id, "end": e.end_reason, "text": e.final_text[-120:],
+                                "turns": [str(m.get("content") or m.get("tool_calls"))[-160:]
+                                          for m in e.messages if m.get("role") == "assistant"]}
                                for e in result.episodes if not e.success],
                   "eval_s": time.monotonic() - t0}
         return record
