@@ -254,6 +254,9 @@ class TrainerConfig:
     min_seq_bucket: int = 64
     min_response_bucket: int = 32
     teacher: str = "initial"             # "initial" (frozen initial student) or an HF checkpoint dir
+    # top-level modules of the student held fixed (e.g. [visual]: a Qwen2.5-VL's vision tower and
+    # merger); they are served and checkpointed as loaded, and get no gradient or optimizer state
+    freeze: tuple[str, ...] = ()
     rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
     # GRPO advantage of a conversation turn: its reward ("none", docs/design.md §6), or the reward minus
     # the mean reward of the step's evaluated turns ("batch_mean"; see trainer/advantages.py)
@@ -300,6 +303,8 @@ class TrainerConfig:
                  f"trainer.shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1) (0: always the fewest "
                  "token slots, a new compiled shape whenever that saves any)")
         _require(self.importance_cap > 0, f"trainer.importance_cap={self.importance_cap} must be > 0")
+        _require(all(name and "." not in name for name in self.freeze),
+                 f"trainer.freeze={list(self.freeze)} must name top-level modules of the model (e.g. [visual])")
         _require(self.sync_every > 0, f"trainer.sync_every={self.sync_every} must be > 0")
         _require(self.max_staleness >= 0, f"trainer.max_staleness={self.max_staleness} must be >= 0")
         _require(self.micro_batch_size >= 0 and (self.micro_batch_size == 0

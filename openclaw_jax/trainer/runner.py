@@ -117,6 +117,20 @@ def optimizer_shardings(tx, trainable: Any, mesh: jax.sharding.Mesh) -> Any:
     return jax.tree_util.tree_map_with_path(pick, abstract)
 
 
+def trained_params(student: nnx.Module, cfg: ExperimentConfig) -> Any:
+    """The NNX filter of the params the trainer updates: the LoRA adapters or every param, less the
+    modules `trainer.freeze` names (each must be a top-level module of `student`)."""
+    trained = LoRAParam if cfg.model.lora.enabled else nnx.Param
+    if not cfg.trainer.freeze:
+        return trained
+    modules = [name for name, value in vars(student).items() if isinstance(value, nnx.Module)]
+    unknown = [name for name in cfg.trainer.freeze if name not in modules]
+    if unknown:
+        raise ValueError(f"trainer.freeze={list(cfg.trainer.freeze)}: {unknown} is not a top-level module of the "
+                         f"{type(student).__name__} student; its modules are {modules}")
+    return nnx.All(trained, *(nnx.Not(nnx.PathContains(name)) for name in cfg.trainer.freeze))
+
+
 def jit_phases(settings: S.StepSettings, tx, schedule, trainable_shardings, opt_shardings, *, merge_lora: bool,
                importance_cap: float, importance: bool = False) -> dict[str, Callable]:
     """The jitted phases of one step (the planner lowers these same objects)."""
@@ -203,7 +217,7 @@ class StepRunner:
                     mesh: jax.sharding.Mesh, *, pad_id: int = 0) -> "StepRunner":
         """The runner over the student (its LoRA adapters or all params trained) and the frozen teacher,
         which runs in the compute dtype only: it is held there (half the bytes in bf16)."""
-        graphdef, trainable, frozen = nnx.split(student, LoRAParam if cfg.model.lora.enabled else nnx.Param, ...)
+        graphdef, trainable, frozen = nnx.split(student, trained_params(student, cfg), ...)
         teacher_graphdef, teacher_state = nnx.split(teacher)
         teacher_state = jax.jit(functools.partial(S.cast_floating, dtype=cfg.model.dtype))(teacher_state)
         images = None
