@@ -4,15 +4,18 @@ passes see the pixels (other pixels, other log-probs) and the vision tower gets 
 
 from __future__ import annotations
 
+import hashlib
 import io
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from openclaw_jax.config import load_experiment_config
-from openclaw_jax.models.image_processing import ImageProcessorConfig, image_token_count, process_image
+from openclaw_jax.models.image_processing import (ImageProcessorConfig, image_token_count, process_image,
+                                                  process_images)
 from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig
 from openclaw_jax.parallel.mesh import make_mesh
 from openclaw_jax.samples.sample import Sample
@@ -66,7 +69,7 @@ def write_store(directory, images: list[bytes]):
                             response_ids=[int(x) for x in rng.integers(3, 200, r)],
                             rollout_logprobs=list(-rng.random(r) - 0.5), hints=["look closer"] * hints,
                             hint_prompt_ids=[prompt + [7, 8, 9]] * hints, weight_version="0",
-                            image_sha256=[__import__("hashlib").sha256(image).hexdigest()])
+                            image_sha256=[hashlib.sha256(image).hexdigest()])
             st.append(sample, images=[image])
 
 
@@ -144,3 +147,65 @@ def test_batches_with_images_refuse_packing_and_mixed_grids(tmp_path, trainer_an
     with pytest.raises(ValueError, match="image tokens"):
         attach_images(pack([samples[0], bad], trainer.spec), lambda h: read_image(tail.directory, h), PROC, IMAGE)
     tail.close()
+
+
+def test_old_pass_equals_the_full_forward_with_a_screen_inside_the_response(tmp_path, trainer_and_cfg):
+    """A GUI episode's sample: the first screen in the prompt, the next one inside the response (the
+    tool message after a click, masked out of the loss). The old pass's log-probs of the trained tokens
+    equal the model's own full forward over prompt + response with both images."""
+    trainer, vl = trainer_and_cfg
+    rng = np.random.default_rng(5)
+    rows = []
+    with SampleStore(tmp_path) as st:
+        for i in range(2):
+            screens = [png(40 + i), png(50 + i)]
+            prompt = prompt_with_image(rng, 6, screens[0])
+            observation = prompt_with_image(rng, 4, screens[1])
+            first, last = [int(x) for x in rng.integers(3, 200, 5)], [int(x) for x in rng.integers(3, 200, 3)]
+            response = first + observation + last
+            mask = [1] * len(first) + [0] * len(observation) + [1] * len(last)
+            st.append(Sample(session_id=f"e{i}", turn_index=0, kind="rl", reward=1.0 - 2 * i, prompt_ids=prompt,
+                             response_ids=response, rollout_logprobs=[-0.5] * len(response), weight_version="0",
+                             response_mask=mask, token_advantages=[1.0 - 2 * i] * len(response),
+                             image_sha256=[hashlib.sha256(b).hexdigest() for b in screens]), images=screens)
+            rows.append((prompt, response, np.asarray(mask, bool), screens))
+    packed = read_batch(tmp_path, trainer.spec, vl)
+    runner = trainer.runner
+    with jax.set_mesh(runner.mesh):
+        inputs = S.StudentInputs(**runner.put(packed.student))
+        old = runner.phases_for(packed.image_grid)["old_pass"](runner.graphdef, (trainer.trainable, runner.frozen),
+                                                               inputs)
+    old_lp = np.asarray(old.old_logprobs)
+    model = nnx.merge(runner.graphdef, trainer.trainable, runner.frozen)
+    for b, (prompt, response, mask, screens) in enumerate(rows):
+        pv, grid = process_images(screens, PROC)
+        logits = model(jnp.asarray([prompt + response], jnp.int32), pixel_values=jnp.asarray(pv),
+                       image_grid_thw=tuple(tuple(int(v) for v in g) for g in grid))[0]
+        lp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+        ref = np.asarray([lp[len(prompt) - 1 + t, tok] for t, tok in enumerate(response)])
+        np.testing.assert_allclose(old_lp[b, :len(response)][mask], ref[mask], atol=1e-4)
+
+
+def test_a_frozen_vision_tower_keeps_its_weights_while_the_decoder_trains(tmp_path):
+    """`trainer.freeze=[visual]`: a step moves the text decoder and leaves the vision tower as loaded
+    (it is not among the trained params and is served as it was); an unknown module is refused."""
+    vl = vl_config()
+    cfg = load_experiment_config([], BASE + ["trainer.freeze=[visual]"])
+    mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    model = QwenVL(vl, rngs=nnx.Rngs(0))
+    loaded = {".".join(map(str, k)): np.array(v.get_value(), np.float32)
+              for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    trainer = Trainer(cfg, model, QwenVL(vl, rngs=nnx.Rngs(1)), mesh, samples=cfg.sample_spec())
+    assert not visual_params(trainer)   # the tower is not trained
+    write_store(tmp_path, [png(1), png(2)])
+    assert np.isfinite(trainer.train_on(read_batch(tmp_path, trainer.spec, vl))["loss"])
+    served = {".".join(map(str, k)): np.array(v.get_value(), np.float32)
+              for k, v in nnx.to_flat_state(nnx.state(trainer.serving_model(), nnx.Param))}
+    assert served.keys() == loaded.keys()
+    for k in served:
+        if k.startswith("visual."):
+            np.testing.assert_array_equal(served[k], loaded[k], err_msg=k)
+    assert max(np.abs(served[k] - loaded[k]).max() for k in served if k.startswith("language_model.")) > 0
+    with pytest.raises(ValueError, match="not a top-level module"):
+        Trainer(load_experiment_config([], BASE + ["trainer.freeze=[vision]"]), QwenVL(vl, rngs=nnx.Rngs(0)),
+                QwenVL(vl, rngs=nnx.Rngs(1)), mesh, samples=cfg.sample_spec())
