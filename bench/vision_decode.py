@@ -1,8 +1,8 @@
 """Image-path decode: sequences in flight decoded together (`inference/vision.py`, one batch cache) vs
 the same requests one sequence at a time, on a Qwen2.5-VL whose text decoder is SmolLM2-135M-Instruct.
 
-The model is `configs/gui_cpu.yaml`'s policy (SmolLM2 behind a random 2-block vision tower,
-`models/random_vl.write_vl_on_text_model`, written to a temporary directory), or `--model DIR`. Each
+The model is `configs/gui_cpu.yaml`'s policy (SmolLM2 behind its random vision tower, built by
+`train.load_base_model` in a temporary run directory), or `--model DIR`. Each
 request is a ~200-token prompt with one 112x84 screenshot (12 image tokens), greedy, exactly
 `--new-tokens` tokens (no stop). The reference is `VisionGenerator(max_batch=1)`: the requests one
 after another, each decoded alone (how the image path served them before the batch cache). Ours is
@@ -21,8 +21,11 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def screenshot(seed: int) -> bytes:
@@ -34,17 +37,16 @@ def screenshot(seed: int) -> bytes:
 
 
 def build_model(model_dir: str | None):
-    from openclaw_jax.config import RandomVisionConfig
+    """`--model`, else `configs/gui_cpu.yaml`'s policy as `train.load_base_model` builds it."""
+    from openclaw_jax.config import load_experiment_config
     from openclaw_jax.models.hub import load_pretrained
-    from openclaw_jax.models.random_vl import write_vl_on_text_model
-    from openclaw_jax.models.tokenizer import tokenizer_by_name
+    from openclaw_jax.train import load_base_model
 
-    if model_dir is None:
-        model_dir = tempfile.mkdtemp(prefix="vision_decode_")
-        vision = RandomVisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, window_size=112,
-                                    fullatt_block_indexes=(1,))
-        write_vl_on_text_model(load_pretrained("smollm2"), vision, tokenizer_by_name("smollm2_vl"), model_dir)
-    return load_pretrained(model_dir, tokenizer=False).model
+    if model_dir is not None:
+        return load_pretrained(model_dir, tokenizer=False).model
+    cfg = load_experiment_config([str(REPO / "configs" / "gui_cpu.yaml")],
+                                 [f"run_dir={tempfile.mkdtemp(prefix='vision_decode_')}"])
+    return load_base_model(cfg).model
 
 
 def requests(model, n: int) -> list[tuple[list[int], bytes]]:

@@ -94,7 +94,6 @@ class _Row:
     cache: KVCache | None       # its prefill, batch 1 (dropped once placed in the batch cache)
     logits: jax.Array | None    # [1, V] at its last prompt token
     length: int                 # prompt length: the first decoded token goes to this cache slot
-    delta: int
     max_new_tokens: int
     sampling: tuple[float, float, int, float]   # temperature, top_p, top_k, min_p
     key: np.ndarray             # raw PRNG key [2] uint32; step i samples with fold_in(key, i)
@@ -164,7 +163,7 @@ class _BatchDecoder:
         row.cache = row.logits = None   # placed: drop the prefill's buffers
         h = self._host
         h["temperature"][slot], h["top_p"][slot], h["top_k"][slot], h["min_p"][slot] = row.sampling
-        h["keys"][slot], h["steps"][slot], h["deltas"][slot] = row.key, 0, row.delta
+        h["keys"][slot], h["steps"][slot], h["deltas"][slot] = row.key, 0, row.out.rope_delta
 
     def _loop(self) -> None:
         while True:
@@ -274,8 +273,8 @@ class VisionGenerator:
         if seed is None:
             with self._seeds_lock:
                 seed = int(self._seeds.integers(0, 2 ** 31 - 1))
-        row = _Row(state=state, cache=cache, logits=logits, length=n, delta=out.rope_delta,
-                   max_new_tokens=max_new_tokens, sampling=(temperature, top_p, top_k, min_p),
+        row = _Row(state=state, cache=cache, logits=logits, length=n, max_new_tokens=max_new_tokens,
+                   sampling=(temperature, top_p, top_k, min_p),
                    key=np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32),
                    stops=frozenset(int(t) for t in stop_token_ids), out=out)
         return self._decoder.run(row)
