@@ -35,20 +35,32 @@ def test_fused_decode_matches_block_path(kw):
     cache = KVCache(jnp.asarray(rng.standard_normal(shape), jnp.float32),
                     jnp.asarray(rng.standard_normal(shape), jnp.float32))
     tokens = jnp.asarray([5, 17, 90], jnp.int32)
-    positions = jnp.asarray([0, 7, s], jnp.int32)  # an empty prefix, a middle slot, past the end (dropped)
 
-    def run(layer_graphdef, layer_states):
+    def run(layer_graphdef, layer_states, positions):
         return jax.jit(lambda st, ls, c: kernels._decode_logits(nnx.merge(graphdef, st), layer_graphdef, ls, tokens,
                                                                 positions, c))(state, layer_states, cache)
 
-    ref_logits, ref_cache = run(*kernels.split_layers(graphdef, state))
-    logits, new_cache = run(FUSED, fuse_layers(graphdef, state))
-    np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(new_cache.k), np.asarray(ref_cache.k), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(new_cache.v), np.asarray(ref_cache.v), rtol=1e-5, atol=1e-5)
+    split, fused = kernels.split_layers(graphdef, state), fuse_layers(graphdef, state)
+    close = dict(rtol=1e-5, atol=1e-5)
+    # an empty prefix, a middle slot, the last slot
+    positions = jnp.asarray([0, 7, s - 1], jnp.int32)
+    ref_logits, ref_cache = run(*split, positions)
+    logits, new_cache = run(FUSED, fused, positions)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), **close)
+    np.testing.assert_allclose(np.asarray(new_cache.k), np.asarray(ref_cache.k), **close)
+    np.testing.assert_allclose(np.asarray(new_cache.v), np.asarray(ref_cache.v), **close)
     # and the block path is the model's own decode
     full, _ = model.decode(tokens[:, None], positions[:, None], cache)
-    np.testing.assert_allclose(np.asarray(ref_logits), np.asarray(full[:, 0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ref_logits), np.asarray(full[:, 0]), **close)
+
+    # A row past the cache end (how the decode loop parks a stopped row) writes nothing; its logits
+    # are discarded by the loop (the fused path attends to its cache only, without its own key).
+    positions = jnp.asarray([0, 7, s], jnp.int32)
+    ref_logits, ref_cache = run(*split, positions)
+    logits, new_cache = run(FUSED, fused, positions)
+    np.testing.assert_allclose(np.asarray(logits[:2]), np.asarray(ref_logits[:2]), **close)
+    np.testing.assert_allclose(np.asarray(new_cache.k), np.asarray(ref_cache.k), **close)
+    np.testing.assert_array_equal(np.asarray(new_cache.v[:, 2]), np.asarray(cache.v[:, 2]))
 
 
 def test_lora_models_keep_the_block_path():

@@ -11,8 +11,11 @@ each layer's weights are re-laid out once, when the engine installs them (`fuse_
   * `wgu [H, 2 * I]`: gate and up in one matmul;
   * `wo [N * D, H]`, `wd [I, H]`: the output projections as plain 2-D matrices.
 
-Attention for one query per row (`decode_attention`) is `cached_attention`'s softmax for L = 1,
-with the new key/value as a separate term (the cache is written once, after all layers).
+Each layer's cache is its own `[B, S, K, D]` array (the engine keeps its running cache in that
+form, `kernels.layered`): a layer writes its new key/value into its cache first and
+attention then reads the updated cache, so XLA updates it in place (reading the old cache beside
+an update made it copy each layer's cache twice a step). Attention for one query per row
+(`decode_attention`) is `cached_attention`'s softmax for L = 1 over the slots up to the row's own.
 
 The arithmetic is the block's (`openclaw_jax.models.decoder.Block`): RMSNorm, RoPE, scores and
 softmax in float32, matmuls in the compute dtype; only the grouping of the matmuls differs.
@@ -21,8 +24,7 @@ regather them), keep the generic path (`fuse_layers` returns None).
 
 Measured on the 2-core AVX2 CPU (b16, 128-slot cache, one core, CPU time per step, the loop compiled
 without YNNPACK dots as `kernels.decode_loop_fused_jit` is): 183 ms against 237 ms for the block
-path; the matmuls are ~2/3 of what is left, attention (the cache transposes of the batched dot
-included) ~1/4.
+path, when attention still transposed and copied the caches (see `decode_attention` and above).
 """
 
 from __future__ import annotations
@@ -31,10 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from openclaw_jax.models.rope import apply_rope
+from openclaw_jax.models.rope import apply_rope, rope_sin_cos
 
-# LM-head columns per matmul: the [H, V] kernel is kept as [H, HEAD_CHUNK] pieces
-HEAD_CHUNK = 8192
 # static marker the decode loop receives instead of a layer graphdef (kernels._decode_logits)
 FUSED = "fused-decode-layers"
 
@@ -59,9 +59,10 @@ def fuse_layers(graphdef, state):
     stacked = {name: p[...] for name, p in stacked.items()}
 
     layers = tuple(_fused_layer(stacked, jnp.int32(i)) for i in range(cfg.num_layers))
-    head = model.lm_head_kernel()  # [H, V] (the transposed embedding when tied)
-    chunks = tuple(jnp.array(head[:, j:j + HEAD_CHUNK]) for j in range(0, head.shape[1], HEAD_CHUNK))
-    return {"layers": layers, "head": chunks}
+    # the LM head as [V, H], each logit a dot of two contiguous rows: the embedding itself when
+    # tied (no copy), else the head kernel transposed once
+    head = model.embed_tokens[...] if model.lm_head is None else jnp.array(model.lm_head.kernel[...].T)
+    return {"layers": layers, "head": head}
 
 
 @jax.jit
@@ -87,35 +88,39 @@ def _rms(x, weight, eps, dtype):
     return (normed * weight.astype(jnp.float32)).astype(dtype)
 
 
-def decode_attention(q, k_new, v_new, cache_k, cache_v, positions):
-    """One query per row over the cache slots before its position and its own new key.
+def decode_attention(q, cache_k, cache_v, positions):
+    """One query per row over the cache slots up to and including its position.
 
-    q `[B, N, D]`, k_new / v_new `[B, K, D]`, cache_k / cache_v `[B, S, K, D]` (read as stored),
-    positions `[B]` (slots < position are visible). The same softmax as
+    q `[B, N, D]`, cache_k / cache_v `[B, S, K, D]` (read as stored, the row's own key/value already
+    written at its position), positions `[B]` (slots <= position are visible). The same softmax as
     `openclaw_jax.models.attention.cached_attention` with L = 1, in float32.
+
+    The query is laid block-diagonally over the kv heads' columns, `[B, N, K * D]` with head n's
+    query in the D columns of its kv head and zeros elsewhere, so that scores and values are plain
+    batched matmuls against the cache seen as `[B, S, K * D]` (K times the dot products, a few
+    MFLOP): a dot batched over (row, kv head) would first transpose each layer's cache to
+    `[B, K, S, D]`, a copy of the whole cache every step.
     """
     b, n, d = q.shape
     s_len, kh = cache_k.shape[1], cache_k.shape[2]
-    g = n // kh
-    qg = q.reshape(b, kh, g, d)
-    scale = d ** -0.5
-    old = jnp.einsum("bkgd,bskd->bkgs", qg, cache_k.astype(q.dtype), preferred_element_type=jnp.float32) * scale
-    new = jnp.einsum("bkgd,bkd->bkg", qg, k_new.astype(q.dtype), preferred_element_type=jnp.float32) * scale
-    visible = jnp.arange(s_len, dtype=jnp.int32)[None, :] < positions[:, None]            # [B, S]
-    old = jnp.where(visible[:, None, None, :], old, -jnp.inf)
-    m = jnp.maximum(jnp.max(old, axis=-1), new)                                            # [B, K, G]
-    p_old = jnp.exp(old - m[..., None])
-    p_new = jnp.exp(new - m)
-    denom = jnp.sum(p_old, axis=-1) + p_new
-    out = (jnp.einsum("bkgs,bskd->bkgd", p_old.astype(q.dtype), cache_v.astype(q.dtype),
-                      preferred_element_type=jnp.float32)
-           + p_new[..., None] * v_new[:, :, None, :].astype(jnp.float32))                  # [B, K, G, D]
-    return (out / denom[..., None]).reshape(b, n, d).astype(q.dtype)
+    owner = jnp.arange(n) // (n // kh)                                                      # kv head of each q head
+    block = (owner[:, None] == jnp.arange(kh)[None, :]).astype(jnp.float32)                # [N, K]
+    q_wide = (q[:, :, None, :] * block[None, :, :, None].astype(q.dtype)).reshape(b, n, kh * d)
+    keys = cache_k.reshape(b, s_len, kh * d).astype(q.dtype)
+    values = cache_v.reshape(b, s_len, kh * d).astype(q.dtype)
+    scores = jnp.einsum("bnc,bsc->bns", q_wide, keys, preferred_element_type=jnp.float32) * d ** -0.5
+    visible = jnp.arange(s_len, dtype=jnp.int32)[None, :] <= positions[:, None]           # [B, S]
+    scores = jnp.where(visible[:, None, :], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)                                                 # [B, N, S]
+    wide = jnp.einsum("bns,bsc->bnc", probs.astype(q.dtype), values, preferred_element_type=jnp.float32)
+    out = jnp.sum(wide.reshape(b, n, kh, d) * block[None, :, :, None], axis=2)              # head n's own block
+    return out.astype(q.dtype)
 
 
 def decode_layer(cfg, layer, h, cos, sin, cache_k, cache_v, positions):
-    """One decoder block for h `[B, H]` at `positions [B]`; returns (h, k, v) with k/v `[B, K, D]`
-    (written into the cache by the caller, after all layers). cos/sin `[B, 1, D]`."""
+    """One decoder block for h `[B, H]` at `positions [B]` over this layer's cache `[B, S, K, D]`;
+    returns (h, cache_k, cache_v) with each row's new key/value written at its position (a position
+    past the cache end writes nothing). cos/sin `[B, 1, D]`."""
     dt = jnp.dtype(cfg.dtype)
     N, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     b = h.shape[0]
@@ -130,17 +135,34 @@ def decode_layer(cfg, layer, h, cos, sin, cache_k, cache_v, positions):
         q = _rms(q, layer["q_norm"], cfg.rms_norm_eps, dt)
         k = _rms(k, layer["k_norm"], cfg.rms_norm_eps, dt)
     q, k = apply_rope(q, cos, sin)[:, 0], apply_rope(k, cos, sin)[:, 0]
-    attn = decode_attention(q, k, v, cache_k, cache_v, positions)
+    rows = jnp.arange(b)
+    cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
+    cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
+    attn = decode_attention(q, cache_k, cache_v, positions)
     h = h + jnp.dot(attn.reshape(b, N * D), layer["wo"].astype(dt))
     x = _rms(h, layer["ln2"], cfg.rms_norm_eps, dt)
     gu = jnp.dot(x, layer["wgu"].astype(dt))
     inter = gu.shape[-1] // 2
     h = h + jnp.dot(jax.nn.silu(gu[:, :inter]) * gu[:, inter:], layer["wd"].astype(dt))
-    return h, k.astype(cache_k.dtype), v.astype(cache_v.dtype)
+    return h, cache_k, cache_v
+
+
+def decode_step(cfg, weights, embed, norm, tokens, positions, cache):
+    """One fused decode step: tokens / positions `[B]`, `cache` a KVCache of per-layer tuples of
+    `[B, S, K, D]` arrays (`kernels.layered`); returns (float32 logits `[B, V]`, the updated cache).
+    `embed` / `norm` are the model's token embedding and final norm."""
+    positions = positions.astype(jnp.int32)
+    h = embed(tokens[:, None]).astype(jnp.dtype(cfg.dtype))[:, 0]
+    cos, sin = rope_sin_cos(positions[:, None], cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.mrope_section)
+    ks, vs = [], []
+    for layer, ck, cv in zip(weights["layers"], cache.k, cache.v):
+        h, ck, cv = decode_layer(cfg, layer, h, cos, sin, ck, cv, positions)
+        ks.append(ck)
+        vs.append(cv)
+    return decode_head(cfg, weights["head"], norm(h[:, None])[:, 0]), type(cache)(tuple(ks), tuple(vs))
 
 
 def decode_head(cfg, head, h):
-    """float32 logits `[B, V]` of final-norm hidden states h `[B, H]` from the LM-head pieces."""
+    """float32 logits `[B, V]` of final-norm hidden states h `[B, H]` from the `[V, H]` LM head."""
     dt = jnp.dtype(cfg.dtype)
-    return jnp.concatenate([jnp.dot(h.astype(dt), w.astype(dt), preferred_element_type=jnp.float32) for w in head],
-                           axis=-1)
+    return jnp.einsum("bh,vh->bv", h.astype(dt), head.astype(dt), preferred_element_type=jnp.float32)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from openclaw_jax.inference import sampling as sampling_ops
-from openclaw_jax.inference.decode_layers import FUSED, decode_head, decode_layer
+from openclaw_jax.inference.decode_layers import FUSED, decode_step
 from openclaw_jax.models.decoder import KVCache
 from openclaw_jax.models.rope import rope_sin_cos
 from openclaw_jax.parallel.sharding import constrain
@@ -81,9 +81,15 @@ def _extend_impl(graphdef, state, cache, input_ids, starts, lengths, temps, top_
 
 
 def _insert_impl(big, small, rows):
-    """Copy prefill caches `[layers, b, Lp, ...]` into rows of the running cache (rows >= B are dropped)."""
-    # an extend prefill's cache (bucketed prefix + bucketed new tokens) may be longer than the
-    # running cache; past the row's prompt it holds only padding, so it is cut to fit
+    """Copy prefill caches `[layers, b, Lp, ...]` into rows of the running cache, stacked or `layered`
+    (rows >= B are dropped)."""
+    if isinstance(big.k, tuple):
+        def one(layers, src):
+            # an extend prefill's cache (bucketed prefix + bucketed new tokens) may be longer than
+            # the running cache; past the row's prompt it holds only padding, so it is cut to fit
+            n = min(src.shape[2], layers[0].shape[1])
+            return tuple(x.at[rows, :n].set(src[i, :, :n].astype(x.dtype), mode="drop") for i, x in enumerate(layers))
+        return KVCache(one(big.k, small.k), one(big.v, small.v))
     lp_len = min(small.k.shape[2], big.k.shape[2])
     k = big.k.at[:, rows, :lp_len].set(small.k[:, :, :lp_len].astype(big.k.dtype), mode="drop")
     v = big.v.at[:, rows, :lp_len].set(small.v[:, :, :lp_len].astype(big.v.dtype), mode="drop")
@@ -113,14 +119,35 @@ def split_layers(graphdef, state):
     return layer_graphdef, tuple(jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n))
 
 
+def layered(cache):
+    """The stacked cache `[layers, B, S, K, D]` as `KVCache(k, v)` of per-layer tuples of `[B, S, K, D]`
+    arrays: the fused decode's running cache (the engine keeps it in this form; slicing layer i
+    out of a stacked cache inside the decode loop copies it, every layer and every step)."""
+    if isinstance(cache.k, tuple):
+        return cache
+    return KVCache(tuple(cache.k[i] for i in range(cache.k.shape[0])),
+                   tuple(cache.v[i] for i in range(cache.v.shape[0])))
+
+
+def stacked(cache):
+    """`layered`'s inverse."""
+    if not isinstance(cache.k, tuple):
+        return cache
+    return KVCache(jnp.stack(cache.k), jnp.stack(cache.v))
+
+
 def _decode_logits(model, layer_graphdef, layer_states, tokens, positions, cache):
     """`model.decode(tokens[:, None], positions[:, None], cache)` with the layers unrolled over
     separate per-layer weights (see `split_layers`; the same ops layer by layer), or over the fused
     decode weights of `decode_layers.fuse_layers` (`layer_graphdef == FUSED`: the same arithmetic
-    in fewer, larger matmuls)."""
+    in fewer, larger matmuls, over per-layer caches; the decode loop keeps those across its steps)."""
     if layer_states is None:
         logits, cache = model.decode(tokens[:, None], positions[:, None], cache)
         return logits[:, 0], cache
+    if layer_graphdef == FUSED:
+        logits, cache = decode_step(model.cfg, layer_states, model.embed, model.norm, tokens, positions,
+                                    layered(cache))
+        return logits, stacked(cache)
     cfg = model.cfg
     positions = positions[:, None].astype(jnp.int32)
     h = constrain(model.embed(tokens[:, None]).astype(jnp.dtype(cfg.dtype)), ("batch", "seq", "act_embed"), cfg.family)
@@ -129,27 +156,17 @@ def _decode_logits(model, layer_graphdef, layer_states, tokens, positions, cache
     ck = constrain(cache.k, cache_axes, cfg.family)
     cv = constrain(cache.v, cache_axes, cfg.family)
     new_k, new_v = [], []
-    if layer_graphdef == FUSED:
-        h2 = h[:, 0]
-        for i, layer in enumerate(layer_states["layers"]):
-            h2, k, v = decode_layer(cfg, layer, h2, cos, sin, ck[i], cv[i], positions[:, 0])
-            new_k.append(k[:, None])
-            new_v.append(v[:, None])
-        h = h2[:, None]
-    else:
-        for i, layer_state in enumerate(layer_states):
-            block = nnx.merge(layer_graphdef, layer_state)
-            h, k, v = block(h, cos, sin, None, ck[i], cv[i], positions)
-            new_k.append(k)
-            new_v.append(v)
+    for i, layer_state in enumerate(layer_states):
+        block = nnx.merge(layer_graphdef, layer_state)
+        h, k, v = block(h, cos, sin, None, ck[i], cv[i], positions)
+        new_k.append(k)
+        new_v.append(v)
     new_k = jnp.stack(new_k).astype(ck.dtype)
     new_v = jnp.stack(new_v).astype(cv.dtype)
     rows = jnp.broadcast_to(jnp.arange(h.shape[0])[:, None], positions.shape)
     ck = ck.at[:, rows, positions].set(new_k, mode="drop")
     cv = cv.at[:, rows, positions].set(new_v, mode="drop")
     cache = KVCache(constrain(ck, cache_axes, cfg.family), constrain(cv, cache_axes, cfg.family))
-    if layer_graphdef == FUSED:
-        return decode_head(cfg, layer_states["head"], model.norm(h)[:, 0]), cache
     return model.logits(model.norm(h))[:, 0], cache
 
 
@@ -167,11 +184,12 @@ def _decode_loop_impl(graphdef, layer_graphdef, state, layer_states, cache, toke
     Returns the per-step outputs `[max_steps, B, ...]` (only the first `n_run` steps are
     meaningful), `n_run` and the cache. `layer_states` (from `split_layers`, with `layer_graphdef`)
     run the layers unrolled; with `layer_graphdef == decode_layers.FUSED` they are
-    `decode_layers.fuse_layers`' fused weights (and LM-head pieces); None runs the model's layer scan.
+    `decode_layers.fuse_layers`' fused weights (and the [V, H] LM head) and `cache` is `layered`;
+    None runs the model's layer scan.
     """
     model = nnx.merge(graphdef, state)
     b = tokens.shape[0]
-    cache_len = cache.k.shape[2]
+    cache_len = cache.k[0].shape[1] if isinstance(cache.k, tuple) else cache.k.shape[2]
     done0 = remaining <= 0
     bufs = {"tokens": jnp.zeros((max_steps, b), jnp.int32), "token_lp": jnp.zeros((max_steps, b), jnp.float32)}
     if n_top:
@@ -185,10 +203,15 @@ def _decode_loop_impl(graphdef, layer_graphdef, state, layer_states, cache, toke
         some_finished = jnp.any(done & ~done0)
         return (i < n_steps) & ~jnp.all(done) & ~(stop_on_finish & some_finished)
 
+    fused = layer_graphdef == FUSED
+
     def body(carry):
         i, tok, pos, done, cache, bufs = carry
         write = jnp.where(done, cache_len, pos)
-        logits, cache = _decode_logits(model, layer_graphdef, layer_states, tok, write, cache)
+        if fused:
+            logits, cache = decode_step(model.cfg, layer_states, model.embed, model.norm, tok, write, cache)
+        else:
+            logits, cache = _decode_logits(model, layer_graphdef, layer_states, tok, write, cache)
         out = _sample_outputs(logits, temps, top_p, top_k, min_p, keys, steps + i, token_ids, n_top, k_ids)
         bufs = {name: buf.at[i].set(out[name].astype(buf.dtype)) for name, buf in bufs.items()}
         new = out["tokens"]
@@ -203,10 +226,14 @@ def _decode_loop_impl(graphdef, layer_graphdef, state, layer_states, cache, toke
     return bufs
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def zeros_cache_jit(shape, dtype_name):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def zeros_cache_jit(shape, dtype_name, per_layer=False):
     # Made by a jitted function so the cache is placed like every other step output (a host-made
     # array would give the steps a different argument signature and cost a recompilation).
+    # per_layer: `layered` ([layers, ...] shape, one array per layer)
+    if per_layer:
+        zeros = tuple(jnp.zeros(shape[1:], jnp.dtype(dtype_name)) for _ in range(shape[0]))
+        return KVCache(zeros, tuple(jnp.zeros(shape[1:], jnp.dtype(dtype_name)) for _ in range(shape[0])))
     zeros = jnp.zeros(shape, jnp.dtype(dtype_name))
     return KVCache(zeros, zeros)
 
@@ -225,19 +252,24 @@ def _gather_prefix_impl(pool, tables, new_len):
 
 
 def _store_blocks_impl(pool, cache, rows, src_blocks, slots):
-    """pool[:, slots[j]] = block src_blocks[j] of row rows[j] of a prefill cache (slots past the end: dropped)."""
+    """pool[:, slots[j]] = block src_blocks[j] of row rows[j] of a prefill or running cache (stacked or
+    `layered`; slots past the end: dropped)."""
     block = pool.k.shape[2]
     tok = src_blocks[:, None] * block + jnp.arange(block, dtype=jnp.int32)[None, :]
 
     def one(p, c):
-        return p.at[:, slots].set(c[:, rows[:, None], tok].astype(p.dtype), mode="drop")
+        blocks = jnp.stack([x[rows[:, None], tok] for x in c]) if isinstance(c, tuple) else c[:, rows[:, None], tok]
+        return p.at[:, slots].set(blocks.astype(p.dtype), mode="drop")
     return KVCache(one(pool.k, cache.k), one(pool.v, cache.v))
 
 
 def _grow_cache_impl(cache, rows, cache_len):
-    """The running cache `[layers, B, Lc, K, D]` widened to `rows` x `cache_len` (zeros appended: new rows
-    are empty, new slots are past every row's position)."""
+    """The running cache `[layers, B, Lc, K, D]` (or `layered`) widened to `rows` x `cache_len` (zeros
+    appended: new rows are empty, new slots are past every row's position)."""
     def one(x):
+        if isinstance(x, tuple):
+            return tuple(jnp.pad(layer, [(0, rows - layer.shape[0]), (0, cache_len - layer.shape[1])]
+                                 + [(0, 0)] * (layer.ndim - 2)) for layer in x)
         pad = [(0, 0)] * x.ndim
         pad[1], pad[2] = (0, rows - x.shape[1]), (0, cache_len - x.shape[2])
         return jnp.pad(x, pad)

@@ -153,7 +153,7 @@ class PrefixCache:
         return path, writes
 
     def write(self, cache, rows: Sequence[int], src_blocks: Sequence[int], slots: Sequence[int]) -> None:
-        """Copy blocks `src_blocks[j]` of row `rows[j]` of a prefill cache into pool `slots[j]`."""
+        """Copy blocks `src_blocks[j]` of row `rows[j]` of a prefill or running cache into pool `slots[j]`."""
         if not slots:
             return
         n = bucket(len(slots), 8)
@@ -161,10 +161,11 @@ class PrefixCache:
         rows_a = np.asarray(list(rows) + [0] * pad, np.int32)
         src_a = np.asarray(list(src_blocks) + [0] * pad, np.int32)
         dst_a = np.asarray(list(slots) + [self.capacity] * pad, np.int32)  # past the end: dropped
-        if not self.pool.k.committed and len(cache.k.devices()) == 1:
+        devices = jax.tree.leaves(cache)[0].devices()
+        if not self.pool.k.committed and len(devices) == 1:
             # a fresh pool is uncommitted, the store's output committed like its cache input: place
             # it like the cache once, so the store compiles one variant, not two
-            self.pool = jax.device_put(self.pool, next(iter(cache.k.devices())))
+            self.pool = jax.device_put(self.pool, next(iter(devices)))
         self.pool = store_blocks_jit(self.pool, cache, rows_a, src_a, dst_a)
 
     def _alloc(self, protect: set, needed: int) -> int | None:
