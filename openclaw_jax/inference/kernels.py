@@ -230,10 +230,11 @@ def _decode_loop_impl(graphdef, layer_graphdef, state, layer_states, cache, toke
 def zeros_cache_jit(shape, dtype_name, per_layer=False):
     # Made by a jitted function so the cache is placed like every other step output (a host-made
     # array would give the steps a different argument signature and cost a recompilation).
-    # per_layer: `layered` ([layers, ...] shape, one array per layer)
+    # per_layer: `layered` (shape [layers, ...], one array per layer)
     if per_layer:
-        zeros = tuple(jnp.zeros(shape[1:], jnp.dtype(dtype_name)) for _ in range(shape[0]))
-        return KVCache(zeros, tuple(jnp.zeros(shape[1:], jnp.dtype(dtype_name)) for _ in range(shape[0])))
+        def layers():
+            return tuple(jnp.zeros(shape[1:], jnp.dtype(dtype_name)) for _ in range(shape[0]))
+        return KVCache(layers(), layers())
     zeros = jnp.zeros(shape, jnp.dtype(dtype_name))
     return KVCache(zeros, zeros)
 
