@@ -25,6 +25,7 @@ regather them), keep the generic path (`fuse_layers` returns None).
 Measured on the 2-core AVX2 CPU (b16, 128-slot cache, one core, CPU time per step, the loop compiled
 without YNNPACK dots as `kernels.decode_loop_fused_jit` is): 183 ms against 237 ms for the block
 path, when attention still transposed and copied the caches (see `decode_attention` and above).
+Without those copies, `bench/decode.py` at 16 rows (2 cores, minutes apart): 79.0 -> 117.1 tok/s.
 """
 
 from __future__ import annotations
