@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from openclaw_jax.inference import kernels
-from openclaw_jax.inference.decode_layers import FUSED, fuse_layers
+from openclaw_jax.inference.decode_layers import decode_step, fuse_layers
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder, KVCache
 from openclaw_jax.models.lora import LoRAConfig, add_lora
@@ -36,16 +36,25 @@ def test_fused_decode_matches_block_path(kw):
                     jnp.asarray(rng.standard_normal(shape), jnp.float32))
     tokens = jnp.asarray([5, 17, 90], jnp.int32)
 
-    def run(layer_graphdef, layer_states, positions):
+    def run_blocks(positions):
+        layer_graphdef, layer_states = kernels.split_layers(graphdef, state)
         return jax.jit(lambda st, ls, c: kernels._decode_logits(nnx.merge(graphdef, st), layer_graphdef, ls, tokens,
                                                                 positions, c))(state, layer_states, cache)
 
-    split, fused = kernels.split_layers(graphdef, state), fuse_layers(graphdef, state)
+    def run_fused(positions):
+        # the fused step takes the engine's per-layer cache; compared here in the stacked layout
+        def step(st, weights, c):
+            m = nnx.merge(graphdef, st)
+            per_layer = KVCache(tuple(c.k), tuple(c.v))
+            logits, out = decode_step(cfg, weights, m.embed, m.norm, tokens, positions, per_layer)
+            return logits, KVCache(jnp.stack(out.k), jnp.stack(out.v))
+        return jax.jit(step)(state, fuse_layers(graphdef, state), cache)
+
     close = dict(rtol=1e-5, atol=1e-5)
     # an empty prefix, a middle slot, the last slot
     positions = jnp.asarray([0, 7, s - 1], jnp.int32)
-    ref_logits, ref_cache = run(*split, positions)
-    logits, new_cache = run(FUSED, fused, positions)
+    ref_logits, ref_cache = run_blocks(positions)
+    logits, new_cache = run_fused(positions)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), **close)
     np.testing.assert_allclose(np.asarray(new_cache.k), np.asarray(ref_cache.k), **close)
     np.testing.assert_allclose(np.asarray(new_cache.v), np.asarray(ref_cache.v), **close)
@@ -56,8 +65,8 @@ def test_fused_decode_matches_block_path(kw):
     # A row past the cache end (how the decode loop parks a stopped row) writes nothing; its logits
     # are discarded by the loop (the fused path attends to its cache only, without its own key).
     positions = jnp.asarray([0, 7, s], jnp.int32)
-    ref_logits, ref_cache = run(*split, positions)
-    logits, new_cache = run(FUSED, fused, positions)
+    ref_logits, ref_cache = run_blocks(positions)
+    logits, new_cache = run_fused(positions)
     np.testing.assert_allclose(np.asarray(logits[:2]), np.asarray(ref_logits[:2]), **close)
     np.testing.assert_allclose(np.asarray(new_cache.k), np.asarray(ref_cache.k), **close)
     np.testing.assert_array_equal(np.asarray(new_cache.v[:, 2]), np.asarray(cache.v[:, 2]))

@@ -12,7 +12,7 @@ each layer's weights are re-laid out once, when the engine installs them (`fuse_
   * `wo [N * D, H]`, `wd [I, H]`: the output projections as plain 2-D matrices.
 
 Each layer's cache is its own `[B, S, K, D]` array (the engine keeps its running cache in that
-form, `kernels.layered`): a layer writes its new key/value into its cache first and
+form, `kernels.zeros_cache_jit(..., per_layer=True)`): a layer writes its new key/value into its cache first and
 attention then reads the updated cache, so XLA updates it in place (reading the old cache beside
 an update made it copy each layer's cache twice a step). Attention for one query per row
 (`decode_attention`) is `cached_attention`'s softmax for L = 1 over the slots up to the row's own.
@@ -150,7 +150,7 @@ def decode_layer(cfg, layer, h, cos, sin, cache_k, cache_v, positions):
 
 def decode_step(cfg, weights, embed, norm, tokens, positions, cache):
     """One fused decode step: tokens / positions `[B]`, `cache` a KVCache of per-layer tuples of
-    `[B, S, K, D]` arrays (`kernels.layered`); returns (float32 logits `[B, V]`, the updated cache).
+    `[B, S, K, D]` arrays (the engine's running cache); returns (float32 logits `[B, V]`, the updated cache).
     `embed` / `norm` are the model's token embedding and final norm."""
     positions = positions.astype(jnp.int32)
     h = embed(tokens[:, None]).astype(jnp.dtype(cfg.dtype))[:, 0]

@@ -435,7 +435,7 @@ class Engine:
             size, cache_len = plan_batch(self._pending, self.config, self._kv_bytes_per_token)
         cfg = self.model_config
         shape = (cfg.num_layers, size, cache_len, cfg.num_kv_heads, cfg.head_dim)
-        # the fused decode keeps one cache array per layer (kernels.layered)
+        # the fused decode keeps one cache array per layer (see kernels.zeros_cache_jit)
         cache = zeros_cache_jit(shape, jnp.dtype(cfg.dtype).name, self._layer_graphdef == FUSED)
         with self._cv:
             self._batch = Batch(size=size, cache_len=cache_len, cache=cache, rows=[None] * size)

@@ -81,9 +81,9 @@ def _extend_impl(graphdef, state, cache, input_ids, starts, lengths, temps, top_
 
 
 def _insert_impl(big, small, rows):
-    """Copy prefill caches `[layers, b, Lp, ...]` into rows of the running cache, stacked or `layered`
-    (rows >= B are dropped)."""
-    if isinstance(big.k, tuple):
+    """Copy prefill caches `[layers, b, Lp, ...]` into rows of the running cache, stacked or per layer
+    (`_per_layer`; rows >= B are dropped)."""
+    if _per_layer(big):
         def one(layers, src):
             # an extend prefill's cache (bucketed prefix + bucketed new tokens) may be longer than
             # the running cache; past the row's prompt it holds only padding, so it is cut to fit
@@ -119,35 +119,20 @@ def split_layers(graphdef, state):
     return layer_graphdef, tuple(jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n))
 
 
-def layered(cache):
-    """The stacked cache `[layers, B, S, K, D]` as `KVCache(k, v)` of per-layer tuples of `[B, S, K, D]`
-    arrays: the fused decode's running cache (the engine keeps it in this form; slicing layer i
-    out of a stacked cache inside the decode loop copies it, every layer and every step)."""
-    if isinstance(cache.k, tuple):
-        return cache
-    return KVCache(tuple(cache.k[i] for i in range(cache.k.shape[0])),
-                   tuple(cache.v[i] for i in range(cache.v.shape[0])))
-
-
-def stacked(cache):
-    """`layered`'s inverse."""
-    if not isinstance(cache.k, tuple):
-        return cache
-    return KVCache(jnp.stack(cache.k), jnp.stack(cache.v))
+def _per_layer(cache) -> bool:
+    """Whether `cache` is the fused decode's running cache: `KVCache` of per-layer tuples of `[B, S, K, D]`
+    arrays (`zeros_cache_jit(..., per_layer=True)`; slicing layer i out of a stacked cache inside the
+    decode loop copies it, every layer and every step), rather than stacked `[layers, B, S, K, D]`."""
+    return isinstance(cache.k, tuple)
 
 
 def _decode_logits(model, layer_graphdef, layer_states, tokens, positions, cache):
     """`model.decode(tokens[:, None], positions[:, None], cache)` with the layers unrolled over
-    separate per-layer weights (see `split_layers`; the same ops layer by layer), or over the fused
-    decode weights of `decode_layers.fuse_layers` (`layer_graphdef == FUSED`: the same arithmetic
-    in fewer, larger matmuls, over per-layer caches; the decode loop keeps those across its steps)."""
+    separate per-layer weights (see `split_layers`; the same ops layer by layer). The fused decode
+    weights run `decode_layers.decode_step` instead."""
     if layer_states is None:
         logits, cache = model.decode(tokens[:, None], positions[:, None], cache)
         return logits[:, 0], cache
-    if layer_graphdef == FUSED:
-        logits, cache = decode_step(model.cfg, layer_states, model.embed, model.norm, tokens, positions,
-                                    layered(cache))
-        return logits, stacked(cache)
     cfg = model.cfg
     positions = positions[:, None].astype(jnp.int32)
     h = constrain(model.embed(tokens[:, None]).astype(jnp.dtype(cfg.dtype)), ("batch", "seq", "act_embed"), cfg.family)
@@ -184,12 +169,12 @@ def _decode_loop_impl(graphdef, layer_graphdef, state, layer_states, cache, toke
     Returns the per-step outputs `[max_steps, B, ...]` (only the first `n_run` steps are
     meaningful), `n_run` and the cache. `layer_states` (from `split_layers`, with `layer_graphdef`)
     run the layers unrolled; with `layer_graphdef == decode_layers.FUSED` they are
-    `decode_layers.fuse_layers`' fused weights (and the [V, H] LM head) and `cache` is `layered`;
-    None runs the model's layer scan.
+    `decode_layers.fuse_layers`' fused weights (and the [V, H] LM head) and `cache` is per layer
+    (`_per_layer`); None runs the model's layer scan.
     """
     model = nnx.merge(graphdef, state)
     b = tokens.shape[0]
-    cache_len = cache.k[0].shape[1] if isinstance(cache.k, tuple) else cache.k.shape[2]
+    cache_len = cache.k[0].shape[1] if _per_layer(cache) else cache.k.shape[2]
     done0 = remaining <= 0
     bufs = {"tokens": jnp.zeros((max_steps, b), jnp.int32), "token_lp": jnp.zeros((max_steps, b), jnp.float32)}
     if n_top:
@@ -230,7 +215,7 @@ def _decode_loop_impl(graphdef, layer_graphdef, state, layer_states, cache, toke
 def zeros_cache_jit(shape, dtype_name, per_layer=False):
     # Made by a jitted function so the cache is placed like every other step output (a host-made
     # array would give the steps a different argument signature and cost a recompilation).
-    # per_layer: `layered` (shape [layers, ...], one array per layer)
+    # per_layer: the fused decode's running cache (`_per_layer`; shape [layers, ...], one array per layer)
     if per_layer:
         def layers():
             return tuple(jnp.zeros(shape[1:], jnp.dtype(dtype_name)) for _ in range(shape[0]))
@@ -254,7 +239,7 @@ def _gather_prefix_impl(pool, tables, new_len):
 
 def _store_blocks_impl(pool, cache, rows, src_blocks, slots):
     """pool[:, slots[j]] = block src_blocks[j] of row rows[j] of a prefill or running cache (stacked or
-    `layered`; slots past the end: dropped)."""
+    per layer; slots past the end: dropped)."""
     block = pool.k.shape[2]
     tok = src_blocks[:, None] * block + jnp.arange(block, dtype=jnp.int32)[None, :]
 
@@ -265,7 +250,7 @@ def _store_blocks_impl(pool, cache, rows, src_blocks, slots):
 
 
 def _grow_cache_impl(cache, rows, cache_len):
-    """The running cache `[layers, B, Lc, K, D]` (or `layered`) widened to `rows` x `cache_len` (zeros
+    """The running cache `[layers, B, Lc, K, D]` (or per layer) widened to `rows` x `cache_len` (zeros
     appended: new rows are empty, new slots are past every row's position)."""
     def one(x):
         if isinstance(x, tuple):
