@@ -1,63 +1,92 @@
-"""The SWE-style environment: a small Python repository with an injected bug and a failing test.
+"""The SWE-style environment: a small Python repository with an injected bug and failing tests.
 
-Each repository (made offline) is one correct function with its tests, into which one bug is
-injected by replacing a line. Tools: `list_files`, `read_file`, `edit_file` (replace an exact
-snippet) and `run_tests` (the tests in the sandbox). Reward: the original tests pass on the final
-repository (the checker restores the test file first, so editing the tests cannot win).
-Train and held-out repositories use different functions.
+Each repository (generated offline, `swe_repos.py`) is one correct function with its tests, into
+which one bug of one kind (a flipped comparison, an off-by-one, a wrong operator, constant, index,
+variable or return value) is injected by replacing a line. Tools: `list_files`, `read_file`,
+`edit_file` (replace an exact snippet) and `run_tests` (the tests in the sandbox). The checker
+restores the test file and runner before running them, so editing the tests cannot win.
+
+Reward (`shaped_reward=True`, the default): the share of the tests the bug broke that pass again,
+net of tests that passed with the bug and fail now, (passed - passed_with_bug) / (tests -
+passed_with_bug), at least 0. Doing nothing or breaking lib.py (a syntax error: no test passes)
+scores 0; only a repository where every test passes scores 1, so an episode's success
+(`reward >= 1`) still means "all tests pass". With `shaped_reward=False` the reward is that
+success, 1 or 0. Train and held-out repositories use different functions; `families` (optional)
+keeps only bugs of those kinds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
+import secrets
+from collections import Counter
 from typing import Any
 
 from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
+from openclaw_jax.envs.agentic.swe_repos import (BUG_KINDS, HELDOUT_FUNCTIONS, Repository, repositories, tests_passing,
+                                                 unit_test_names, unit_test_source)
 from openclaw_jax.envs.sandbox import Sandbox, SandboxLimits
 
-# (function name, correct source, tests, (correct line, buggy line))
-_REPOS = [
-    ("total", "def total(xs):\n    s = 0\n    for x in xs:\n        s += x\n    return s\n",
-     ["total([1, 2, 3]) == 6", "total([]) == 0", "total([5]) == 5"], ("        s += x", "        s -= x")),
-    ("is_even", "def is_even(n):\n    return n % 2 == 0\n",
-     ["is_even(4)", "not is_even(7)", "is_even(0)"], ("    return n % 2 == 0", "    return n % 2 == 1")),
-    ("largest", "def largest(xs):\n    best = xs[0]\n    for x in xs:\n        if x > best:\n            best = x\n"
-     "    return best\n", ["largest([3, 9, 2]) == 9", "largest([-1, -5]) == -1"], ("        if x > best:", "        if x < best:")),
-    ("vowels", "def vowels(s):\n    n = 0\n    for ch in s:\n        if ch in 'aeiou':\n            n += 1\n    return n\n",
-     ["vowels('banana') == 3", "vowels('xyz') == 0", "vowels('you') == 2"], ("        if ch in 'aeiou':", "        if ch in 'aeio':")),
-    ("factorial", "def factorial(n):\n    out = 1\n    for i in range(2, n + 1):\n        out *= i\n    return out\n",
-     ["factorial(5) == 120", "factorial(0) == 1", "factorial(3) == 6"], ("    for i in range(2, n + 1):", "    for i in range(2, n):")),
-    ("reverse", "def reverse(s):\n    return s[::-1]\n", ["reverse('abc') == 'cba'", "reverse('') == ''"],
-     ("    return s[::-1]", "    return s[::1]")),
-    ("fib", "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
-     ["fib(1) == 1", "fib(6) == 8", "fib(0) == 0"], ("        a, b = b, a + b", "        a, b = b, a - b")),
-    ("mean", "def mean(xs):\n    return sum(xs) / len(xs)\n", ["mean([2, 4]) == 3", "mean([5]) == 5"],
-     ("    return sum(xs) / len(xs)", "    return sum(xs) / (len(xs) + 1)")),
-    ("last", "def last(xs):\n    return xs[-1]\n", ["last([1, 2, 3]) == 3", "last([7]) == 7"],
-     ("    return xs[-1]", "    return xs[0]")),
-    ("clamp", "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n",
-     ["clamp(5, 0, 3) == 3", "clamp(-2, 0, 3) == 0", "clamp(2, 0, 3) == 2"], ("    if x > hi:", "    if x > lo:")),
-    ("square", "def square(x):\n    return x * x\n", ["square(3) == 9", "square(-2) == 4"], ("    return x * x", "    return x + x")),
-    ("count_words", "def count_words(s):\n    return len(s.split())\n", ["count_words('a b c') == 3", "count_words('') == 0"],
-     ("    return len(s.split())", "    return len(s.split(' '))")),
-]
-HELDOUT_FUNCTIONS = ("fib", "clamp", "count_words")
-_RUNNER = ("import sys, traceback\nimport test_lib\nfailed = 0\nfor name in sorted(dir(test_lib)):\n"
-           "    if name.startswith('test_'):\n        try:\n            getattr(test_lib, name)()\n"
-           "            print('PASS', name)\n        except Exception:\n            failed += 1\n"
-           "            print('FAIL', name)\n            print(traceback.format_exc(limit=1).strip().splitlines()[-1])\n"
-           "print('all tests passed' if not failed else f'{failed} failed')\nsys.exit(1 if failed else 0)\n")
+# The runner of the agent's run_tests and of the checker. The checker passes a fresh nonce that
+# prefixes each result line: lib.py runs in the runner's process, and a plain `print("PASS ...")`
+# in it must not count as a passing test. A lib.py that exits or raises at import fails every test.
+_RUNNER = """import sys, traceback
+tag = sys.argv[1] + ' ' if len(sys.argv) > 1 else ''
+try:
+    import test_lib
+except BaseException:
+    print(tag + 'ERROR cannot import the tests')
+    print(traceback.format_exc(limit=1).strip().splitlines()[-1])
+    sys.exit(1)
+failed = 0
+for name in sorted(dir(test_lib)):
+    if name.startswith('test_'):
+        try:
+            getattr(test_lib, name)()
+            print(tag + 'PASS', name)
+        except BaseException:
+            failed += 1
+            print(tag + 'FAIL', name)
+            print(traceback.format_exc(limit=1).strip().splitlines()[-1])
+print('all tests passed' if not failed else f'{failed} failed')
+sys.exit(1 if failed else 0)
+"""
+PROMPT = "The tests in this repository fail. Find the bug in lib.py and fix it."
 
 
-def _repo_task(entry, split: str, i: int) -> Task:
-    name, source, tests, (good, bad) = entry
-    assert source.count(good) == 1 and bad not in source, name  # the bug and its fix are unambiguous
-    test_src = f"from lib import {name}\n\n\n" + "".join(
-        f"def test_{name}_{k}():\n    assert {t}\n\n\n" for k, t in enumerate(tests))
-    files = {"lib.py": source.replace(good, bad, 1), "test_lib.py": test_src, "run_tests.py": _RUNNER}
-    return Task(f"swe/{split}/{name}/{i}", "The tests in this repository fail. Find the bug in lib.py and fix it.",
-                None, {"files": files, "good": good.strip(), "bad": bad.strip(), "tests": test_src}, name)
+def shaped_reward(passed: int, total: int, passed_with_bug: int) -> float:
+    """(passed - passed_with_bug) / (total - passed_with_bug), at least 0: the share of the tests the
+    bug broke that pass again, with each newly broken test cancelling one fixed test. 1.0 exactly
+    when all `total` pass; 0 when nothing changed (the bug alone already passes `passed_with_bug`)."""
+    if not 0 <= passed_with_bug < total:
+        raise ValueError(f"passed_with_bug={passed_with_bug} must be in [0, total={total}): a bug breaks a test")
+    return max(0.0, (passed - passed_with_bug) / (total - passed_with_bug))
+
+
+def _spread(pool: list[Repository], rng: random.Random) -> list[Repository]:
+    """`pool` shuffled so that every function comes once before any comes twice: a short draw (the
+    held-out evaluation, the warm-up's demonstrations) covers as many functions as it can."""
+    shuffled = rng.sample(pool, len(pool))
+    seen: Counter[str] = Counter()
+    ranks = []
+    for repo in shuffled:
+        ranks.append(seen[repo.function.name])
+        seen[repo.function.name] += 1
+    return [repo for _, repo in sorted(zip(ranks, shuffled), key=lambda pair: pair[0])]
+
+
+def _repo_task(repo: Repository, split: str, i: int) -> Task:
+    fn, bug = repo.function, repo.bug
+    tests = unit_test_source(fn)
+    passed_with_bug = sum(tests_passing(repo.buggy_source, fn.tests))
+    if passed_with_bug == len(fn.tests):
+        raise ValueError(f"swe repository {repo.key}: the bug breaks no test; change the bug or add a test")
+    files = {"lib.py": repo.buggy_source, "test_lib.py": tests, "run_tests.py": _RUNNER}
+    return Task(f"swe/{split}/{repo.key}/{i}", PROMPT, None,
+                {"files": files, "good": bug.good, "bad": bug.bad, "tests": tests, "test_names": unit_test_names(fn),
+                 "passed_with_bug": passed_with_bug}, bug.kind)
 
 
 @register_environment("swe")
@@ -78,19 +107,31 @@ class SWEEnv(Environment):
                                           "parameters": {"type": "object", "properties": {}}}},
     ]
 
-    def __init__(self, sandbox: SandboxLimits | None = None):
+    def __init__(self, sandbox: SandboxLimits | None = None, *, kinds: tuple[str, ...] = tuple(BUG_KINDS),
+                 shaped_reward: bool = True):
         self.sandbox = sandbox or SandboxLimits(timeout_s=10.0, memory_mb=256)
+        self.kinds = self.check_families(kinds, tuple(BUG_KINDS))
+        self.shaped_reward = shaped_reward
 
     @classmethod
-    def from_config(cls, families: tuple[str, ...], sandbox: SandboxLimits) -> "SWEEnv":
-        return cls(sandbox)
+    def from_config(cls, families: tuple[str, ...], sandbox: SandboxLimits, *, shaped_reward: bool = True) -> "SWEEnv":
+        """`families`: bug kinds to keep (empty: all); `agentic.env_options: {shaped_reward: false}` makes
+        the reward 1/0 (all tests pass or not)."""
+        return cls(sandbox, kinds=families or tuple(BUG_KINDS), shaped_reward=shaped_reward)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         self.check_split(split)
-        pool = [r for r in _REPOS if (r[0] in HELDOUT_FUNCTIONS) == (split == "heldout")]
-        rng = random.Random(f"swe/{split}/{seed}")
-        order = [rng.choice(pool) for _ in range(n)] if n > len(pool) else rng.sample(pool, n)
-        return [_repo_task(entry, split, i) for i, entry in enumerate(order)]
+        pool = repositories(split, self.kinds)
+        if not pool:
+            raise ValueError(f"no {split} swe repository has a bug of the kinds {list(self.kinds)}; add kinds to "
+                             f"agentic.families (held-out functions: {sorted(HELDOUT_FUNCTIONS)})")
+        # every repository once before any twice; each pass over the pool its own shuffle
+        order: list[Repository] = []
+        for epoch in itertools.count():
+            if len(order) >= n:
+                break
+            order += _spread(pool, random.Random(f"swe/{split}/{seed}/{epoch}"))
+        return [_repo_task(repo, split, i) for i, repo in enumerate(order[:n])]
 
     async def start(self, task: Task) -> Sandbox:
         return await asyncio.to_thread(Sandbox, self.sandbox, files=task.data["files"])
@@ -124,10 +165,26 @@ class SWEEnv(Environment):
             raise ToolError(f"the tests timed out after {self.sandbox.timeout_s:g} s")
         return result.stdout.strip()
 
-    async def score(self, state: Sandbox, task: Task, final_text: str) -> float:
+    async def passed_tests(self, state: Sandbox, task: Task) -> int | None:
+        """How many of the original tests pass on the repository as it is now (the test file and runner
+        restored first); None when the run timed out."""
         await asyncio.to_thread(state.write_files, {"test_lib.py": task.data["tests"], "run_tests.py": _RUNNER})
-        result = await asyncio.to_thread(state.run, "python3 run_tests.py", "bash")
-        return 1.0 if result.exit_code == 0 and not result.timed_out else 0.0
+        nonce = secrets.token_hex(8)
+        result = await asyncio.to_thread(state.run, f"python3 run_tests.py {nonce}", "bash")
+        if result.timed_out:
+            return None
+        passing = {parts[2] for parts in map(str.split, result.stdout.splitlines())
+                   if len(parts) == 3 and parts[:2] == [nonce, "PASS"]}
+        return len(passing & set(task.data["test_names"]))
+
+    async def score(self, state: Sandbox, task: Task, final_text: str) -> float:
+        passed = await self.passed_tests(state, task)
+        total = len(task.data["test_names"])
+        if passed is None:     # an infinite loop in lib.py is no fix
+            return 0.0
+        if not self.shaped_reward:
+            return 1.0 if passed == total else 0.0
+        return shaped_reward(passed, total, task.data["passed_with_bug"])
 
     async def close(self, state: Sandbox) -> None:
         if state is not None:
