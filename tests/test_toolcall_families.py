@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
-from openclaw_jax.envs.agentic.episode import format_tool_call
+from openclaw_jax.envs.agentic.episode import NoDemonstration, format_tool_call
+from openclaw_jax.envs.agentic.rollout import demonstrations
 from openclaw_jax.envs.agentic.toolcall import ToolCallEnv, gsm_expression, numbers_match
 from openclaw_jax.envs.sandbox import SandboxLimits, run_code
 from openclaw_jax.models.tokenizer import smollm2_tokenizer
@@ -128,9 +129,13 @@ def test_gsm_demonstrations_solve_or_say_why_not(tok):
         assert numbers_match(float(ep.observations[0]), task.answer)   # Python printed the answer
         assert not _run(env, tok, task, [f"The answer is {int(task.answer) + 1}."]).success
     without = [t for t in train + held if "expr" not in t.data]
-    if without:
-        with pytest.raises(ValueError, match=re.escape(without[0].task_id) + ".*no demonstration"):
-            env.demonstration(without[0])
+    assert without, "no word problem without an expression among 80: pick a larger draw to test the skip"
+    with pytest.raises(NoDemonstration, match=re.escape(without[0].task_id) + ".*no demonstration"):
+        env.demonstration(without[0])
+    # the warm-up's demonstrations skip such a task and keep the rest (a tool call and an answer each)
+    mixed = without[:1] + with_demo[:2]
+    pairs = asyncio.run(demonstrations(EpisodeRunner(env, tok), mixed))
+    assert len(pairs) == 4 and "The answer is" in tok.decode(pairs[-1][1])
 
 
 @pytest.mark.parametrize("question, solution, answer, expect", [

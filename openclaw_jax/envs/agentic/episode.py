@@ -41,6 +41,10 @@ TOOL_FORMAT = ('Call a tool with exactly:\n<tool_call>\n{"name": "<tool>", "argu
                'Its output comes back in the next message. When you are done, answer without a tool call.')
 
 
+class NoDemonstration(ValueError):
+    """`Environment.demonstration` has no scripted solution for this task (the warm-up skips it)."""
+
+
 class ToolError(Exception):
     """A tool call the environment refuses or that failed; its message becomes the observation."""
 
@@ -91,7 +95,8 @@ class Environment(abc.ABC):
 
     @abc.abstractmethod
     def demonstration(self, task: Task) -> list[str]:
-        """Assistant turns that solve `task` (tool calls as text); used for the SFT warm-up."""
+        """Assistant turns that solve `task` (tool calls as text); used for the SFT warm-up. Raise
+        `NoDemonstration` for a task without one (the warm-up skips it)."""
 
     @classmethod
     def from_config(cls, families: tuple[str, ...], sandbox: Any, **options: Any) -> "Environment":

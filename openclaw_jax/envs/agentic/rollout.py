@@ -28,7 +28,8 @@ from typing import Awaitable, Callable, Sequence
 import grain
 import numpy as np
 
-from openclaw_jax.envs.agentic.episode import Episode, EpisodeRunner, Policy, ScriptedPolicy, Task, oldest_version
+from openclaw_jax.envs.agentic.episode import (Episode, EpisodeRunner, NoDemonstration, Policy, ScriptedPolicy, Task,
+                                               oldest_version)
 from openclaw_jax.samples import Sample, SampleStore
 
 log = logging.getLogger(__name__)
@@ -247,9 +248,13 @@ async def demonstrations(runner: EpisodeRunner, tasks: Sequence[Task]
     sem = asyncio.Semaphore(8)
 
     async def one(task):
+        try:
+            turns = runner.env.demonstration(task)
+        except NoDemonstration as err:   # e.g. a word problem whose worked solution gave no expression
+            log.info("%s; skipped", err)
+            return []
         async with sem:
-            episode = await runner.run(task, ScriptedPolicy(runner.tokenizer, runner.env.demonstration(task)),
-                                       temperature=0.0)
+            episode = await runner.run(task, ScriptedPolicy(runner.tokenizer, turns), temperature=0.0)
         if not episode.success:
             log.warning("demonstration of %s does not solve it (reward %s); skipped", task.task_id, episode.reward)
             return []

@@ -41,7 +41,8 @@ import re
 from typing import Any, Sequence
 
 from openclaw_jax.envs import questions
-from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
+from openclaw_jax.envs.agentic.episode import (Environment, NoDemonstration, Task, ToolError, format_tool_call,
+                                               register_environment)
 from openclaw_jax.envs.sandbox import SandboxLimits, run_code
 
 FAMILIES = ("product", "sum", "bigproduct", "chain", "gsm")
@@ -259,8 +260,7 @@ class ToolCallEnv(Environment):
         """One tool call per step (`chain`: two), then the answer."""
         calls = task.data.get("calls") or ([task.data["expr"]] if "expr" in task.data else [])
         if not calls:
-            raise ValueError(f"task {task.task_id} ({task.family}) has no demonstration: its worked solution gave "
-                             "no Python expression for the answer; for a warm-up (agentic.warmup_steps > 0) "
-                             "leave gsm out of agentic.families")
+            raise NoDemonstration(f"task {task.task_id} ({task.family}) has no demonstration: its worked solution "
+                                  "gave no Python expression for the answer")
         return [format_tool_call("python", {"code": f"print({expr})"}) for expr in calls] + \
             [f"The answer is {_format_answer(task.answer)}."]
