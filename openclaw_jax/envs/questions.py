@@ -35,6 +35,8 @@ class Question:
     answer: str
     source: str
     split: str
+    # the generator's worked solution where it has one (gsm: "28 x 4 = 112 ... #### 20"), else ""
+    solution: str = ""
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -68,6 +70,10 @@ def _gsm_items(dataset_seed: int, size: int) -> list[dict]:
     return list(reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=dataset_seed))
 
 
+def _worked_solution(item: dict) -> str:
+    return str((item.get("metadata") or {}).get("answer_cot") or "")
+
+
 def _gsm_window(base: int, seed: int) -> int:
     if not 0 <= seed < 2**20:
         raise ValueError(f"question seed must be in [0, 2**20), got {seed}")
@@ -90,7 +96,8 @@ def gsm_heldout(n: int, seed: int = 0) -> list[Question]:
             if key in seen:
                 continue
             seen.add(key)
-            out.append(Question(f"gsm/heldout/{seed}/{i}", item["question"], str(item["answer"]), "gsm", "heldout"))
+            out.append(Question(f"gsm/heldout/{seed}/{i}", item["question"], str(item["answer"]), "gsm", "heldout",
+                                _worked_solution(item)))
             if len(out) == n:
                 break
         size = size * 2  # duplicates inside the window are rare; grow until n unique
@@ -115,7 +122,8 @@ def gsm_train_stream(seed: int = 0) -> Iterator[Question]:
                 continue
             seen.add(key)
             idx = chunk * _GSM_TRAIN_CHUNK + i
-            yield Question(f"gsm/train/{seed}/{idx}", item["question"], str(item["answer"]), "gsm", "train")
+            yield Question(f"gsm/train/{seed}/{idx}", item["question"], str(item["answer"]), "gsm", "train",
+                           _worked_solution(item))
 
 
 # ----------------------------------------------------------------------------- synthetic arithmetic

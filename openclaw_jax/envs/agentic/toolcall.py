@@ -177,27 +177,8 @@ def gsm_expression(question: str, solution: str, answer: float) -> str | None:
     return None
 
 
-def _gsm_item(q: questions.Question) -> dict[str, Any] | None:
-    """reasoning-gym's item behind a `questions` GSM problem (with its worked solution), or None.
-    Rebuilt from the problem's id: item i of a gsm_symbolic dataset with seed s is the i-th template of
-    `Random(s).choices(...)` filled from `Random(s + i)`, whatever the dataset's size; the text is checked."""
-    import reasoning_gym
-
-    _, split, seed, idx = q.id.split("/")
-    seed, idx = int(seed), int(idx)
-    if split == "train":
-        chunk = questions._GSM_TRAIN_CHUNK
-        start = questions._gsm_window(questions._GSM_TRAIN_BASE, seed) + idx // chunk * chunk
-        item = reasoning_gym.create_dataset("gsm_symbolic", size=chunk, seed=start)[idx % chunk]
-    else:
-        base = questions._gsm_window(questions._GSM_HELDOUT_BASE, seed)
-        item = reasoning_gym.create_dataset("gsm_symbolic", size=idx + 1, seed=base)[idx]
-    return item if item["question"] == q.text else None   # a changed generator: no demonstration
-
-
 def _gsm_task(q: questions.Question, split: str, seed: int, i: int) -> Task:
-    item = _gsm_item(q)
-    expr = gsm_expression(q.text, item["metadata"].get("answer_cot", ""), float(q.answer)) if item else None
+    expr = gsm_expression(q.text, q.solution, float(q.answer)) if q.solution else None
     return Task(f"gsm/{split}/{seed}/{i}", q.text, float(q.answer), {"expr": expr} if expr else {}, "gsm")
 
 
