@@ -96,6 +96,38 @@ def test_environments_demonstrations_solve_and_checkers_reject(tok, name):
         assert not _run(env, tok, task, wrong).success, task
 
 
+@pytest.mark.parametrize("family, neighbour", [("min", "max"), ("lines", "count"), ("append", "create")])
+def test_terminal_near_neighbour_families(tok, family, neighbour):
+    """The families built to sit one command part away from another: their own demonstration solves
+    them in the sandbox; the neighbour family's command (run on the same files) does not."""
+    from openclaw_jax.envs.agentic.terminal import TerminalEnv
+
+    env, other = TerminalEnv([family]), TerminalEnv([neighbour])
+    tasks = env.tasks("train", 3, seed=0) + env.tasks("heldout", 2, seed=0)
+    assert {t.family for t in tasks} == {family}
+    for task in tasks:
+        assert _run(env, tok, task, env.demonstration(task)).success, task
+        wrong_command = other.tasks("train", 1, seed=0)[0].data["command"]
+        if family == "append":   # `>` in place of `>>`: the file holds the new word alone
+            wrong_command = task.data["command"].replace(">>", ">")
+        elif family == "lines":  # the same log, counting only the lines of one level
+            wrong_command = "grep -c '^INFO' log.txt"
+        call = format_tool_call("bash", {"command": wrong_command})
+        ep = _run(env, tok, task, [call, "Done."])
+        if "path" not in task.data:  # answer with what the wrong command printed
+            ep = _run(env, tok, task, [call, f"The answer is {ep.observations[0].split()[-1]}."])
+        if family == "lines" and ep.observations[0].strip() == str(task.answer):
+            continue  # every line of this log is INFO: the neighbour's count happens to be right
+        assert not ep.success, (task, wrong_command, ep.observations)
+    # the reference answers, from the files themselves
+    for task in tasks:
+        content = next(iter(task.data["files"].values()))
+        numbers = [int(x) for x in content.split()] if family == "min" else None
+        expected = {"min": lambda: min(numbers), "lines": lambda: content.count("\n"),
+                    "append": lambda: content + task.prompt.split()[3] + "\n"}[family]()
+        assert task.answer == expected, task
+
+
 def test_swe_editing_the_tests_does_not_win(tok):
     env = make_env(AgenticConfig(env="swe"))
     task = env.tasks("train", 1, seed=0)[0]

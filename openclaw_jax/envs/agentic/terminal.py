@@ -5,7 +5,14 @@ Task families (generated offline from a seed; every task has its own checker):
   * `sum`: the sum of the numbers in numbers.txt (final message);
   * `max`: the largest number in numbers.txt (final message);
   * `create`: create a file with given content (checked in the directory);
-  * `replace`: replace a word everywhere in notes.txt (checked in the directory).
+  * `replace`: replace a word everywhere in notes.txt (checked in the directory);
+  * `min`: the smallest number in numbers.txt (final message);
+  * `lines`: how many lines log.txt has (final message);
+  * `append`: add a word as a new last line of notes.txt (checked in the directory).
+The last three sit next to an earlier family with the same file and a command that differs in one
+part (`sort -n | head -1` against `| tail -1`, `wc -l` against `grep -c`, `>>` against `>`): a small
+model that has seen both demonstrations picks the right one sometimes but not always, so its groups
+of episodes carry a signal for RL.
 Train and held-out tasks come from disjoint seed streams (and differ in their names and data).
 """
 
@@ -19,24 +26,31 @@ from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, form
 from openclaw_jax.envs.agentic.toolcall import last_number, numbers_match
 from openclaw_jax.envs.sandbox import Sandbox, SandboxLimits
 
-FAMILIES = ("count", "sum", "max", "create", "replace")
+FAMILIES = ("count", "sum", "max", "create", "replace", "min", "lines", "append")
 _WORDS = ("apple", "river", "stone", "cloud", "tiger", "maple", "piano", "lemon", "comet", "amber", "delta", "frost")
 _LEVELS = ("INFO", "WARN", "ERROR", "DEBUG")
 
 
 def _task(family: str, rng: random.Random, task_id: str) -> Task:
-    if family == "count":
+    if family in ("count", "lines"):
         level = rng.choice(_LEVELS)
         lines = [f"{rng.choice(_LEVELS)} {rng.choice(_WORDS)} {rng.randint(1, 999)}" for _ in range(rng.randint(8, 30))]
+        files = {"log.txt": "\n".join(lines) + "\n"}
+        if family == "lines":
+            return Task(task_id, "How many lines does log.txt have? Answer with the number.", len(lines),
+                        {"files": files, "command": "wc -l < log.txt"}, family)
         answer = sum(line.split()[0] == level for line in lines)
         return Task(task_id, f"How many lines of log.txt start with {level}? Answer with the number.", answer,
-                    {"files": {"log.txt": "\n".join(lines) + "\n"}, "command": f"grep -c '^{level}' log.txt"}, family)
-    if family in ("sum", "max"):
+                    {"files": files, "command": f"grep -c '^{level}' log.txt"}, family)
+    if family in ("sum", "max", "min"):
         nums = [rng.randint(1, 9999) for _ in range(rng.randint(6, 20))]
         files = {"numbers.txt": "\n".join(map(str, nums)) + "\n"}
         if family == "sum":
             return Task(task_id, "What is the sum of the numbers in numbers.txt? Answer with the number.", sum(nums),
                         {"files": files, "command": "awk '{s += $1} END {print s}' numbers.txt"}, family)
+        if family == "min":
+            return Task(task_id, "What is the smallest number in numbers.txt? Answer with the number.", min(nums),
+                        {"files": files, "command": "sort -n numbers.txt | head -1"}, family)
         return Task(task_id, "What is the largest number in numbers.txt? Answer with the number.", max(nums),
                     {"files": files, "command": "sort -n numbers.txt | tail -1"}, family)
     if family == "create":
@@ -50,6 +64,11 @@ def _task(family: str, rng: random.Random, task_id: str) -> Task:
         return Task(task_id, f"In notes.txt, replace every {old} with {new}.", text.replace(old, new),
                     {"files": {"notes.txt": text}, "path": "notes.txt", "command": f"sed -i 's/{old}/{new}/g' notes.txt"},
                     family)
+    if family == "append":
+        word = rng.choice(_WORDS)
+        text = "\n".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6))) + "\n"
+        return Task(task_id, f"Add the word {word} as a new last line of notes.txt.", text + word + "\n",
+                    {"files": {"notes.txt": text}, "path": "notes.txt", "command": f"echo {word} >> notes.txt"}, family)
     raise ValueError(f"unknown terminal family {family!r}; use one of {FAMILIES}")
 
 
@@ -98,6 +117,8 @@ class TerminalEnv(Environment):
                 return 0.0
             if task.family == "create":
                 return 1.0 if content.strip() == str(task.answer) else 0.0
+            if task.family == "append":   # the original lines, then the word; a missing final newline is fine
+                return 1.0 if content.rstrip("\n") == task.answer.rstrip("\n") else 0.0
             return 1.0 if content == task.answer else 0.0
         return 1.0 if numbers_match(last_number(final_text), float(task.answer)) else 0.0
 
