@@ -181,7 +181,8 @@ def test_prm_step_advantages_and_samples_reach_the_batch(tok, tmp_path):
     np.testing.assert_array_equal(packed.student["advantages"][1, :2], [-1, -1])
 
 
-@pytest.mark.parametrize("config", ["toolcall_cpu", "terminal_cpu", "swe_cpu"])
+# swe_cpu: every repository's demonstration, in tests/test_swe_env.py
+@pytest.mark.parametrize("config", ["toolcall_cpu", "toolcall_hard_cpu", "terminal_cpu"])
 def test_demonstrations_fit_the_cpu_configs_limits(tok, config):
     """Every demonstration solves its task within the config's episode limits and sequence length
     (a demonstration cut by a limit would silently drop out of the warm-up)."""
