@@ -16,10 +16,10 @@ exact (a bare 1e-6 relative tolerance would pass a 15-digit product guessed to i
 `chain`, and why it is two calls: the only tool runs Python, so no task can *need* two calls -- one
 program can always compute step one and feed it to step two. What `chain` does guarantee is that the
 second step needs values the question never states: x itself and d, its last digit (d is 2-9, so
-the answer is neither x, nor x + c, nor c). An agent either reads them off the first call's output
-and calls again with them (the demonstration: call `print(a * b)`, read x, call `print(x * d + c)`,
-answer -- three turns), or writes the composition in one program (`x % 10`), which the checker
-accepts too, since it sees only the final number. Either way the product-style habit of copying
+the answer is neither x, nor x + c, nor c). An agent either reads x off the first call's output and
+calls again with it (the demonstration: call `print(a * b)`, read x, call `print(x * (x % 10) + c)`,
+answer -- three turns; the tool takes the digit), or writes the composition in one program, which
+the checker accepts too, since it sees only the final number. Either way the product-style habit of copying
 the question's numbers into one call does not solve it, which is what makes it harder than `product`.
 
 `gsm` demonstrations: reasoning-gym keeps each problem's worked solution (`answer_cot`, lines like
@@ -89,7 +89,9 @@ def _generated(family: str, rng: random.Random) -> tuple[str, int, dict[str, Any
                 break
         d = x % 10
         question = f"Let x = {a} * {b}. What is x * d + {c}, where d is the last digit of x?"
-        return question, x * d + c, {"calls": [f"{a} * {b}", f"{x} * {d} + {c}"]}
+        # the second call lets Python take the last digit: read off the printed x by a 135M model, d was
+        # wrong in most failed chain episodes (configs/toolcall_hard_cpu.yaml), while copying x was not
+        return question, x * d + c, {"calls": [f"{a} * {b}", f"{x} * ({x} % 10) + {c}"]}
     raise ValueError(f"unknown generated family {family!r}")
 
 
