@@ -19,8 +19,8 @@ second step needs values the question never states: x itself and d, its last dig
 the answer is neither x, nor x + c, nor c). An agent either reads x off the first call's output and
 calls again with it (the demonstration: call `print(a * b)`, read x, call `print(x * (x % 10) + c)`,
 answer -- three turns; the tool takes the digit), or writes the composition in one program, which
-the checker accepts too, since it sees only the final number. Either way the product-style habit of copying
-the question's numbers into one call does not solve it, which is what makes it harder than `product`.
+the checker accepts too, since it sees only the final number. Either way the product-style habit of
+copying the question's numbers into one call does not solve it, which makes it harder than `product`.
 
 `gsm` demonstrations: reasoning-gym keeps each problem's worked solution (`answer_cot`, lines like
 "28 x 4 = 112 ... 132 - 112 = 20"). Its equations are read back into Python arithmetic (units and
