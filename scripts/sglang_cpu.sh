@@ -55,14 +55,24 @@ cmd_setup() {
   fi
   local log="$VENV.install.log" start=$SECONDS
   rm -rf "$VENV"  # a half-made venv (interrupted install, other pins) is rebuilt from scratch
+  # The venv is ~11 GB and pip unpacks its wheels (a CUDA torch among them) beside it: a full disk
+  # otherwise fails three slow attempts with only "No space left on device" to show for it.
+  local need_gb="${SGLANG_CPU_MIN_FREE_GB:-16}" free_gb
+  free_gb=$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print int($4 / 1048576)}')
+  if [[ -n "$free_gb" && "$free_gb" -lt "$need_gb" ]]; then
+    die "only ${free_gb} GB free under $(dirname "$VENV"); the SGLang venv needs about ${need_gb} GB while it \
+installs (~11 GB after). Free disk space (old run directories under runs/, pip's cache: pip cache purge) \
+or point SGLANG_CPU_VENV at a larger disk."
+  fi
   echo "creating the SGLang venv in $VENV (${REQUIREMENTS[*]}; several minutes, ~11 GB; log: $log)"
   "$PY_BIN" -m venv "$VENV" >"$log" 2>&1 || { tail -20 "$log" >&2; die "python -m venv failed (log: $log)"; }
   # sglang pins torch==2.14.1 and pulls its own torchvision: the machine's torch constraint file must
   # not apply inside this separate venv (PIP_CONSTRAINT=/dev/null replaces the configured one).
+  # --no-cache-dir: pip's cache would keep a second copy of the ~5 GB of wheels after the install.
   local attempt ok=0
   for attempt in 1 2 3; do
     if PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 \
-        "$VENV/bin/python" -m pip install -q --progress-bar off "${REQUIREMENTS[@]}" >>"$log" 2>&1; then
+        "$VENV/bin/python" -m pip install -q --no-cache-dir --progress-bar off "${REQUIREMENTS[@]}" >>"$log" 2>&1; then
       ok=1; break
     fi
     echo "pip install failed (attempt $attempt of 3), retrying" >>"$log"
