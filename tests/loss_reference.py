@@ -192,11 +192,12 @@ def reference_loss(logits: np.ndarray, case: dict, cfg: dict, kind: str = "hybri
     """Returns (loss, d loss / d logits, metrics) in float64.
 
     ``cfg``: w_rl, w_opd, eps_clip, eps_clip_high, adv_diff_clip, hint_selection,
-    subset_mode, log_ratio_clamp, entropy_coef, kl_coef (LossConfig's defaults when absent).
+    subset_mode, log_ratio_clamp, entropy_coef, kl_coef, sample_norm_tokens (LossConfig's defaults when
+    absent).
     """
     c = dict(w_rl=1.0, w_opd=1.0, eps_clip=0.2, eps_clip_high=0.28, adv_diff_clip=1.0,
              hint_selection="sequence_optimal", subset_mode="student", log_ratio_clamp=20.0,
-             entropy_coef=0.0, kl_coef=0.0)
+             entropy_coef=0.0, kl_coef=0.0, sample_norm_tokens=0)
     c.update(cfg)
     eps, eps_h, clamp = c["eps_clip"], c["eps_clip_high"], c["log_ratio_clamp"]
     lsm = log_softmax(logits)
@@ -223,7 +224,8 @@ def reference_loss(logits: np.ndarray, case: dict, cfg: dict, kind: str = "hybri
 
     for b in real_samples:
         tokens_t = [t for t in range(T) if case["response_mask"][b, t] > 0]
-        n_tok = max(len(tokens_t), 1)
+        # each sample's terms: its token mean, or its token sum / a constant (loss.sample_norm_tokens)
+        n_tok = c["sample_norm_tokens"] or max(len(tokens_t), 1)
         has_hint = bool(np.any(case["candidate_mask"][b] > 0))
         sums = dict(grpo=0.0, opd=0.0, ent=0.0, kl=0.0)
         for t in tokens_t:

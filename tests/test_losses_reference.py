@@ -106,6 +106,64 @@ def test_optional_fields_absent():
         _run("combine", CASE, LossConfig(kl_coef=0.1), drop=("ref_logprobs",))
 
 
+@pytest.mark.parametrize("name,kind", [("combine", "hybrid"), ("rl", "hybrid"), ("token_combine", "token_combine"),
+                                       ("tail_kl", "tail_kl")])
+def test_constant_token_normaliser_matches_reference(name, kind):
+    """``sample_norm_tokens=N``: each sample's terms are its token sum / N (the reference divides by N
+    instead of the sample's token count); on this batch, whose samples differ in length, that is not
+    the token mean's loss."""
+    extra = dict(w_opd=0.5) if name == "token_combine" else {}
+    cfg = LossConfig(name=name, sample_norm_tokens=16, entropy_coef=0.03, kl_coef=0.2, **extra)
+    _check(CASE, cfg, kind=kind, name=name)
+    lengths = {int(n) for n, real in zip(CASE["response_mask"].sum(-1), CASE["sample_mask"]) if real > 0}
+    assert len(lengths) > 1, lengths
+    mean_loss, _, _ = _run(name, CASE, dataclasses.replace(cfg, sample_norm_tokens=0))
+    summed_loss, _, _ = _run(name, CASE, cfg)
+    assert abs(summed_loss - mean_loss) > 1e-3 * abs(mean_loss)
+
+
+def test_constant_token_normaliser_weighs_every_token_alike():
+    """The length bias it removes: two wrong samples (advantage -1) of 2 and 8 trained tokens, on-policy.
+    Under the token mean the short sample's tokens get 4x the long one's gradient; with a constant N
+    each token gets 1 / (N * samples) whatever its sample's length."""
+    B, T, V = 2, 8, 16
+    mask = np.zeros((B, T), np.float32)
+    mask[0, :2], mask[1, :] = 1.0, 1.0
+    logits = jnp.asarray(np.random.default_rng(3).normal(size=(B, T, V)), jnp.float32)
+    ids = jnp.asarray(np.random.default_rng(4).integers(0, V, (B, T)), jnp.int32)
+    old = jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], -1)[..., 0]
+    K, C = 2, 1
+    zeros_ids, zeros_lp = jnp.zeros((B, C, T, K), jnp.int32), jnp.zeros((B, C, T, K), jnp.float32)
+    batch = HybridBatch(response_ids=ids, response_mask=jnp.asarray(mask), old_logprobs=old,
+                        advantages=-jnp.ones((B, T)), student_topk_ids=zeros_ids[:, 0],
+                        student_topk_logprobs=zeros_lp[:, 0], teacher_topk_ids=zeros_ids, teacher_topk_logprobs=zeros_lp,
+                        teacher_logprobs_at_student_ids=zeros_lp, old_logprobs_at_teacher_ids=zeros_lp,
+                        candidate_mask=jnp.zeros((B, C)), sample_mask=jnp.ones((B,)))
+
+    def per_token_weight(norm):
+        cfg = LossConfig(name="rl", sample_norm_tokens=norm)
+        grad = jax.grad(lambda z: get_loss("rl").dense(z, batch, cfg)[0])(logits)
+        # on-policy (ratio 1) the gradient at a trained token is w * A * d l_cur(y) / d z, A = -1:
+        # its component at y is w * (1 - p(y)) with w the token's weight in the loss
+        p_y = np.exp(np.asarray(old, np.float64))
+        g_y = np.take_along_axis(np.asarray(grad, np.float64), np.asarray(ids)[..., None], -1)[..., 0]
+        return g_y / (1.0 - p_y)
+
+    mean_w = per_token_weight(0)
+    np.testing.assert_allclose(mean_w[0, :2], 1.0 / (2 * 2), rtol=1e-5)
+    np.testing.assert_allclose(mean_w[1, :], 1.0 / (8 * 2), rtol=1e-5)
+    const_w = per_token_weight(10)
+    np.testing.assert_allclose(const_w[0, :2], 1.0 / (10 * 2), rtol=1e-5)
+    np.testing.assert_allclose(const_w[1, :], 1.0 / (10 * 2), rtol=1e-5)
+    np.testing.assert_allclose(const_w[0, 2:], 0.0, atol=1e-12)   # masked tokens carry nothing
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_constant_token_normaliser_must_be_a_count(bad):
+    with pytest.raises(ValueError, match="sample_norm_tokens"):
+        LossConfig(sample_norm_tokens=bad)
+
+
 @pytest.mark.parametrize("name,w_rl,w_opd", [("rl", 1.0, 0.0), ("opd", 0.0, 1.0)])
 def test_registered_rl_and_opd_match_reference(name, w_rl, w_opd):
     cfg = LossConfig(name=name, hint_selection="token_optimal")

@@ -181,6 +181,7 @@ def _hidden_case(seed, **kw):
     ("combine", LossConfig(subset_mode="teacher", adv_diff_clip=0.0), True),
     ("token_combine", LossConfig(name="token_combine", w_opd=0.5), False),
     ("tail_kl", LossConfig(name="tail_kl", hint_selection="token_optimal"), False),
+    ("combine", LossConfig(sample_norm_tokens=16, entropy_coef=0.02, kl_coef=0.1), False),
 ])
 def test_chunked_loss_equals_dense(name, cfg, segments):
     hidden, w, batch = _hidden_case(11, segments=segments)

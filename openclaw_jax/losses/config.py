@@ -22,6 +22,12 @@ class LossConfig:
     with one the loss fixes is refused. ``top_k``: K of the top-K sets (S^q, the teacher's).
     ``adv_diff_clip <= 0`` disables the OPD diff clip; ``log_ratio_clamp`` None or ``<= 0`` disables
     the +-clamp of the log-ratio ``l_old - l_cur`` in the GRPO and top-K OPD branches.
+
+    ``sample_norm_tokens``: 0 (default) makes each sample's terms its masked token mean (docs/design.md
+    §6). N > 0 makes them its masked token *sum* / N, the same N for every sample (Dr. GRPO's constant
+    normaliser; N is best the response budget): under the mean a token of a short response weighs more
+    than one of a long response, so a short wrong episode is pushed down harder per token than a long
+    wrong one, which favours long wrong episodes (rambling past the answer) in multi-turn agentic RL.
     """
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = {
@@ -39,6 +45,7 @@ class LossConfig:
     log_ratio_clamp: float | None = 20.0
     entropy_coef: float = 0.0
     kl_coef: float = 0.0
+    sample_norm_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.name not in available_losses():
@@ -56,6 +63,10 @@ class LossConfig:
             value = getattr(self, name)
             if not 0.0 <= value:
                 raise ValueError(f"loss.{name}={value!r} must be >= 0")
+        if isinstance(self.sample_norm_tokens, bool) or not isinstance(self.sample_norm_tokens, int) \
+                or self.sample_norm_tokens < 0:
+            raise ValueError(f"loss.sample_norm_tokens={self.sample_norm_tokens!r} must be an integer >= 0 (0: each "
+                             "sample's token mean; N: its token sum / N, e.g. the response budget)")
         if self.eps_clip >= 1.0:
             raise ValueError(f"loss.eps_clip={self.eps_clip!r} must be < 1 (the ratio's lower bound is 1 - eps_clip)")
 

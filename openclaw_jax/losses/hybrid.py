@@ -19,6 +19,7 @@ What counts where (``m`` = ``response_mask``, real = ``sample_mask``, hint = any
 
 * every loss term is a per-sample masked token mean ``sum_t m_t x_t / max(sum_t m_t, 1)``
   averaged over real samples (padding samples excluded, real all-masked samples count);
+  ``cfg.sample_norm_tokens = N > 0`` replaces the mean by ``sum_t m_t x_t / N``;
 * ``loss = w_rl * grpo_pg_loss + w_opd * opd_loss - entropy_coef * entropy_loss
   + kl_coef * kl_loss``; the entropy term only carries a gradient when ``entropy_coef != 0``;
 * a sample without a hint candidate has ``opd_loss`` 0 (and still counts);
@@ -47,8 +48,8 @@ from openclaw_jax.losses.policy import (
     batch_mean,
     finalize_metrics,
     low_var_kl,
-    masked_token_mean,
     ppo_clip_loss,
+    sample_token_aggregate,
     sample_stat,
     token_stat,
 )
@@ -208,7 +209,7 @@ def grpo_sample_loss(raw_kl: jax.Array, rewards: jax.Array, cfg: LossConfig, pla
                      stats: dict[str, MetricStat]) -> jax.Array:
     """Per-sample GRPO (PPO-clip on the sampled token) ``[B]``; records its loss and clip fraction."""
     pg, clipped = ppo_clip_loss(raw_kl, rewards, cfg.eps_clip, cfg.eps_clip_high, cfg.kl_clamp)
-    grpo_sample = masked_token_mean(pg, plan.trained)
+    grpo_sample = sample_token_aggregate(pg, plan.trained, cfg.sample_norm_tokens)
     stats["grpo_pg_loss"] = sample_stat(grpo_sample, plan.sample_mask)
     stats["grpo_pg_clipfrac"] = token_stat(clipped, plan.trained)
     return grpo_sample
@@ -217,7 +218,7 @@ def grpo_sample_loss(raw_kl: jax.Array, rewards: jax.Array, cfg: LossConfig, pla
 def grpo_plus_distill(grpo_sample: jax.Array, opd_token: jax.Array, cfg: LossConfig, plan: GatherPlan,
                       stats: dict[str, MetricStat]) -> jax.Array:
     """``w_rl * GRPO + w_opd * mean_t(distillation token loss)`` per sample; records ``opd_loss``."""
-    opd_sample = masked_token_mean(opd_token, plan.trained)
+    opd_sample = sample_token_aggregate(opd_token, plan.trained, cfg.sample_norm_tokens)
     stats["opd_loss"] = sample_stat(opd_sample, plan.sample_mask)
     return cfg.w_rl * grpo_sample + cfg.w_opd * opd_sample
 
@@ -299,7 +300,7 @@ def _loss_terms(
     per_sample_total = per_sample_total + get_kind(kind).terms(cur_logprobs, batch, cfg, plan, old=old,
                                                                rewards=rewards, raw_kl=raw_kl, stats=stats)
 
-    entropy_sample = masked_token_mean(entropy, trained)
+    entropy_sample = sample_token_aggregate(entropy, trained, cfg.sample_norm_tokens)
     stats["entropy_loss"] = sample_stat(entropy_sample, smask)
     if cfg.entropy_coef != 0:
         per_sample_total = per_sample_total - cfg.entropy_coef * entropy_sample
@@ -309,7 +310,8 @@ def _loss_terms(
             "sampled tokens); pass them or set kl_coef to 0"
         )
     if batch.ref_logprobs is not None:
-        kl_sample = masked_token_mean(low_var_kl(cur_token, masked(batch.ref_logprobs, trained)), trained)
+        kl_sample = sample_token_aggregate(low_var_kl(cur_token, masked(batch.ref_logprobs, trained)), trained,
+                                           cfg.sample_norm_tokens)
         stats["kl_loss"] = sample_stat(kl_sample, smask)
         if cfg.kl_coef != 0:
             per_sample_total = per_sample_total + cfg.kl_coef * kl_sample

@@ -128,6 +128,16 @@ def masked_token_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(values * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
 
 
+def sample_token_aggregate(values: jax.Array, mask: jax.Array, norm_tokens: int = 0) -> jax.Array:
+    """Per-sample aggregate of token values over the last axis: the masked token mean when
+    ``norm_tokens`` is 0, else ``sum_t m_t x_t / norm_tokens`` (a constant, the same for every sample)."""
+    if norm_tokens <= 0:
+        return masked_token_mean(values, mask)
+    mask = jnp.asarray(mask, jnp.float32)
+    values = jnp.where(mask > 0, jnp.asarray(values, jnp.float32), 0.0)
+    return jnp.sum(values * mask, axis=-1) / float(norm_tokens)
+
+
 def sample_stat(per_sample: jax.Array, sample_mask: jax.Array) -> MetricStat:
     """Sample-weighted stat: sum over real samples of ``per_sample``, count = real samples."""
     sample_mask = jnp.asarray(sample_mask, jnp.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from openclaw_jax.losses.hybrid import LossKind, masked
 from openclaw_jax.losses.opd import take_candidate, token_combine_advantages
-from openclaw_jax.losses.policy import masked_token_mean, ppo_clip_loss, sample_stat, token_stat
+from openclaw_jax.losses.policy import ppo_clip_loss, sample_stat, sample_token_aggregate, token_stat
 from openclaw_jax.losses.registry import loss_kind, register_loss
 
 
@@ -27,7 +27,7 @@ class TokenCombineKind(LossKind):
         advantages = token_combine_advantages(teacher_token, old, rewards, plan.active, w_opd=cfg.w_opd,
                                               w_rl=cfg.w_rl)
         pg, clipped = ppo_clip_loss(raw_kl, advantages, cfg.eps_clip, cfg.eps_clip_high, kl_clamp=None)
-        pg_sample = masked_token_mean(pg, plan.trained)
+        pg_sample = sample_token_aggregate(pg, plan.trained, cfg.sample_norm_tokens)
         stats["grpo_pg_loss"] = sample_stat(pg_sample, plan.sample_mask)
         stats["grpo_pg_clipfrac"] = token_stat(clipped, plan.trained)
         return pg_sample
