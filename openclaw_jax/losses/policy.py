@@ -120,12 +120,18 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
     return -jnp.sum(jnp.where(logp > -jnp.inf, jnp.exp(logp) * logp, 0.0), axis=-1)
 
 
-def masked_token_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
-    """Per-sample ``sum_t m_t x_t / max(sum_t m_t, 1)`` over the last axis."""
+def masked_token_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Per-sample ``sum_t m_t x_t`` over the last axis."""
     mask = jnp.asarray(mask, jnp.float32)
     # `where`, not a product: a masked-out position may hold inf/NaN garbage.
     values = jnp.where(mask > 0, jnp.asarray(values, jnp.float32), 0.0)
-    return jnp.sum(values * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+    return jnp.sum(values * mask, axis=-1)
+
+
+def masked_token_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Per-sample ``sum_t m_t x_t / max(sum_t m_t, 1)`` over the last axis."""
+    count = jnp.sum(jnp.asarray(mask, jnp.float32), axis=-1)
+    return masked_token_sum(values, mask) / jnp.maximum(count, 1.0)
 
 
 def sample_token_aggregate(values: jax.Array, mask: jax.Array, norm_tokens: int = 0) -> jax.Array:
@@ -133,9 +139,7 @@ def sample_token_aggregate(values: jax.Array, mask: jax.Array, norm_tokens: int 
     ``norm_tokens`` is 0, else ``sum_t m_t x_t / norm_tokens`` (a constant, the same for every sample)."""
     if norm_tokens <= 0:
         return masked_token_mean(values, mask)
-    mask = jnp.asarray(mask, jnp.float32)
-    values = jnp.where(mask > 0, jnp.asarray(values, jnp.float32), 0.0)
-    return jnp.sum(values * mask, axis=-1) / float(norm_tokens)
+    return masked_token_sum(values, mask) / float(norm_tokens)
 
 
 def sample_stat(per_sample: jax.Array, sample_mask: jax.Array) -> MetricStat:
