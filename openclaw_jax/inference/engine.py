@@ -18,7 +18,7 @@ Shape discipline (each bucket compiles once):
   * decode runs the layers unrolled over per-layer copies of the weights: XLA:CPU copies each
     layer's weights out of the stacked array on every step of a layer scan. The copies are laid
     out for decode (`decode_layers.fuse_layers`: q/k/v and gate/up fused into one matmul each, the
-    LM head as `[H, V]` pieces), compiled without XLA:CPU's YNNPACK dots (`kernels.CPU_DECODE_OPTIONS`).
+    LM head as `[V, H]`), attention as element-wise products and sums over the cache as stored.
 Sequences join free rows while others are still decoding (continuous batching); when a
 batch has no active row left it is dropped and the next one is sized for what is waiting.
 

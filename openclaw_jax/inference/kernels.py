@@ -275,16 +275,14 @@ insert_jit = jax.jit(_insert_impl, donate_argnums=(0,))
 decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top", "k_ids"), donate_argnums=(2,))
 decode_loop_jit = jax.jit(_decode_loop_impl, static_argnums=(0, 1), static_argnames=("n_top", "k_ids", "max_steps"),
                           donate_argnums=(4,))
-# The fused-layer decode loop (layer graphdef `decode_layers.FUSED`) with XLA:CPU's YNNPACK dot fusions
-# off: its matmuls then run as XLA's own dots, which on this 2-core AVX2 CPU (jaxlib 0.10.2) took
-# 0.55-0.8x the CPU time of the YNNPACK calls for the 16-row decode shapes ([16, 576] x [576, 3072]
-# etc., 30 distinct weights streamed from memory, one core). Only this function: the model's
-# generic decode (the LM head as x @ embed.T above all) is slower without YNNPACK.
-# The option is a CPU compiler flag; other backends ignore it.
-CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# The fused-layer decode loop (layer graphdef `decode_layers.FUSED`), its own jitted function so its
+# compilations are counted apart. It was compiled with XLA:CPU's YNNPACK fusions off, whose dots on an
+# older 2-core AVX2 CPU took 0.55-0.8x the CPU time of YNNPACK's; now its attention is element-wise
+# products and sums (`decode_layers.decode_attention`), which need YNNPACK's element-wise and reduce
+# fusions: without them a 16-row step took 103 ms, with XLA:CPU's defaults 39 ms (the block-diagonal
+# attention without YNNPACK 43-44 ms; AVX-512 EPYC, 2 cores).
 decode_loop_fused_jit = jax.jit(_decode_loop_impl, static_argnums=(0, 1),
-                                static_argnames=("n_top", "k_ids", "max_steps"), donate_argnums=(4,),
-                                compiler_options=CPU_DECODE_OPTIONS)
+                                static_argnames=("n_top", "k_ids", "max_steps"), donate_argnums=(4,))
 gather_prefix_jit = jax.jit(_gather_prefix_impl, static_argnums=(2,))
 store_blocks_jit = jax.jit(_store_blocks_impl, donate_argnums=(0,))
 grow_pool_jit = jax.jit(_grow_pool_impl, static_argnums=(1,))
