@@ -276,11 +276,11 @@ decode_jit = jax.jit(_decode_impl, static_argnums=(0,), static_argnames=("n_top"
 decode_loop_jit = jax.jit(_decode_loop_impl, static_argnums=(0, 1), static_argnames=("n_top", "k_ids", "max_steps"),
                           donate_argnums=(4,))
 # The fused-layer decode loop (layer graphdef `decode_layers.FUSED`), its own jitted function so its
-# compilations are counted apart. It was compiled with XLA:CPU's YNNPACK fusions off, whose dots on an
-# older 2-core AVX2 CPU took 0.55-0.8x the CPU time of YNNPACK's; now its attention is element-wise
-# products and sums (`decode_layers.decode_attention`), which need YNNPACK's element-wise and reduce
-# fusions: without them a 16-row step took 103 ms, with XLA:CPU's defaults 39 ms (the block-diagonal
-# attention without YNNPACK 43-44 ms; AVX-512 EPYC, 2 cores).
+# compilations are counted apart. It used to be compiled with XLA:CPU's YNNPACK fusions off (on an older
+# 2-core AVX2 CPU, XLA's own dots took 0.55-0.8x the CPU time of YNNPACK's). Its attention is now
+# element-wise products and sums (`decode_layers.decode_attention`), which need YNNPACK's element-wise
+# and reduce fusions: a 16-row step took 103 ms without them and 39 ms with XLA:CPU's defaults. The
+# block-diagonal attention without YNNPACK took 43-44 ms (AVX-512 EPYC, 2 cores).
 decode_loop_fused_jit = jax.jit(_decode_loop_impl, static_argnums=(0, 1),
                                 static_argnames=("n_top", "k_ids", "max_steps"), donate_argnums=(4,))
 gather_prefix_jit = jax.jit(_gather_prefix_impl, static_argnums=(2,))
