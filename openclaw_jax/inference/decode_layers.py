@@ -101,9 +101,9 @@ def decode_attention(q, cache_k, cache_v, positions):
     cache, and each dot product computed once. XLA:CPU runs these as YNNPACK element-wise and
     reduce fusions. A batched matmul per (row, kv head) would first transpose each layer's cache
     to `[B, K, S, D]`; the block-diagonal query used before (plain batched matmuls over
-    `[B, S, K * D]`, K times the dot products) took 0.36 ms a layer at 16 rows x 128 slots, this
-    0.18 ms (the engine's decode at 16 rows on the AVX-512 EPYC, A/B: 360 -> 411 tok/s;
-    `bench/decode.py`: 330 -> 421 tok/s, 1.41x -> 1.70-1.75x transformers).
+    `[B, S, K * D]`, K times the dot products) took 2.1x as long at 16 rows x 128 slots
+    (`bench/decode_attention.py`; the engine's decode at 16 rows on the AVX-512 EPYC, A/B: 360 -> 411
+    tok/s; `bench/decode.py`: 330 -> 421 tok/s, 1.41x -> 1.70-1.75x transformers).
     """
     b, n, d = q.shape
     s_len, kh = cache_k.shape[1], cache_k.shape[2]
