@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from decode import median_time  # bench/decode.py, beside this script
 
 from openclaw_jax.inference.decode_layers import decode_attention
 
@@ -51,13 +51,8 @@ def every_layer(attention):
 
 
 def median_ms(fn, args, repeats):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    jax.block_until_ready(fn(*args))  # compile + warm-up
+    return 1000 * median_time(lambda: jax.block_until_ready(fn(*args)), repeats)
 
 
 def main() -> None:
