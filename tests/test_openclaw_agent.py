@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,25 @@ def test_run_measured_reports_the_childs_cpu_and_enforces_the_timeout():
     assert (rc, out.strip()) == (0, "done") and 0.4 <= cpu_s < 5
     with pytest.raises(oa.OpenClawError, match="timeout_s=0.5"):
         oa._run_measured([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ), 0.5)
+
+
+def test_a_turn_that_printed_its_result_and_lingers_is_ended_and_kept():
+    """An agent process that prints its whole --json result and then stays up (as one `openclaw agent
+    --local` did, on a failed SQLite maintenance worker) is killed after the grace period and its
+    result kept; one still printing, or printing no result, runs into the timeout as before."""
+    result = {"payloads": [{"text": "12"}], "meta": {"stopReason": "stop"}}
+    lingering = [sys.executable, "-c", f"import json, sys, time\nprint('log line')\nprint(json.dumps({result!r}))\n"
+                 "sys.stdout.flush()\ntime.sleep(60)"]
+    start = time.monotonic()
+    rc, _, out, _ = oa._run_measured(lingering, dict(os.environ), 30, finished=oa._has_result, linger_s=0.5)
+    assert time.monotonic() - start < 10
+    assert rc == 0 and oa.parse_result(out) == result
+    half = [sys.executable, "-c", "import sys, time\nprint('{\"payloads\": [')\nsys.stdout.flush()\ntime.sleep(60)"]
+    with pytest.raises(oa.OpenClawError, match="timeout_s=2"):
+        oa._run_measured(half, dict(os.environ), 2, finished=oa._has_result, linger_s=0.5)
+    # a process that exits by itself keeps its own exit code
+    failing = [sys.executable, "-c", f"import json\nprint(json.dumps({result!r}))\nraise SystemExit(3)"]
+    assert oa._run_measured(failing, dict(os.environ), 30, finished=oa._has_result, linger_s=5)[0] == 3
 
 
 def test_cli_help_and_bad_arguments():

@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,15 @@ class TurnResult:
         return self.stop_reason not in ("error", None) and not self.result.get("meta", {}).get("aborted")
 
 
+def _has_result(stdout: str) -> bool:
+    """Whether `stdout` already holds OpenClaw's whole `--json` turn object."""
+    try:
+        parse_result(stdout)
+    except OpenClawError:
+        return False
+    return True
+
+
 def parse_result(stdout: str) -> dict[str, Any]:
     """OpenClaw's `--json` turn object ({"payloads", "meta"}) from its stdout (logs may precede it);
     a daemon turn's envelope ({"runId", "status", "result": {...}}) is unwrapped."""
@@ -247,7 +256,8 @@ class OpenClawAgent:
         if not message.strip():
             raise ValueError("message is empty: OpenClaw needs a non-empty message")
         start = time.monotonic()
-        rc, cpu_s, out, err = _run_measured(self.command(session_id, message), self.env(), self.cfg.timeout_s)
+        rc, cpu_s, out, err = _run_measured(self.command(session_id, message), self.env(), self.cfg.timeout_s,
+                                            finished=_has_result)
         wall_s = time.monotonic() - start
         if rc != 0:
             raise OpenClawError(f"openclaw agent (session {session_id}) exited {rc} after {wall_s:.1f} s; "
@@ -266,8 +276,16 @@ class OpenClawAgent:
         return await asyncio.to_thread(self.run_turn, session_id, message)
 
 
-def _run_measured(cmd: Sequence[str], env: dict[str, str], timeout_s: float) -> tuple[int, float, str, str]:
-    """Run `cmd` in its own process group; (exit code, CPU seconds of its tree, stdout, stderr)."""
+def _run_measured(cmd: Sequence[str], env: dict[str, str], timeout_s: float, *,
+                  finished: Callable[[str], bool] | None = None, linger_s: float = 20.0
+                  ) -> tuple[int, float, str, str]:
+    """Run `cmd` in its own process group; (exit code, CPU seconds of its tree, stdout, stderr).
+
+    With `finished`: once the stdout so far satisfies it (the whole `--json` result is out), a
+    process still running `linger_s` later is killed and counted as exited 0. An `openclaw agent
+    --local` turn once stayed up for the whole 300 s timeout after printing its reply, with one of
+    its SQLite maintenance workers failed ("SQLite automatic maintenance inputs changed before
+    commit"); the turn itself had ended."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 start_new_session=True)
@@ -282,12 +300,31 @@ def _run_measured(cmd: Sequence[str], env: dict[str, str], timeout_s: float) -> 
 
         timer = threading.Timer(timeout_s, kill)
         timer.start()
+        lingered = False
         try:
             # wait4 (not Popen.wait) returns the child's own rusage: its CPU, not the caller's.
-            _, status, usage = os.wait4(proc.pid, 0)
+            if finished is None:
+                _, status, usage = os.wait4(proc.pid, 0)
+            else:
+                seen_size, done_at = -1, None
+                while True:
+                    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                    if pid:
+                        break
+                    size = os.fstat(out.fileno()).st_size
+                    if done_at is None and size != seen_size:
+                        seen_size = size
+                        if finished(os.pread(out.fileno(), size, 0).decode(errors="replace")):
+                            done_at = time.monotonic()
+                    if done_at is not None and time.monotonic() - done_at > linger_s and not timed_out.is_set():
+                        lingered = True
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        _, status, usage = os.wait4(proc.pid, 0)
+                        break
+                    time.sleep(0.1)
         finally:
             timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.returncode = 0 if lingered else os.waitstatus_to_exitcode(status)
         try:  # Node may leave workers of its group behind after the main process exits
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -297,6 +334,9 @@ def _run_measured(cmd: Sequence[str], env: dict[str, str], timeout_s: float) -> 
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if timed_out.is_set():
         raise OpenClawError(f"openclaw agent ran past timeout_s={timeout_s}; stderr tail: {stderr[-1500:]}")
+    if lingered:
+        logger.warning("%s printed its whole result but was still running %.0f s later; killed it and kept "
+                       "the result (stderr tail: %s)", Path(cmd[0]).name, linger_s, stderr[-300:])
     return proc.returncode, usage.ru_utime + usage.ru_stime, stdout, stderr
 
 
