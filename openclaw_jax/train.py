@@ -297,7 +297,9 @@ async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
         r.record_eval(record)
         r.summary["heldout"].append(record)
         r.progress.update(heldout=record["heldout_success"])
-        log.info("held-out success at step %d: %.3f %s", step, record["heldout_success"], record["per_family"])
+        log.info("held-out success at step %d: %.3f %s%s", step, record["heldout_success"], record["per_family"],
+                 f"; sampled ({record['samples_per_task']} a task) {record['heldout_success_sampled']:.3f}"
+                 if "heldout_success_sampled" in record else "")
         return record["heldout_success"]
 
     await evaluate(trainer.step)

@@ -158,6 +158,19 @@ def test_group_advantages_against_a_float64_loop():
     assert group_advantages([0, 0], all_equal="scale", all_equal_scale=0.2) == [-0.2, -0.2]
 
 
+def test_no_baseline_imitates_the_solved_episodes():
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        r = [float(x) for x in rng.integers(0, 2, size=4)]
+        got = group_advantages(r, baseline="none", all_equal="drop", normalize_std=True)
+        # no baseline: each episode's own reward, whatever normalize_std and all_equal say; no reward: dropped
+        assert got == (None if sum(r) == 0 else r)
+    with pytest.raises(ValueError, match="baseline"):
+        group_advantages([1.0, 0.0], baseline="mean")
+    with pytest.raises(ValueError, match="agentic.baseline"):
+        AgenticConfig(baseline="mean")
+
+
 def test_prm_step_advantages_and_samples_reach_the_batch(tok, tmp_path):
     env = make_env(AgenticConfig(env="toolcall"))
     task = env.tasks("train", 1, seed=0)[0]

@@ -208,6 +208,52 @@ def test_run_group_drops_an_all_equal_group(all_equal, tmp_path):
     assert [s.token_advantages[0] for s in mixed] == pytest.approx(list(want), rel=1e-6)
 
 
+def test_run_group_without_a_baseline_writes_the_solved_episodes_of_every_group(tmp_path):
+    """`baseline=none` (filtered imitation): an all-solved group is kept with advantage 1 on every
+    episode (a group baseline would drop it), a mixed group's solved episode gets 1 and its failures
+    0, and a group with no reward at all is dropped."""
+    from openclaw_jax.envs.agentic.episode import Task
+    from openclaw_jax.envs.agentic.rollout import GroupRollouts
+    from openclaw_jax.samples import SampleStore
+
+    task = Task(task_id="t0", prompt="do it")
+    with SampleStore(tmp_path / "s") as store:
+        rollouts = GroupRollouts(_FixedRewards([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]), policy=None,
+                                 store=store, tasks=[task], group_size=3, temperature=1.0, baseline="none")
+        for _ in range(3):
+            asyncio.run(rollouts.run_group(task))
+        written = store.read(0)
+    assert rollouts.stats.groups_dropped == 1
+    assert [s.token_advantages[0] for s in written] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert [s.reward for s in written] == [1.0, 1.0, 1.0, 1.0, -1.0, -1.0]
+
+
+def test_sampled_evaluation_runs_each_task_n_times_at_the_temperature():
+    """`evaluate(..., temperature=t, samples=n)`: n episodes per task, each asked for at t, the success the
+    mean over all of them; greedy (the default) runs each task once at temperature 0 and refuses n > 1."""
+    from openclaw_jax.envs.agentic.episode import Task
+    from openclaw_jax.envs.agentic.rollout import evaluate
+
+    class Recording(_FixedRewards):
+        def __init__(self, rewards):
+            super().__init__(rewards)
+            self.calls = []
+
+        async def run(self, task, policy, *, temperature):
+            self.calls.append((task.task_id, temperature))
+            return await super().run(task, policy, temperature=temperature)
+
+    tasks = [Task(task_id="a", prompt="x"), Task(task_id="b", prompt="y")]
+    runner = Recording([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    result = asyncio.run(evaluate(runner, None, tasks, temperature=0.7, samples=3))
+    assert sorted(runner.calls) == [("a", 0.7)] * 3 + [("b", 0.7)] * 3
+    assert result.n == 6 and result.success == pytest.approx(4 / 6)
+    greedy = Recording([1.0, 0.0])
+    assert asyncio.run(evaluate(greedy, None, tasks)).success == 0.5 and {t for _, t in greedy.calls} == {0.0}
+    with pytest.raises(ValueError, match="greedy takes 1"):
+        asyncio.run(evaluate(greedy, None, tasks, samples=2))
+
+
 # ------------------------------------------------------------------ (e) rl casts no hint votes
 
 @pytest.mark.parametrize("loss_name,votes", [("rl", False), ("combine", True), ("opd", True)])

@@ -138,7 +138,8 @@ class AgenticDriver:
         tasks = self.train_tasks[start:] + self.train_tasks[:start]
         self.rollouts = GroupRollouts(self.runner, PoolPolicy(self.client), self.store, tasks, group_size=a.group_size,
                                       temperature=self.cfg.gateway.temperature, normalize_std=a.normalize_std,
-                                      all_equal=a.all_equal, all_equal_scale=a.all_equal_scale, step_vote=vote,
+                                      all_equal=a.all_equal, all_equal_scale=a.all_equal_scale,
+                                      baseline=a.baseline, step_vote=vote,
                                       prm_weight=a.prm_weight)
         return self
 
@@ -154,9 +155,6 @@ class AgenticDriver:
         result = await evaluate(self.runner, PoolPolicy(self.client), self.heldout,
                                 concurrency=self.cfg.agentic.eval_concurrency)
         metrics = result.metrics()
-        if writer is not None:
-            writer.scalars(step, metrics)
-            writer.flush()
         record = {"step": step, "heldout_success": result.success, "n": result.n, "per_family": result.per_family,
                   "turns": result.turns, "tool_calls": result.tool_calls, "tool_errors": result.tool_errors,
                   "end_reasons": dict(Counter(e.end_reason for e in result.episodes)),
@@ -167,6 +165,16 @@ class AgenticDriver:
                                           for m in e.messages if m.get("role") == "assistant"]}
                                for e in result.episodes if not e.success],
                   "eval_s": time.monotonic() - t0}
+        if self.cfg.agentic.eval_samples:
+            sampled = await evaluate(self.runner, PoolPolicy(self.client), self.heldout,
+                                     concurrency=self.cfg.agentic.eval_concurrency,
+                                     temperature=self.cfg.gateway.temperature, samples=self.cfg.agentic.eval_samples)
+            record.update(heldout_success_sampled=sampled.success, samples_per_task=self.cfg.agentic.eval_samples,
+                          per_family_sampled=sampled.per_family, eval_s=time.monotonic() - t0)
+            metrics["eval/heldout_success_sampled"] = sampled.success
+        if writer is not None:
+            writer.scalars(step, metrics)
+            writer.flush()
         return record
 
     def log_rollouts(self, step: int, writer: Any) -> dict[str, float]:

@@ -29,6 +29,9 @@ class AgenticConfig:
     normalize_std: bool = True           # A = (r - mean) / (std + eps), else r - mean
     all_equal: Literal["drop", "zero", "scale"] = "drop"   # groups whose rewards are all equal
     all_equal_scale: float = 0.1         # "scale": A = scale * (2r - 1) for every episode of such a group
+    # "group": GRPO's A = r - mean(r) (normalize_std, all_equal apply); "none": A = r, the solved episodes
+    # imitated and reward-free groups dropped (filtered imitation; envs/agentic/rollout.py)
+    baseline: Literal["group", "none"] = "group"
     backlog: int = 0                     # pause new groups while this many samples wait (0 = 2 batches)
     # --- PRM step votes (the judge votes on each tool-calling step from its observation)
     prm: bool = False
@@ -45,6 +48,9 @@ class AgenticConfig:
     # --- held-out evaluation (greedy) and the SFT warm-up on generated demonstrations
     eval_every: int = 5                  # trainer steps between held-out evaluations (0 = start/end only)
     eval_concurrency: int = 16
+    # also this many sampled episodes per held-out task at gateway.temperature (0 = greedy only): the
+    # policy's expected success, what RL optimises, reported beside the greedy success
+    eval_samples: int = 0
     warmup_steps: int = 0                # SFT steps before RL (0 = none)
     warmup_batch_size: int = 8
     warmup_lr: float = 1e-4
@@ -59,9 +65,10 @@ class AgenticConfig:
         require(self.group_size >= 2 or self.all_equal != "drop",
                  f"agentic.group_size={self.group_size}: a group of one always has equal rewards and would always "
                  "be dropped; use group_size >= 2 or all_equal=zero|scale")
-        for name in ("heldout_tasks", "backlog", "eval_every", "warmup_steps"):
+        for name in ("heldout_tasks", "backlog", "eval_every", "warmup_steps", "eval_samples"):
             require(getattr(self, name) >= 0, f"agentic.{name}={getattr(self, name)} must be >= 0")
         require(self.episode_timeout_s > 0 and self.sandbox_timeout_s > 0,
                  "agentic.episode_timeout_s and agentic.sandbox_timeout_s must be > 0")
         require(self.sandbox_memory_mb >= 16, f"agentic.sandbox_memory_mb={self.sandbox_memory_mb} must be >= 16")
+        require(self.baseline in ("group", "none"), f"agentic.baseline={self.baseline!r} must be group or none")
         require(self.warmup_lr > 0, f"agentic.warmup_lr={self.warmup_lr} must be > 0")

@@ -5,7 +5,12 @@ Advantage of episode i in a group with outcome rewards r: A_i = r_i - mean(r), d
 (std(r) + eps) when `normalize_std` (population std, as GRPO). A group whose rewards are all
 equal carries no ranking signal: it is dropped (`all_equal=drop`), kept with A = 0 (`zero`: it
 still counts in the batch mean), or kept with A = scale * (2r - 1) (`scale`: a small push towards
-solved tasks and away from failed ones). With PRM step votes s_k in {-1, 0, 1} (the judge's
+solved tasks and away from failed ones). With `baseline="none"` there is no group baseline:
+A_i = r_i, so with 0/1 rewards the solved episodes are imitated, each with weight 1, and a group
+with no reward at all is dropped (filtered imitation, "expert iteration": no push away from
+failures, and the tasks a policy nearly always solves count as much as those it half-solves). On
+GUI RL from a half-trained warm-up it fell on held-out tasks as GRPO did (README "Images and the
+GUI agent"). With PRM step votes s_k in {-1, 0, 1} (the judge's
 majority vote on assistant step k given the observation that followed it; the final step has no
 next state and gets 0), every token of step k gets A_i + prm_weight * s_k. Observation tokens keep
 loss mask 0, so whatever advantage they carry never trains.
@@ -36,11 +41,16 @@ log = logging.getLogger(__name__)
 
 
 def group_advantages(rewards: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6,
-                     all_equal: str = "drop", all_equal_scale: float = 0.1) -> list[float] | None:
+                     all_equal: str = "drop", all_equal_scale: float = 0.1,
+                     baseline: str = "group") -> list[float] | None:
     """Per-episode advantages of one group; None when the group is dropped."""
     r = np.asarray(rewards, np.float64)
     if r.size == 0:
         return None
+    if baseline == "none":
+        return None if not np.any(r) else [float(x) for x in r]
+    if baseline != "group":
+        raise ValueError(f"baseline={baseline!r} must be group or none")
     if np.ptp(r) <= 1e-12:
         if all_equal == "drop":
             return None
@@ -138,7 +148,7 @@ class GroupRollouts:
 
     def __init__(self, runner: EpisodeRunner, policy: Policy, store: SampleStore, tasks: Sequence[Task], *,
                  group_size: int, temperature: float, normalize_std: bool = True, all_equal: str = "drop",
-                 all_equal_scale: float = 0.1, step_vote: StepVote | None = None,
+                 all_equal_scale: float = 0.1, baseline: str = "group", step_vote: StepVote | None = None,
                  prm_weight: float = 0.0):
         if not tasks:
             raise ValueError("group rollouts need at least one training task")
@@ -150,6 +160,7 @@ class GroupRollouts:
         self.group_size = group_size
         self.temperature = temperature
         self.normalize_std, self.all_equal, self.all_equal_scale = normalize_std, all_equal, all_equal_scale
+        self.baseline = baseline
         self.step_vote, self.prm_weight = step_vote, prm_weight
         self.stats = RolloutStats()
         self._groups = itertools.count()
@@ -160,7 +171,7 @@ class GroupRollouts:
                                                for _ in range(self.group_size))))
         rewards = [e.reward for e in episodes]
         advs = group_advantages(rewards, normalize_std=self.normalize_std, all_equal=self.all_equal,
-                                all_equal_scale=self.all_equal_scale)
+                                all_equal_scale=self.all_equal_scale, baseline=self.baseline)
         gid = f"{task.task_id}#{next(self._groups)}"
         self.stats.episodes.extend(episodes)
         self.stats.groups += 1
@@ -222,15 +233,20 @@ class EvalResult:
         return out
 
 
-async def evaluate(runner: EpisodeRunner, policy: Policy, tasks: Sequence[Task], *, concurrency: int = 16) -> EvalResult:
-    """Greedy episodes on `tasks`: the fraction solved (and episode statistics)."""
+async def evaluate(runner: EpisodeRunner, policy: Policy, tasks: Sequence[Task], *, concurrency: int = 16,
+                   temperature: float = 0.0, samples: int = 1) -> EvalResult:
+    """Episodes on `tasks`, greedy by default: the fraction solved (and episode statistics). With a
+    temperature, `samples` episodes per task, each drawn as training draws them: the policy's expected
+    success (the RL objective), which greedy decoding of near-tied choices need not follow."""
+    if samples < 1 or (temperature == 0.0 and samples != 1):
+        raise ValueError(f"samples={samples} at temperature={temperature}: greedy takes 1, sampling >= 1")
     sem = asyncio.Semaphore(concurrency)
 
     async def one(task: Task) -> Episode:
         async with sem:
-            return await runner.run(task, policy, temperature=0.0)
+            return await runner.run(task, policy, temperature=temperature)
 
-    eps = list(await asyncio.gather(*(one(t) for t in tasks)))
+    eps = list(await asyncio.gather(*(one(t) for t in tasks for _ in range(samples))))
     fams: dict[str, list[bool]] = {}
     for e in eps:
         fams.setdefault(e.task.family or "all", []).append(e.success)
