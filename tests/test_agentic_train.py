@@ -106,8 +106,13 @@ def test_gui_config_runs_end_to_end_with_screenshots(tmp_path):
     summary = _train(["--config", str(ROOT / "configs/gui_cpu.yaml"), *tiny_vl, "trainer.max_steps=1",
                       "trainer.samples_per_step=4", "agentic.group_size=2", "agentic.all_equal=zero",
                       "agentic.backlog=4", "agentic.heldout_tasks=2", "agentic.warmup_steps=1",
-                      "agentic.warmup_examples=4", "agentic.warmup_batch_size=2"], run_dir, timeout=1200)
+                      "agentic.warmup_examples=4", "agentic.warmup_batch_size=2", "agentic.eval_samples=2"],
+                     run_dir, timeout=1200)
     assert summary["end_step"] == 1 and [r["step"] for r in summary["heldout"]] == [0, 1]
+    # beside each greedy evaluation, 2 sampled episodes of each of the 2 tasks through the image path
+    for record in summary["heldout"]:
+        assert record["samples_per_task"] == 2 and record["heldout_success_sampled"] * 4 in (0, 1, 2, 3, 4)
+    assert "eval/heldout_success_sampled" in set(read_event_tags(run_dir / "tb"))
     samples = SampleStore(run_dir / "samples", readonly=True).read(0)
     assert len(samples) >= 4
     pad = TINY_VL_IDS["<|image_pad|>"]
