@@ -281,6 +281,39 @@ def test_demonstrations_solve_their_tasks_through_the_episode_runner(env):
     assert convs[1][-1] == {"role": "assistant", "content": "Done."}
 
 
+def test_cited_demonstrations_name_the_widget_as_the_observation_lists_it_and_still_solve(require_gui_tools):
+    """`cite_target`: every demonstrated click is preceded by `<widget> <x>,<y>`, which must be the very
+    entry the application's reported widget list showed the policy just before that turn (the list is
+    the app's own geometry, the citation comes from the task spec); the tool call still solves the task."""
+    from openclaw_jax.models.tokenizer import smollm2_tokenizer
+
+    with pytest.raises(ValueError, match="cite_target=true needs a11y=true and terse=true"):
+        GuiEnv(cite_target=True)
+    env = GuiEnv(reply_timeout_s=10.0, a11y=True, terse=True, cite_target=True)
+    tok = smollm2_tokenizer()
+    runner = EpisodeRunner(env, tok, EpisodeLimits(max_turns=10, max_response_tokens=2048,
+                                                   max_observation_chars=2048))
+    for family in ("button", "form"):
+        task = _task(env, family, "heldout")
+        turns = env.demonstration(task)
+        ep = asyncio.run(runner.run(task, ScriptedPolicy(tok, turns), temperature=0.0))
+        assert ep.reward == 1.0
+        clicks = 0
+        for i, message in enumerate(ep.messages):
+            if message["role"] != "assistant" or "click" not in message["content"]:
+                continue
+            cited, call = message["content"].split("\n", 1)
+            assert call.startswith("<tool_call>")
+            name, xy = cited.split(" ")
+            x, y = (int(v) for v in xy.split(","))
+            assert f'"x": {x}, "y": {y}' in call
+            seen = ep.messages[i - 1]["content"]
+            seen = seen if isinstance(seen, str) else " ".join(p.get("text", "") for p in seen)
+            assert f"{name} {x},{y}" in seen.split("Widgets: ", 1)[1]
+            clicks += 1
+        assert clicks == sum("click" in t for t in turns) >= (1 if family == "button" else 3)
+
+
 def test_the_checker_needs_the_right_press_with_the_right_values():
     goal = {"entries": {"e": "v"}, "press": "ok"}
     assert check(goal, {"pressed": [{"name": "ok", "entries": {"e": "v"}}]}) == 1.0

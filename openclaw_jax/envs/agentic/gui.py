@@ -96,11 +96,20 @@ class GuiEnv(Environment):
 
     def __init__(self, families: Sequence[str] = FAMILIES, sandbox: SandboxLimits | None = None, *,
                  a11y: bool = False, step_check: bool = False, reply_timeout_s: float = 5.0,
-                 max_type_chars: int = 200, screenshot_scale: float = 1.0, terse: bool = False):
+                 max_type_chars: int = 200, screenshot_scale: float = 1.0, terse: bool = False,
+                 cite_target: bool = False):
         """`screenshot_scale`: the policy sees screenshots resized by this factor (fewer image tokens; the
         actions stay in screen pixels, as the tools say). `terse`: a one-line system prompt and tool
-        descriptions without prose (a small policy's context: the same tools, a third of the tokens)."""
+        descriptions without prose (a small policy's context: the same tools, a third of the tokens).
+        `cite_target` (with `a11y` and `terse`): each demonstrated click first names its widget as the
+        accessibility list does (`button_Save 53,30`), then calls the tool -- the choice of widget is
+        made on a name copied from the task, and the coordinates are copied after that name rather than
+        picked from the list by position."""
+        if cite_target and not (a11y and terse):
+            raise ValueError("cite_target=true needs a11y=true and terse=true: the demonstrations cite the "
+                             "widget as the terse accessibility list writes it")
         self.terse = terse
+        self.cite_target = cite_target
         if terse:
             self.system_prompt = f"Act on the {WIDTH}x{HEIGHT} screen, one tool call per turn; say Done. when finished."
             self.tools = [{"type": "function", "function": {**t["function"], "description": ""}} for t in _TOOLS]
@@ -117,11 +126,12 @@ class GuiEnv(Environment):
 
     @classmethod
     def from_config(cls, families: tuple[str, ...], sandbox: SandboxLimits, *, a11y: bool = False,
-                    step_check: bool = False, screenshot_scale: float = 1.0, terse: bool = False) -> "GuiEnv":
+                    step_check: bool = False, screenshot_scale: float = 1.0, terse: bool = False,
+                    cite_target: bool = False) -> "GuiEnv":
         # the config's sandbox limits are per command; an app lives for an episode
         limits = SandboxLimits(timeout_s=max(sandbox.timeout_s, 600.0), memory_mb=max(sandbox.memory_mb, 512))
         return cls(families or FAMILIES, limits, a11y=a11y, step_check=step_check,
-                   screenshot_scale=screenshot_scale, terse=terse)
+                   screenshot_scale=screenshot_scale, terse=terse, cite_target=cite_target)
 
     # -- tasks
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
@@ -298,19 +308,23 @@ class GuiEnv(Environment):
         (the application places them at exactly those boxes and reports them back; tests check it)."""
         boxes = {w["name"]: (w["x"], w["y"], w["w"], w["h"]) for w in task.data["app"]["widgets"]}
         goal = task.answer
-        calls: list[tuple[str, dict[str, Any]]] = []
+        turns: list[str] = []
+
+        def click(widget: str) -> None:
+            x, y = center(boxes[widget])
+            cited = f"{widget} {x},{y}\n" if self.cite_target else ""
+            turns.append(cited + format_tool_call("click", {"x": x, "y": y}))
+
         if "menu" in goal:  # open the menu (its first item is active), walk down to the item, pick it
-            x, y = center(boxes[goal["menu"]])
-            calls.append(("click", {"x": x, "y": y}))
-            calls += [("key", {"name": "Down"})] * goal["index"]
-            calls.append(("key", {"name": "Return"}))
+            click(goal["menu"])
+            turns += [format_tool_call("key", {"name": "Down"})] * goal["index"]
+            turns.append(format_tool_call("key", {"name": "Return"}))
         else:
             for name, value in goal.get("entries", {}).items():
-                x, y = center(boxes[name])
-                calls += [("click", {"x": x, "y": y}), ("type", {"text": value})]
-            x, y = center(boxes[goal["press"]])
-            calls.append(("click", {"x": x, "y": y}))
-        return [format_tool_call(n, a) for n, a in calls] + ["Done."]
+                click(name)
+                turns.append(format_tool_call("type", {"text": value}))
+            click(goal["press"])
+        return turns + ["Done."]
 
 
 def image_part(png: bytes) -> dict[str, Any]:
