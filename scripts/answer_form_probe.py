@@ -43,7 +43,7 @@ FORMS = {
 _QUESTION = re.compile(r"^What is (\d+) ([-+]) (\d+)\?$")
 
 
-def _load(checkpoint: str | None):
+def load_model(checkpoint: str | None):
     import torch
     import transformers
 
@@ -75,7 +75,7 @@ def _prompt(tok, messages) -> list[int]:
     return tok(rendered, add_special_tokens=False).input_ids
 
 
-def _greedy(tok, model, ids: list[int], max_new_tokens: int) -> str:
+def greedy(tok, model, ids: list[int], max_new_tokens: int) -> str:
     import torch
 
     with torch.no_grad():
@@ -90,11 +90,11 @@ def accuracy_by_form(tok, model) -> dict[str, float]:
         a, op, b = _operands(q.text)
         base = _prompt(tok, [{"role": "user", "content": q.text}])
         for name, (prefix, _) in FORMS.items():
-            text = _greedy(tok, model, base + tok(prefix(a, op, b), add_special_tokens=False).input_ids, 4)
+            text = greedy(tok, model, base + tok(prefix(a, op, b), add_special_tokens=False).input_ids, 4)
             stated = numbers_in(text)  # the first number after the prefix is the form's result
             right[name] += bool(stated) and same_number(stated[0], parse_reference(q.answer))
         # graded as the held-out evaluation grades it: the final number stated
-        right["own greedy answer"] += bool(is_correct(_greedy(tok, model, base, 48), q.answer))
+        right["own greedy answer"] += bool(is_correct(greedy(tok, model, base, 48), q.answer))
     return {name: n / len(questions) for name, n in right.items()}
 
 
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     if args.teacher_questions < 1:
         p.error(f"--teacher-questions must be >= 1, got {args.teacher_questions}")
-    tok, model = _load(args.checkpoint)
+    tok, model = load_model(args.checkpoint)
     logger.info("accuracy by form on %d held-out questions", len(arithmetic_pool("heldout")))
     accuracy = accuracy_by_form(tok, model)
     logger.info("teacher preference on %d training questions", args.teacher_questions)

@@ -1,0 +1,109 @@
+"""Can the model fix the SWE environment's bugs at all? Three greedy probes of one model, per split.
+
+On every repository of `envs/agentic/swe_repos.py` (train and held-out), with HF transformers on
+PyTorch CPU (independent of the JAX code; needs the test extras), the agent's own opening prompt
+(system prompt with the tools, the task) and its first turn done for it: `read_file lib.py` with the
+buggy file as the tool output. Then the model's greedy continuation of its second turn:
+
+1. **fix the named line**: the `edit_file` call written up to `"old": "<the buggy line>", "new": "`;
+   solved when the edited file passes every test (any equivalent fix counts);
+2. **name the line**: the call written up to `"old": "`; right when the text it writes is the buggy
+   line (the line a fix has to change);
+3. **the whole turn**: nothing written for it; solved when its turn parses as an `edit_file` call
+   whose edit makes every test pass (an episode's success if it then answers).
+
+It separates where a policy fails: choosing the line or knowing the fix. The split's rates are what
+RL can start from: a sampled episode can only be reinforced if it happens.
+
+    python scripts/swe_fix_probe.py                                   # the packaged SmolLM2-135M-Instruct
+    python scripts/swe_fix_probe.py --checkpoint runs/<swe run>/warmup  # after the SWE warm-up
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from answer_form_probe import greedy, load_model  # noqa: E402  (this directory)
+
+from openclaw_jax.envs.agentic.episode import Task, format_tool_call, opening_messages, parse_assistant_turn  # noqa: E402
+from openclaw_jax.envs.agentic.swe import PROMPT, SWEEnv  # noqa: E402
+from openclaw_jax.envs.agentic.swe_repos import repositories, tests_passing  # noqa: E402
+
+logger = logging.getLogger("swe_fix_probe")
+EDIT_PREFIX = '<tool_call>\n{"name": "edit_file", "arguments": {"path": "lib.py", "old": '
+
+
+def _passes(source: str, old: str, new: str, tests: tuple[str, ...]) -> bool:
+    """Every test passes once `old` is replaced by `new` in `source` (False when `old` is absent)."""
+    if not old or old not in source:
+        return False
+    try:
+        return all(tests_passing(source.replace(old, new, 1), tests))
+    except Exception:  # the edit broke the file (a syntax error, a raise at import)
+        return False
+
+
+def _json_string_prefix(text: str) -> str:
+    """The JSON string that `text` continues (its opening quote already written), decoded; up to the
+    closing quote, or all of it when the model never closed it."""
+    try:
+        return json.loads('"' + text.split('"')[0] + '"')
+    except ValueError:
+        return text.split('"')[0]
+
+
+def probe(tok, model, split: str) -> dict[str, int]:
+    env = SWEEnv()
+    counts = {"repositories": 0, "fix_named_line": 0, "name_line": 0, "whole_turn": 0}
+    for repo in repositories(split):
+        bad, source, tests = repo.bug.bad, repo.buggy_source, repo.function.tests
+        task = Task(f"swe/{split}/{repo.key}", PROMPT)
+        messages = opening_messages(env, task, native_tools=False)
+        messages += [{"role": "assistant", "content": format_tool_call("read_file", {"path": "lib.py"})},
+                     {"role": "tool", "content": source}]
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
+        fix = _json_string_prefix(greedy(tok, model, ids(prompt + EDIT_PREFIX + json.dumps(bad) + ', "new": "'), 40))
+        named = _json_string_prefix(greedy(tok, model, ids(prompt + EDIT_PREFIX + '"'), 40))
+        turn = greedy(tok, model, ids(prompt), 96)
+        _, attempts = parse_assistant_turn(turn, [t["function"]["name"] for t in env.tools], 1)
+        args = attempts[0].arguments if attempts and attempts[0].name == "edit_file" else None
+        whole = bool(args) and _passes(source, str(args.get("old", "")), str(args.get("new", "")), tests)
+        row = {"fix_named_line": _passes(source, bad, fix, tests), "name_line": named.strip() == bad.strip(),
+               "whole_turn": whole}
+        counts["repositories"] += 1
+        for k, v in row.items():
+            counts[k] += bool(v)
+        logger.info("%s %s: fix %r -> %r %s | names %r %s | turn %r %s", split, repo.key, bad, fix,
+                    row["fix_named_line"], named, row["name_line"], turn[:120], whole)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--checkpoint", default=None, help="HF checkpoint dir (default: the packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--splits", nargs="+", default=["heldout", "train"], choices=["heldout", "train"])
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("transformers", "torch", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    tok, model = load_model(args.checkpoint)
+    rows = {split: probe(tok, model, split) for split in args.splits}
+    print("| split | repositories | fixes the named line | names the buggy line | whole turn fixes |")
+    print("| --- | --- | --- | --- | --- |")
+    for split, c in rows.items():
+        n = c["repositories"]
+        print(f"| {split} | {n} | " + " | ".join(f"{c[k]} ({c[k] / n:.2f})" for k in ("fix_named_line", "name_line",
+                                                                                    "whole_turn")) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
