@@ -6,7 +6,8 @@ PyTorch CPU (independent of the JAX code; needs the test extras), the agent's ow
 buggy file as the tool output. Then the model's greedy continuation of its second turn:
 
 1. **fix the named line**: the `edit_file` call written up to `"old": "<the buggy line>", "new": "`;
-   solved when the edited file passes every test (any equivalent fix counts);
+   solved when the edited file passes every test (any equivalent fix counts; the environment's own
+   edit and test run, in its sandbox: the model's text is untrusted code);
 2. **name the line**: the call written up to `"old": "`; right when the text it writes is the buggy
    line (the line a fix has to change);
 3. **the whole turn**: nothing written for it; solved when its turn parses as an `edit_file` call
@@ -22,6 +23,7 @@ RL can start from: a sampled episode can only be reinforced if it happens.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import sys
@@ -31,22 +33,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from answer_form_probe import greedy, load_model  # noqa: E402  (this directory)
 
-from openclaw_jax.envs.agentic.episode import Task, format_tool_call, opening_messages, parse_assistant_turn  # noqa: E402
-from openclaw_jax.envs.agentic.swe import PROMPT, SWEEnv  # noqa: E402
-from openclaw_jax.envs.agentic.swe_repos import repositories, tests_passing  # noqa: E402
+from openclaw_jax.envs.agentic.episode import (Task, ToolError, format_tool_call, opening_messages,  # noqa: E402
+                                               parse_assistant_turn)
+from openclaw_jax.envs.agentic.swe import SWEEnv  # noqa: E402
+from openclaw_jax.envs.agentic.swe_repos import repositories  # noqa: E402
 
 logger = logging.getLogger("swe_fix_probe")
 EDIT_PREFIX = '<tool_call>\n{"name": "edit_file", "arguments": {"path": "lib.py", "old": '
 
 
-def _passes(source: str, old: str, new: str, tests: tuple[str, ...]) -> bool:
-    """Every test passes once `old` is replaced by `new` in `source` (False when `old` is absent)."""
-    if not old or old not in source:
-        return False
+async def _edit_passes(env: SWEEnv, task: Task, old: str, new: str) -> bool:
+    """Every test passes once the environment's own `edit_file` replaced `old` by `new` (False when it
+    refuses the edit). The model's text is untrusted code: it runs in the environment's sandbox."""
+    state = await env.start(task)
     try:
-        return all(tests_passing(source.replace(old, new, 1), tests))
-    except Exception:  # the edit broke the file (a syntax error, a raise at import)
+        await env.call(state, task, "edit_file", {"path": "lib.py", "old": old, "new": new})
+        return await env.passed_tests(state, task) == len(task.data["test_names"])
+    except ToolError:   # `old` is not in the file, or empty
         return False
+    finally:
+        await env.close(state)
+
+
+def edit_passes(env: SWEEnv, task: Task, old: str, new: str) -> bool:
+    return asyncio.run(_edit_passes(env, task, old, new))
+
+
+def tasks_by_repository(env: SWEEnv, split: str) -> list[Task]:
+    """One task per repository of `split` (the environment's own, with its files and tests)."""
+    return env.tasks(split, len(repositories(split)), seed=0)
 
 
 def _json_string_prefix(text: str) -> str:
@@ -61,9 +76,8 @@ def _json_string_prefix(text: str) -> str:
 def probe(tok, model, split: str) -> dict[str, int]:
     env = SWEEnv()
     counts = {"repositories": 0, "fix_named_line": 0, "name_line": 0, "whole_turn": 0}
-    for repo in repositories(split):
-        bad, source, tests = repo.bug.bad, repo.buggy_source, repo.function.tests
-        task = Task(f"swe/{split}/{repo.key}", PROMPT)
+    for task in tasks_by_repository(env, split):
+        bad, source = task.data["bad"], task.data["files"]["lib.py"]
         messages = opening_messages(env, task, native_tools=False)
         messages += [{"role": "assistant", "content": format_tool_call("read_file", {"path": "lib.py"})},
                      {"role": "tool", "content": source}]
@@ -74,13 +88,13 @@ def probe(tok, model, split: str) -> dict[str, int]:
         turn = greedy(tok, model, ids(prompt), 96)
         _, attempts = parse_assistant_turn(turn, [t["function"]["name"] for t in env.tools], 1)
         args = attempts[0].arguments if attempts and attempts[0].name == "edit_file" else None
-        whole = bool(args) and _passes(source, str(args.get("old", "")), str(args.get("new", "")), tests)
-        row = {"fix_named_line": _passes(source, bad, fix, tests), "name_line": named.strip() == bad.strip(),
+        whole = bool(args) and edit_passes(env, task, str(args.get("old", "")), str(args.get("new", "")))
+        row = {"fix_named_line": edit_passes(env, task, bad, fix), "name_line": named.strip() == bad.strip(),
                "whole_turn": whole}
         counts["repositories"] += 1
         for k, v in row.items():
             counts[k] += bool(v)
-        logger.info("%s %s: fix %r -> %r %s | names %r %s | turn %r %s", split, repo.key, bad, fix,
+        logger.info("%s %s: fix %r -> %r %s | names %r %s | turn %r %s", split, task.task_id, bad, fix,
                     row["fix_named_line"], named, row["name_line"], turn[:120], whole)
     return counts
 

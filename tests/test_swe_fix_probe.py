@@ -1,4 +1,5 @@
-"""scripts/swe_fix_probe.py: its success criteria agree with the SWE table's own tests."""
+"""scripts/swe_fix_probe.py: its success criterion, run in the SWE environment's sandbox, agrees with the
+repository table (the reference fix passes, a copied line, a missing one or a broken file do not)."""
 
 import importlib.util
 import subprocess
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_jax.envs.agentic.swe_repos import FUNCTIONS, repositories
+from openclaw_jax.envs.agentic.swe_repos import BUG_KINDS, repositories
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "swe_fix_probe.py"
 
@@ -24,17 +25,30 @@ def probe_module():
         sys.path.remove(str(SCRIPT.parent))
 
 
+def test_one_task_per_repository_with_its_own_bug(probe_module):
+    env = probe_module.SWEEnv()
+    for split in ("train", "heldout"):
+        tasks = probe_module.tasks_by_repository(env, split)
+        assert sorted(t.task_id.split("/")[2] + "/" + t.task_id.split("/")[3] for t in tasks) == \
+            sorted(r.key for r in repositories(split))
+        by_key = {r.key: r for r in repositories(split)}
+        for t in tasks:
+            repo = by_key["/".join(t.task_id.split("/")[2:4])]
+            assert t.data["bad"] == repo.bug.bad and t.data["files"]["lib.py"] == repo.buggy_source
+
+
 def test_the_reference_fix_passes_and_no_edit_or_a_wrong_one_does_not(probe_module):
-    for repo in repositories("train") + repositories("heldout"):
-        tests, source = repo.function.tests, repo.buggy_source
-        assert probe_module._passes(source, repo.bug.bad, repo.bug.good, tests), repo.key
-        assert not probe_module._passes(source, repo.bug.bad, repo.bug.bad, tests), repo.key   # copies the line
-        assert not probe_module._passes(source, "not in the file", repo.bug.good, tests), repo.key
-        assert not probe_module._passes(source, repo.bug.bad, "return (", tests), repo.key      # a syntax error
-    # the correct source itself, as a whole-file replacement, passes: the criterion is the tests, not the text
-    fn = FUNCTIONS[0]
-    repo = next(r for r in repositories("train") if r.function is fn)
-    assert probe_module._passes(repo.buggy_source, repo.buggy_source, fn.source, fn.tests)
+    env = probe_module.SWEEnv()
+    tasks = probe_module.tasks_by_repository(env, "train") + probe_module.tasks_by_repository(env, "heldout")
+    for task in tasks:
+        assert probe_module.edit_passes(env, task, task.data["bad"], task.data["good"]), task.task_id
+    one_per_kind = {t.family: t for t in tasks}    # the wrong edits on every bug kind once
+    assert sorted(one_per_kind) == sorted(BUG_KINDS)
+    for task in one_per_kind.values():
+        bad, good = task.data["bad"], task.data["good"]
+        assert not probe_module.edit_passes(env, task, bad, bad), task.task_id            # copies the line
+        assert not probe_module.edit_passes(env, task, "not in the file", good), task.task_id
+        assert not probe_module.edit_passes(env, task, bad, "return ("), task.task_id     # a syntax error
 
 
 def test_json_string_prefix_decodes_escapes_and_stops_at_the_closing_quote(probe_module):
