@@ -39,7 +39,6 @@ from openclaw_jax.envs.agentic.swe import SWEEnv  # noqa: E402
 from openclaw_jax.envs.agentic.swe_repos import repositories  # noqa: E402
 
 logger = logging.getLogger("swe_fix_probe")
-EDIT_PREFIX = '<tool_call>\n{"name": "edit_file", "arguments": {"path": "lib.py", "old": '
 
 
 async def _edit_passes(env: SWEEnv, task: Task, old: str, new: str) -> bool:
@@ -73,20 +72,33 @@ def _json_string_prefix(text: str) -> str:
         return text.split('"')[0]
 
 
+def edit_call_prefixes(bad: str) -> tuple[str, str]:
+    """The agent's `edit_file` call on lib.py (as `format_tool_call` writes it) cut after `"old": "`
+    and after `"old": "<bad>", "new": "`: where the model names the line, and where it writes the fix."""
+    call = format_tool_call("edit_file", {"path": "lib.py", "old": bad, "new": ""})
+    return (call[:call.index('"old": "') + len('"old": "')],
+            call[:call.index('"new": "') + len('"new": "')])
+
+
 def probe(tok, model, split: str) -> dict[str, int]:
     env = SWEEnv()
+    tool_names = [t["function"]["name"] for t in env.tools]
     counts = {"repositories": 0, "fix_named_line": 0, "name_line": 0, "whole_turn": 0}
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False).input_ids
+
     for task in tasks_by_repository(env, split):
         bad, source = task.data["bad"], task.data["files"]["lib.py"]
         messages = opening_messages(env, task, native_tools=False)
-        messages += [{"role": "assistant", "content": format_tool_call("read_file", {"path": "lib.py"})},
+        messages += [{"role": "assistant", "content": env.demonstration(task)[0]},   # its read_file lib.py
                      {"role": "tool", "content": source}]
         prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
-        fix = _json_string_prefix(greedy(tok, model, ids(prompt + EDIT_PREFIX + json.dumps(bad) + ', "new": "'), 40))
-        named = _json_string_prefix(greedy(tok, model, ids(prompt + EDIT_PREFIX + '"'), 40))
+        name_prefix, fix_prefix = edit_call_prefixes(bad)
+        fix = _json_string_prefix(greedy(tok, model, ids(prompt + fix_prefix), 40))
+        named = _json_string_prefix(greedy(tok, model, ids(prompt + name_prefix), 40))
         turn = greedy(tok, model, ids(prompt), 96)
-        _, attempts = parse_assistant_turn(turn, [t["function"]["name"] for t in env.tools], 1)
+        _, attempts = parse_assistant_turn(turn, tool_names, 1)
         args = attempts[0].arguments if attempts and attempts[0].name == "edit_file" else None
         whole = bool(args) and edit_passes(env, task, str(args.get("old", "")), str(args.get("new", "")))
         row = {"fix_named_line": edit_passes(env, task, bad, fix), "name_line": named.strip() == bad.strip(),

@@ -2,6 +2,7 @@
 repository table (the reference fix passes, a copied line, a missing one or a broken file do not)."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,16 @@ def test_json_string_prefix_decodes_escapes_and_stops_at_the_closing_quote(probe
 def test_help():
     res = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "--checkpoint" in res.stdout
+
+
+def test_edit_call_prefixes_cut_the_agents_own_call_where_the_line_and_the_fix_go(probe_module):
+    from openclaw_jax.envs.agentic.episode import format_tool_call
+    from openclaw_jax.wire.tool_calls import parse_tool_calls
+    bad, good = "if x < best:", "if x > best:"
+    name_prefix, fix_prefix = probe_module.edit_call_prefixes(bad)
+    full = format_tool_call("edit_file", {"path": "lib.py", "old": bad, "new": good})
+    assert full.startswith(fix_prefix) and fix_prefix.startswith(name_prefix)
+    # what a model writes after each prefix completes the call the environment parses
+    _, calls = parse_tool_calls(fix_prefix + good + '"}}\n</tool_call>', None)
+    assert calls[0].name == "edit_file" and json.loads(calls[0].arguments) == {"path": "lib.py", "old": bad, "new": good}
+    assert name_prefix.endswith('"old": "') and bad not in name_prefix
