@@ -188,9 +188,9 @@ def test_lru_eviction_under_a_small_budget(tiny_qwen3_dir, engines):
         engine.shutdown()
 
 
-def test_weight_swap_invalidates(tiny_qwen3_dir, tiny_qwen3_dir_b):
+def test_weight_swap_invalidates_without_refresh(tiny_qwen3_dir, tiny_qwen3_dir_b):
     from flax import nnx
-    engine = make_engine(tiny_qwen3_dir)
+    engine = make_engine(tiny_qwen3_dir, prefix_refresh_tokens=0)
     cold_b = make_engine(tiny_qwen3_dir_b, prefix_cache_bytes=0)
     other, _ = load_hf_checkpoint(tiny_qwen3_dir_b)
     try:
@@ -206,10 +206,81 @@ def test_weight_swap_invalidates(tiny_qwen3_dir, tiny_qwen3_dir_b):
         again, = engine.generate_sync([spec(prompt)])  # re-cached under the new weights
         assert again.cached_tokens == 64
         assert_same(again, ref)
-        assert engine.prefix_cache_stats()["invalidations"] == 1
+        stats = engine.prefix_cache_stats()
+        assert stats["invalidations"] == 1 and stats["refreshes"] == 0
     finally:
         engine.shutdown()
         cold_b.shutdown()
+
+
+def test_hot_prefixes_survive_weight_swaps_and_a_rollback(tiny_qwen3_dir, tiny_qwen3_dir_b):
+    """A session's next turn after a swap reuses its whole prompt so far, and its log-probs equal a fresh
+    engine's with the new weights (no prefix cache); swapping back (a rollback) refreshes again."""
+    from flax import nnx
+    engine = make_engine(tiny_qwen3_dir)
+    cold_a = make_engine(tiny_qwen3_dir, prefix_cache_bytes=0)
+    cold_b = make_engine(tiny_qwen3_dir_b, prefix_cache_bytes=0)
+    state_a = nnx.split(load_hf_checkpoint(tiny_qwen3_dir)[0])[1]
+    state_b = nnx.split(load_hf_checkpoint(tiny_qwen3_dir_b)[0])[1]
+    try:
+        prompt = tokens(100, 70)
+        for turn, (state, version, cold) in enumerate([(state_b, "v2", cold_b), (state_a, "v1", cold_a),
+                                                        (state_b, "v3", cold_b)]):
+            out, = engine.generate_sync([spec(prompt)])
+            engine.swap_weights(state, version)
+            # turn k + 1: turn k's prompt + answer + a new message; the K/V of all of it but the
+            # answer's last token (never fed back) was cached, in whole blocks
+            prompt = prompt + out.output_ids + tokens(101 + turn, 9)
+            after, = engine.generate_sync([spec(prompt)])
+            ref, = cold.generate_sync([spec(prompt)])
+            assert after.weight_version == version
+            assert after.cached_tokens == (len(prompt) - 9 - 1) // BLOCK * BLOCK > 0, turn
+            assert_same(after, ref)
+        stats = engine.prefix_cache_stats()
+        assert stats["refreshes"] == 3 and stats["refreshed_tokens"] > 0
+    finally:
+        for e in (engine, cold_a, cold_b):
+            e.shutdown()
+
+
+def test_refresh_budget_keeps_the_most_recent_prefixes(tiny_qwen3_dir, tiny_qwen3_dir_b):
+    """Two sessions sharing a system prompt: with room for one entry only the most recently used one
+    is recomputed; with a token budget, the prefix is cut to it."""
+    from flax import nnx
+    state_b = nnx.split(load_hf_checkpoint(tiny_qwen3_dir_b)[0])[1]
+    system = tokens(110, 48)  # 3 blocks shared by both sessions
+    a, b = system + tokens(111, 40), system + tokens(112, 40)  # 5 whole blocks each
+    for config, expected in ((dict(prefix_refresh_entries=1), (48, 80)),
+                             (dict(prefix_refresh_tokens=4 * BLOCK), (48, 64))):
+        engine = make_engine(tiny_qwen3_dir, **config)
+        try:
+            engine.generate_sync([spec(a)])
+            engine.generate_sync([spec(b)])  # b is the most recent
+            engine.swap_weights(state_b, "v2")
+            got = tuple(engine.generate_sync([spec(p + tokens(113, 3))])[0].cached_tokens for p in (a, b))
+            assert got == expected, config
+        finally:
+            engine.shutdown()
+
+
+def test_hot_paths_order_and_budget(tiny_qwen3_dir):
+    """The host bookkeeping alone: leaves newest first, a shared prefix counted once, cut to the budget."""
+    engine = make_engine(tiny_qwen3_dir)
+    try:
+        system = tokens(120, 32)
+        a, b, c = system + tokens(121, 33), system + tokens(122, 17), tokens(123, 17)
+        for prompt in (a, b, c):
+            engine.generate_sync([spec(prompt, max_new_tokens=1)])
+        pc = engine._prefix
+        whole = lambda p: p[:len(p) // BLOCK * BLOCK]
+        assert engine._call_in_engine(lambda: pc.hot_paths(10_000, 10)) == [whole(c), whole(b), whole(a)]
+        assert engine._call_in_engine(lambda: pc.hot_paths(10_000, 2)) == [whole(c), whole(b)]
+        # 4 blocks: c (1), b (3: system 2 + 1), then only room for nothing new of a
+        assert engine._call_in_engine(lambda: pc.hot_paths(4 * BLOCK, 10)) == [whole(c), whole(b)]
+        # 5 blocks: a's first new block fits after the shared system prompt
+        assert engine._call_in_engine(lambda: pc.hot_paths(5 * BLOCK, 10)) == [whole(c), whole(b), a[:48]]
+    finally:
+        engine.shutdown()
 
 
 def test_answer_decoded_across_a_weight_swap_is_not_cached(tiny_qwen3_dir, tiny_qwen3_dir_b):
@@ -233,7 +304,8 @@ def test_answer_decoded_across_a_weight_swap_is_not_cached(tiny_qwen3_dir, tiny_
         assert short.finished_time < out.finished_time  # the cache synced while `long` still ran
         assert [s["version"] for s in out.weight_versions] == ["default", "v2"]
         follow, = engine.generate_sync([spec(prompt + out.output_ids)])
-        assert follow.cached_tokens == 0
+        # only the prompt's whole block, recomputed under v2 at the swap; none of the answer's
+        assert follow.cached_tokens == len(prompt) // BLOCK * BLOCK
     finally:
         engine.shutdown()
 
@@ -259,3 +331,5 @@ def test_disabled_cache_and_config_validation(engines):
         EngineConfig(prefix_cache_block=48)
     with pytest.raises(ValueError, match="prefix_cache_bytes=-1"):
         EngineConfig(prefix_cache_bytes=-1)
+    with pytest.raises(ValueError, match="prefix_refresh_tokens=-1"):
+        EngineConfig(prefix_refresh_tokens=-1)

@@ -3,8 +3,9 @@
 Shape discipline (each bucket compiles once):
   * a *running batch* has B rows (a power of two <= max_batch_size) and a KV cache of Lc
     slots per row (a power of two >= prompt + max_new of every sequence it holds);
-  * new sequences are prefilled together into a small cache `[b, Lp]` (b, Lp powers of two,
-    prompts right-padded), which is then copied into free rows of the running cache;
+  * new sequences are prefilled together into a small cache `[b, Lp]` (b a power of two, Lp one
+    too, or for long prompts one of `prompt_bucket_steps` sizes per octave; prompts right-padded),
+    which is then copied into free rows of the running cache;
   * a prompt that continues a cached prefix (the prefix cache, `prefix_cache.py`: the system
     prompt and earlier turns of a session) prefills only its new tokens over the gathered K/V
     (`prefill.py`); `SequenceOutput.cached_tokens` says how many prompt tokens were reused;
@@ -26,13 +27,16 @@ All jitted work runs in one dedicated engine thread; callers (the aiohttp server
 benchmarks) talk to it through thread-safe handles, so the event loop never blocks on XLA.
 
 Log-probs are log_softmax(logits / T) over the full vocabulary (T = 1 for greedy rows), see
-`openclaw_jax.inference.sampling`.  Weights are an `nnx.State` swapped under the engine lock
-between steps (`swap_weights`), each result carries the `weight_version` it ran with.
+`openclaw_jax.inference.sampling`.  Weights are an `nnx.State` swapped between steps
+(`swap_weights`; the most recently used cached prefixes are first recomputed with the new weights, so
+a session's next turn does not prefill its prompt cold); each result carries the `weight_version` it
+ran with.
 
 Parts: `kernels.py` (the jitted prefill / insert / decode steps), `prefill.py` and `prefix_cache.py`
-(admission prefills and the prefix cache), `scheduler.py` (config, buckets,
-request handles, batch sizing and prefill grouping), `stops.py` (finish reasons and reported text);
-this module is the engine thread that drives them.
+(admission prefills and the prefix cache), `weight_swap.py` (checks, casts and the prefix refresh of
+a swap), `scheduler.py` (config, buckets, request setup and handles, batch sizing and prefill
+grouping), `stops.py` (finish reasons and reported text); this module is the engine thread that
+drives them.
 """
 
 from __future__ import annotations
@@ -60,9 +64,10 @@ from openclaw_jax.inference.kernels import (decode_loop_fused_jit, decode_loop_j
                                             zeros_cache_jit)
 from openclaw_jax.inference.prefill import Prefiller
 from openclaw_jax.inference.prefix_cache import PrefixCache
-from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, grown_batch_shape,
-                                              plan_batch, sampling_arrays)
+from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, check_spec,
+                                              grown_batch_shape, new_seq, plan_batch, sampling_arrays)
 from openclaw_jax.inference.types import GenerationSpec, SamplingParams, SequenceOutput
+from openclaw_jax.inference.weight_swap import Refreshed, cast_to_served, new_prefix_cache, refresh_prefixes
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +114,7 @@ class Engine:
         self._decode = functools.partial(loop, self._graphdef, self._layer_graphdef)
 
         self._lock = threading.Lock()  # guards params during a step
+        self._swap_lock = threading.Lock()  # one weight swap (refresh + install) at a time
         self._cv = threading.Condition()
         self._pending: collections.deque[Seq] = collections.deque()
         self._batch: Batch | None = None
@@ -163,10 +169,13 @@ class Engine:
         """Queue one sequence; updates arrive on the returned handle (cumulative when streaming)."""
         if self._stop:
             raise EngineError("the engine is shut down")
-        self._check_spec(spec)
+        check_spec(spec, self.context_length, self.vocab_size)
         rid = spec.rid or uuid.uuid4().hex
         handle = RequestHandle(rid, stream, loop)
-        seq = self._new_seq(spec, handle, rid)
+        seed = spec.sampling.sampling_seed
+        seq = new_seq(spec, handle, rid, context_length=self.context_length, eos_token_ids=self.eos_token_ids,
+                      tokenizer=self.tokenizer, weight_version=self._weight_version,
+                      seed=int(self._rng.integers(0, 2 ** 31 - 1)) if seed is None else seed)
         with self._cv:
             self._pending.append(seq)
             self._cv.notify_all()
@@ -259,38 +268,53 @@ class Engine:
         updates do), and each output records which version produced which tokens
         (`SequenceOutput.weight_versions`). drain=True instead holds new sequences and lets running
         ones finish on the old weights first, so every sequence runs on one version.
+
+        Before the new weights serve, the most recently used cached prefixes are prefilled with them on
+        the calling thread (`EngineConfig.prefix_refresh_tokens` / `prefix_refresh_entries`; the engine
+        keeps serving with the old weights meanwhile) and installed with them, so the next turn of an
+        active session reuses its prompt instead of prefilling it cold (`weight_swap.refresh_prefixes`).
         """
-        new_flat = dict(nnx.to_flat_state(state))
-        old_flat = dict(nnx.to_flat_state(self._state))
-        if new_flat.keys() != old_flat.keys():
-            missing = sorted(map(str, old_flat.keys() - new_flat.keys()))[:5]
-            extra = sorted(map(str, new_flat.keys() - old_flat.keys()))[:5]
-            raise ValueError(f"new weights do not match the served model: missing {missing}, unexpected {extra}")
-        for key, old in old_flat.items():
-            new = new_flat[key]
-            if tuple(new.value.shape) != tuple(old.value.shape):
-                raise ValueError(f"new weight {'.'.join(map(str, key))} has shape {tuple(new.value.shape)}, "
-                                 f"the served model has {tuple(old.value.shape)}")
-        # Keep the served dtypes and placements: the compiled steps stay valid (no recompilation)
-        # and numerics do not drift.
-        cast = jax.tree.map(lambda new, old: jax.device_put(jnp.asarray(new, dtype=old.dtype), old.sharding),
-                            state, self._state)
+        cast = cast_to_served(state, self._state)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            if drain:
+        with self._swap_lock:  # one swap at a time: a refresh belongs to the weights it computed
+            fresh = self._refresh_hot_prefixes(cast)
+            if not drain:
+                self._install_weights(cast, weight_version, fresh)
+                return
+            with self._cv:
                 self._draining += 1
-                try:
+            try:
+                with self._cv:
                     while self._batch is not None and self._batch.active():
                         remaining = None if deadline is None else deadline - time.monotonic()
                         if remaining is not None and remaining <= 0:
                             raise TimeoutError("timed out waiting for running requests before the weight swap")
                         self._cv.wait(timeout=remaining if remaining is not None else 0.5)
-                    self._install_weights(cast, weight_version)
-                finally:
+                self._install_weights(cast, weight_version, fresh)
+            finally:
+                with self._cv:
                     self._draining -= 1
                     self._cv.notify_all()
-            else:
-                self._install_weights(cast, weight_version)
+
+    def _refresh_hot_prefixes(self, state: nnx.State) -> Refreshed | None:
+        """The hot prefixes prefilled with `state` into a fresh prefix cache (None: nothing to refresh,
+        the refresh is off, or it failed: the swap then empties the cache as before)."""
+        cfg = self.config
+        if not (self._prefix.enabled and cfg.prefix_refresh_tokens > 0 and cfg.prefix_refresh_entries > 0
+                and self.alive):
+            return None
+        try:
+            paths = self._call_in_engine(
+                lambda: self._prefix.hot_paths(cfg.prefix_refresh_tokens, cfg.prefix_refresh_entries), timeout=None)
+            if not paths:
+                return None
+            fresh = new_prefix_cache(self._prefix, cfg.prefix_cache_bytes, self._kv_bytes_per_token)
+            return refresh_prefixes(paths, graphdef=self._graphdef, state=state, config=cfg,
+                                    vocab_size=self.vocab_size, fresh=fresh, generation=-1)
+        except Exception:  # the swap itself must not fail for it
+            logger.exception("recomputing the hot prefixes under the new weights failed; the swap empties the "
+                             "prefix cache instead")
+            return None
 
     def _decode_layers(self, state: nnx.State):
         """(layer graphdef, per-layer weights) for the unrolled decode, or (None, None) for the scan:
@@ -303,15 +327,36 @@ class Engine:
             return FUSED, fused
         return split_layers(self._graphdef, state)
 
-    def _install_weights(self, state: nnx.State, weight_version: str | None) -> None:
+    def _install_weights(self, state: nnx.State, weight_version: str | None, fresh: Refreshed | None = None) -> None:
+        """New params (and, with `fresh`, the prefix cache computed with them) for the next engine step.
+        With a fresh cache the install runs on the engine thread between two steps: a prefill round
+        reads the weights and the cache it fills together."""
         _, layer_states = self._decode_layers(state)
-        with self._lock:
-            self._state = state
-            self._layer_states = layer_states
-            self._weights_gen += 1  # the engine thread drops the prefix cache before its next prefill
-            if weight_version is not None:
-                self._weight_version = str(weight_version)
-        logger.info("weights swapped; weight_version=%s", self._weight_version)
+
+        def install() -> None:
+            with self._lock:
+                self._state = state
+                self._layer_states = layer_states
+                # without a fresh cache the engine thread drops the prefix cache before its next prefill
+                self._weights_gen += 1
+                if weight_version is not None:
+                    self._weight_version = str(weight_version)
+                if fresh is not None:
+                    old, cache = self._prefix, fresh.cache
+                    cache.generation = self._weights_gen
+                    cache.stats = old.stats
+                    cache.stats.invalidations += 1
+                    cache.stats.refreshes += 1
+                    cache.stats.refreshed_tokens += fresh.tokens
+                    self._prefix = self._prefiller.prefix = cache
+
+        if fresh is not None and self.alive:
+            self._call_in_engine(install, timeout=None)
+            logger.info("weights swapped; weight_version=%s; %d hot prefixes (%d tokens) recomputed in %.1f s",
+                        self._weight_version, fresh.prefixes, fresh.tokens, fresh.seconds)
+        else:
+            install()
+            logger.info("weights swapped; weight_version=%s", self._weight_version)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Abort everything still queued or running and stop the engine thread."""
@@ -319,41 +364,6 @@ class Engine:
             self._stop = True
             self._cv.notify_all()
         self._thread.join(timeout=timeout)
-
-    # ------------------------------------------------------------------ request setup
-    def _check_spec(self, spec: GenerationSpec) -> None:
-        n = len(spec.prompt_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty; at least one token is needed")
-        if n >= self.context_length:
-            raise ValueError(f"The input ({n} tokens) is longer than the model's context length "
-                             f"({self.context_length} tokens).")
-        mx = spec.sampling.max_new_tokens
-        if mx is not None and n + mx > self.context_length:
-            raise ValueError(f"prompt ({n}) + max_new_tokens ({mx}) exceeds the context length "
-                             f"({self.context_length})")
-        bad = [t for t in spec.prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-
-    def _new_seq(self, spec: GenerationSpec, handle: RequestHandle, rid: str) -> Seq:
-        sp = spec.sampling
-        max_new = sp.max_new_tokens if sp.max_new_tokens is not None else self.context_length - len(spec.prompt_ids)
-        stop_ids: frozenset = frozenset()
-        if not sp.ignore_eos:
-            stop_ids = frozenset(sp.stop_token_ids) | self.eos_token_ids
-        tail = 0
-        for s in sp.stop:
-            tail = max(tail, len(self.tokenizer.encode(s)))
-        seed = sp.sampling_seed if sp.sampling_seed is not None else int(self._rng.integers(0, 2 ** 31 - 1))
-        out = SequenceOutput(rid=rid, prompt_ids=list(spec.prompt_ids), created_time=time.time(),
-                             weight_version=self._weight_version)
-        if spec.logprob_start_len >= 0:
-            out.input_logprobs = []
-            out.input_top_logprobs = [] if spec.top_logprobs_num > 0 else None
-            out.input_token_ids_logprobs = [] if spec.token_ids_logprob is not None else None
-        return Seq(spec=spec, handle=handle, out=out, max_new=max_new, stop_ids=stop_ids, stop_strs=sp.stop,
-                    stop_tail_tokens=tail, seed=seed)
 
     # ------------------------------------------------------------------ scheduler thread
     def _run(self) -> None:

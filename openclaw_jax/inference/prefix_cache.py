@@ -10,7 +10,9 @@ owns one slot. The pool grows by doubling up to the byte budget (`EngineConfig.p
 each size compiles the small gather/store steps once) and, when full, least recently used leaves
 are evicted (a leaf's ancestors are at least as recent, so evicting in LRU order never orphans a
 node). Entries belong to one weight generation: `sync(generation)` drops everything when the
-engine's weights changed, so a cached prefix is always the K/V the current weights compute.
+engine's weights changed, so a cached prefix is always the K/V the current weights compute. Before
+a weight swap the engine recomputes the most recently used prefixes (`hot_paths`) under the new
+weights into a fresh cache that replaces this one at the swap (`weight_swap.py`).
 
 Only whole blocks are stored: of each prompt after its prefill, and of prompt + answer when a
 sequence finishes (see prefill.py); a hit equals a cold prefill within float rounding.
@@ -55,6 +57,8 @@ class PrefixCacheStats:
     stored_blocks: int = 0
     evicted_blocks: int = 0
     invalidations: int = 0
+    refreshes: int = 0         # weight swaps whose hot prefixes were recomputed under the new weights
+    refreshed_tokens: int = 0  # tokens recomputed by those refreshes (sum)
 
 
 class PrefixCache:
@@ -202,6 +206,32 @@ class PrefixCache:
         if evicted:
             self._nodes = [n for n in self._nodes if id(n) not in evicted]
             self.stats.evicted_blocks += len(evicted)
+
+    def hot_paths(self, max_tokens: int, max_entries: int) -> list[list[int]]:
+        """Token ids of the most recently used cached prefixes: the paths to the `max_entries` most
+        recently used leaves (a session's system prompt and turns so far), newest first, each cut so
+        that the blocks they hold together (a shared system prompt counts once) stay within
+        `max_tokens`. No LRU touch."""
+        room = max(int(max_tokens), 0) // self.block
+        leaves = sorted((n for n in self._nodes if not n.children), key=lambda n: (-n.last_used, -n.depth))
+        chosen: set[int] = set()
+        out: list[list[int]] = []
+        for leaf in leaves[:max(int(max_entries), 0)]:
+            path = []
+            node = leaf
+            while node is not None and node.key is not None:
+                path.append(node)
+                node = node.parent
+            path.reverse()
+            shared = sum(1 for n in path if id(n) in chosen)  # always a prefix of the path (a tree)
+            keep = min(len(path), shared + room - len(chosen))
+            if keep <= shared:
+                continue
+            chosen.update(id(n) for n in path[:keep])
+            out.append([t for n in path[:keep] for t in n.key])
+            if len(chosen) >= room:
+                break
+        return out
 
     def contains(self, ids: Sequence[int]) -> int:
         """Tokens of `ids` cached as whole blocks (no LRU touch; for tests and stats)."""

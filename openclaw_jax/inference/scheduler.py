@@ -1,17 +1,18 @@
 """The engine's scheduling state and decisions, on the host: no JAX work is launched here.
 
-`EngineConfig` (bucket sizes and budgets), `bucket` (power-of-two shapes), `RequestHandle` (a
-caller's thread-safe view of one sequence), `Seq` and `Batch` (a sequence and the running batch
-whose rows it occupies), and the pure choices the engine thread makes: how large a new batch is
-(`plan_batch`), how admitted prompts are grouped into prefill calls (`prefill_groups`,
-`extend_groups` for prompts that continue a cached prefix), and the
-per-row sampling arrays of a step (`sampling_arrays`).
+`EngineConfig` (bucket sizes and budgets), `bucket` (power-of-two shapes, finer for long prompts),
+`RequestHandle` (a caller's thread-safe view of one sequence), `Seq` and `Batch` (a sequence and the
+running batch whose rows it occupies; `check_spec` and `new_seq` make a request one), and the pure
+choices the engine thread makes: how large a new batch is (`plan_batch`), how admitted prompts are
+grouped into prefill calls (`prefill_groups`, `extend_groups` for prompts that continue a cached
+prefix), and the per-row sampling arrays of a step (`sampling_arrays`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import queue
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -22,12 +23,21 @@ import numpy as np
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
 
 
+# prompt lengths past half of this (whose power-of-two bucket is at least this) are bucketed in
+# `EngineConfig.prompt_bucket_steps` sizes per octave
+FINE_BUCKETS_FROM = 512
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_batch_size: int = 16
     # smallest prompt bucket (prefill length) and cache bucket (prompt + new tokens)
     min_prompt_bucket: int = 16
     min_cache_bucket: int = 64
+    # prompt lengths over FINE_BUCKETS_FROM / 2 tokens are padded to one of this many sizes per octave
+    # (4: at most 25% padding, e.g. OpenClaw's ~2.3 k-token prompt to 2560 rather than 4096; each size
+    # compiles the prefill once); 1: powers of two
+    prompt_bucket_steps: int = 4
     # KV cache memory allowed for one running batch (B * Lc * bytes per token)
     kv_cache_budget_bytes: int = 2 << 30
     # at most this many (padded) prompt tokens per prefill call
@@ -56,6 +66,11 @@ class EngineConfig:
     prefix_cache_bytes: int = 1 << 30
     # prefixes are cached and matched in whole blocks of this many tokens (a power of two)
     prefix_cache_block: int = 64
+    # at a weight swap, the most recently used cached prefixes (up to this many, holding at most this
+    # many tokens together) are prefilled with the new weights before they serve (weight_swap.py), so
+    # the next turn of an active session reuses its prompt; 0 in either: the swap empties the cache
+    prefix_refresh_tokens: int = 8192
+    prefix_refresh_entries: int = 8
 
     def __post_init__(self):
         if self.max_batch_size < 1:
@@ -67,11 +82,14 @@ class EngineConfig:
         blk = self.prefix_cache_block
         if blk < 1 or blk & (blk - 1):
             raise ValueError(f"prefix_cache_block={blk} must be a power of two >= 1 (e.g. 64)")
+        for name in ("prefix_refresh_tokens", "prefix_refresh_entries"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 turns the refresh at weight swaps off)")
         if self.max_prefill_rows < 0:
             raise ValueError(f"max_prefill_rows={self.max_prefill_rows} must be >= 0 (0: no limit)")
         if self.min_prefill_rows < 0:
             raise ValueError(f"min_prefill_rows={self.min_prefill_rows} must be >= 0 (0: min_batch_bucket)")
-        for name in ("min_prompt_bucket", "min_cache_bucket"):
+        for name in ("min_prompt_bucket", "min_cache_bucket", "prompt_bucket_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
@@ -81,10 +99,22 @@ class EngineConfig:
         return self.min_prefill_rows or self.min_batch_bucket
 
 
-def bucket(n: int, minimum: int = 1) -> int:
-    """Smallest power of two >= max(n, minimum)."""
+def bucket(n: int, minimum: int = 1, steps: int = 1, fine_from: int = FINE_BUCKETS_FROM) -> int:
+    """Smallest power of two >= max(n, minimum); with steps > 1, from `fine_from` on, the smallest of
+    `steps` evenly spaced sizes per octave (steps=4: 1.25, 1.5, 1.75 and 2 times a power of two), so a
+    2.3 k-token prompt is padded to 2560, not 4096."""
     n = max(int(n), int(minimum), 1)
-    return 1 << (n - 1).bit_length()
+    p = 1 << (n - 1).bit_length()
+    if steps <= 1 or p < max(int(fine_from), 2 * steps):
+        return p
+    half = p // 2
+    step = half // steps
+    return half + step * -(-(n - half) // step)
+
+
+def prompt_bucket(n: int, config: "EngineConfig") -> int:
+    """The padded length of a prefill of n prompt tokens."""
+    return bucket(n, config.min_prompt_bucket, config.prompt_bucket_steps)
 
 
 class RequestHandle:
@@ -161,6 +191,43 @@ class Seq:
         return self.prompt_len + self.max_new
 
 
+def check_spec(spec: GenerationSpec, context_length: int, vocab_size: int) -> None:
+    """ValueError (the client's mistake, in words) unless `spec` can run within the context."""
+    n = len(spec.prompt_ids)
+    if n == 0:
+        raise ValueError("the prompt is empty; at least one token is needed")
+    if n >= context_length:
+        raise ValueError(f"The input ({n} tokens) is longer than the model's context length "
+                         f"({context_length} tokens).")
+    mx = spec.sampling.max_new_tokens
+    if mx is not None and n + mx > context_length:
+        raise ValueError(f"prompt ({n}) + max_new_tokens ({mx}) exceeds the context length ({context_length})")
+    bad = [t for t in spec.prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+
+def new_seq(spec: GenerationSpec, handle: RequestHandle, rid: str, *, context_length: int,
+            eos_token_ids: frozenset, tokenizer: Any, weight_version: str, seed: int) -> Seq:
+    """The engine's state of a new request: its limits, stop ids, stop-string tail and output record."""
+    sp = spec.sampling
+    max_new = sp.max_new_tokens if sp.max_new_tokens is not None else context_length - len(spec.prompt_ids)
+    stop_ids: frozenset = frozenset()
+    if not sp.ignore_eos:
+        stop_ids = frozenset(sp.stop_token_ids) | eos_token_ids
+    tail = 0
+    for s in sp.stop:
+        tail = max(tail, len(tokenizer.encode(s)))
+    out = SequenceOutput(rid=rid, prompt_ids=list(spec.prompt_ids), created_time=time.time(),
+                         weight_version=weight_version)
+    if spec.logprob_start_len >= 0:
+        out.input_logprobs = []
+        out.input_top_logprobs = [] if spec.top_logprobs_num > 0 else None
+        out.input_token_ids_logprobs = [] if spec.token_ids_logprob is not None else None
+    return Seq(spec=spec, handle=handle, out=out, max_new=max_new, stop_ids=stop_ids, stop_strs=sp.stop,
+               stop_tail_tokens=tail, seed=seed)
+
+
 @dataclass
 class Batch:
     size: int
@@ -220,7 +287,7 @@ def _groups_within(seqs: list[Seq], config: EngineConfig, tokens: Callable[[Seq]
     groups, current = [], []
     for seq in seqs:
         trial = current + [seq]
-        length = bucket(max(tokens(s) for s in trial), config.min_prompt_bucket)
+        length = prompt_bucket(max(tokens(s) for s in trial), config)
         too_many = bool(config.max_prefill_rows) and len(trial) > config.max_prefill_rows
         if current and (too_many or bucket(len(trial)) * length > config.max_prefill_tokens):
             groups.append(current)

@@ -1,0 +1,97 @@
+"""What a weight swap of the engine does besides replacing arrays: the new weights checked against the
+served ones and cast to their dtypes and placements (`cast_to_served`), and the hot prefixes of the
+prefix cache recomputed under the new weights before they serve (`refresh_prefixes`).
+
+Cached K/V belong to the weights that computed them, so a swap cannot keep them. Without more, every
+session's next turn after a swap (in live mode: after every training step) would prefill its whole
+prompt cold: OpenClaw's ~2.3 k-token system prompt and the conversation so far. Instead, before the
+new weights are installed, `refresh_prefixes` prefills the most recently used cached prefixes
+(`PrefixCache.hot_paths`: the system prompt and the recent turns of active sessions, within a budget
+of tokens and entries) with the *new* weights into a fresh `PrefixCache`, on the thread that swaps the
+weights; the engine thread keeps serving with the old weights and their cache meanwhile. The engine
+then installs the weights and the fresh cache together between two steps (`Engine.swap_weights`).
+
+The fresh entries are computed by the engine's own prefill and extend steps (`prefill.Prefiller`) from
+the prefixes' token ids, one prefix after another (newest first, so later ones extend the shared
+system prompt instead of recomputing it): a hit after the swap is exactly what a cold prefill under the
+new weights followed by a hit would give, within float rounding. Prefixes the old weights cached while
+the refresh ran are not carried over (their next turn extends the refreshed part).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from openclaw_jax.inference.prefill import Prefiller
+from openclaw_jax.inference.prefix_cache import PrefixCache
+from openclaw_jax.inference.scheduler import EngineConfig, RequestHandle, Seq
+from openclaw_jax.inference.types import GenerationSpec, SamplingParams, SequenceOutput
+
+logger = logging.getLogger(__name__)
+
+
+def cast_to_served(state: nnx.State, served: nnx.State) -> nnx.State:
+    """`state` with the served params' dtypes and placements (the compiled steps stay valid, numerics do
+    not drift); ValueError naming the first mismatch when its structure or a shape differs."""
+    new_flat = dict(nnx.to_flat_state(state))
+    old_flat = dict(nnx.to_flat_state(served))
+    if new_flat.keys() != old_flat.keys():
+        missing = sorted(map(str, old_flat.keys() - new_flat.keys()))[:5]
+        extra = sorted(map(str, new_flat.keys() - old_flat.keys()))[:5]
+        raise ValueError(f"new weights do not match the served model: missing {missing}, unexpected {extra}")
+    for key, old in old_flat.items():
+        new = new_flat[key]
+        if tuple(new.value.shape) != tuple(old.value.shape):
+            raise ValueError(f"new weight {'.'.join(map(str, key))} has shape {tuple(new.value.shape)}, "
+                             f"the served model has {tuple(old.value.shape)}")
+    return jax.tree.map(lambda new, old: jax.device_put(jnp.asarray(new, dtype=old.dtype), old.sharding),
+                        state, served)
+
+
+@dataclass
+class Refreshed:
+    """A prefix cache computed under new weights, ready to replace the engine's at the swap."""
+
+    cache: PrefixCache
+    prefixes: int   # how many prefixes were recomputed
+    tokens: int     # tokens prefilled (a prefix shared with an earlier one counts once)
+    seconds: float
+
+
+def _prefill_seq(ids: Sequence[int]) -> Seq:
+    """A sequence that only prefills `ids` (its one sampled token is thrown away)."""
+    spec = GenerationSpec(prompt_ids=tuple(int(t) for t in ids),
+                          sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
+    out = SequenceOutput(rid="prefix-refresh", prompt_ids=list(spec.prompt_ids))
+    return Seq(spec=spec, handle=RequestHandle("prefix-refresh", False, None), out=out, max_new=1,
+               stop_ids=frozenset(), stop_strs=(), stop_tail_tokens=0, seed=0)
+
+
+def new_prefix_cache(like: PrefixCache, budget_bytes: int, kv_bytes_per_token: int) -> PrefixCache:
+    """An empty cache with `like`'s block, slot shape and dtype."""
+    return PrefixCache(block=like.block, budget_bytes=budget_bytes, kv_bytes_per_token=kv_bytes_per_token,
+                       slot_shape=like._slot_shape, dtype=like._dtype)
+
+
+def refresh_prefixes(prefixes: Sequence[Sequence[int]], *, graphdef: Any, state: Any, config: EngineConfig,
+                     vocab_size: int, fresh: PrefixCache, generation: int) -> Refreshed:
+    """Prefill `prefixes` (token ids, whole blocks) with `state` into the empty cache `fresh`, whose
+    entries then belong to weights generation `generation`. Runs on the caller's thread: the jitted
+    steps are the engine's, the cache is not shared with the engine thread until it is installed."""
+    start = time.perf_counter()
+    fresh.sync(generation)
+    prefiller = Prefiller(graphdef, config, vocab_size, fresh)
+    tokens = 0
+    for ids in prefixes:
+        seq = _prefill_seq(ids)
+        for _ in prefiller.run([seq], state, "prefix-refresh", generation):
+            pass
+        tokens += seq.prompt_len - seq.cached
+    return Refreshed(cache=fresh, prefixes=len(prefixes), tokens=tokens, seconds=time.perf_counter() - start)
