@@ -181,9 +181,42 @@ def test_decoder_blockwise_equals_dense_logits_and_grads():
     assert np.abs(np.asarray(alone)[0] - np.asarray(logits_b)[0, 12:]).max() < 1e-5
 
 
-def test_prefill_hidden_equals_decode_into_an_empty_cache():
-    """The engine's prefill (full-forward blockwise attention, several blocks) gives the hidden
-    states and cache of the dense cached path, and decoding continues identically from it."""
+FORWARD_CASES = [  # (dtype, B, L, heads, kv heads, head_dim, block): inference causal kernel
+    ("float32", 2, 37, 6, 2, 16, 8),    # padded to 40: 5 blocks, GQA 3
+    ("float32", 1, 64, 4, 4, 8, 16),    # a whole number of blocks, no GQA
+    ("float32", 1, 300, 4, 1, 8, 0),    # the default block (256 on CPU): 2 blocks, the last padded
+    ("bfloat16", 2, 33, 4, 2, 16, 8),
+]
+
+
+@pytest.mark.parametrize("dtype,B,L,N,K,D,block", FORWARD_CASES,
+                         ids=[f"{c[0]}-B{c[1]}-L{c[2]}-gqa{c[3] // c[4]}-blk{c[6]}" for c in FORWARD_CASES])
+def test_causal_forward_attention_equals_the_float64_reference(dtype, B, L, N, K, D, block):
+    rng = np.random.default_rng(L)
+    q, k, v, _, _ = _inputs(rng, B, L, N, K, D, dtype, mask=False, segments=False)
+    cast = lambda x: jnp.asarray(x, dtype)
+    got = jax.jit(lambda q, k, v: A.causal_forward_attention(q, k, v, block=block))(cast(q), cast(k), cast(v))
+    assert got.dtype == jnp.dtype(dtype) and got.shape == (B, L, N, D)
+    ref = _np_attention(*(np.asarray(cast(x), np.float32) for x in (q, k, v)), True, None, None)
+    tol = 2e-2 if dtype == "bfloat16" else 2e-5
+    assert np.abs(np.asarray(got, np.float64) - ref).max() < tol
+    # `attention` runs it only for plain causal self-attention of a forward-only call; the same call
+    # with a padding mask still goes through the blockwise kernel, and both follow the mask rule
+    assert np.array_equal(np.asarray(A.attention(cast(q), cast(k), cast(v), implementation="blockwise",
+                                                 block_q=block, forward_only=True)), np.asarray(got))
+    if dtype == "float32":
+        kv_mask = np.ones((B, L), bool)
+        kv_mask[:, 1] = False
+        masked = A.attention(cast(q), cast(k), cast(v), kv_mask=jnp.asarray(kv_mask), implementation="blockwise",
+                             block_q=block or 8, block_k=block or 8, forward_only=True)
+        assert np.abs(np.asarray(masked, np.float64) - _np_attention(q, k, v, True, kv_mask, None)).max() < tol
+
+
+@pytest.mark.parametrize("cache_len", [24, 21])
+def test_prefill_hidden_equals_decode_into_an_empty_cache(cache_len):
+    """The engine's prefill (the forward-only causal kernel, several blocks; into a longer cache or one
+    of exactly the prompt's length) gives the hidden states and cache of the dense cached path, and
+    decoding continues identically from it."""
     cfg = ModelConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=8, attention="blockwise", attention_block_size=8)
     model = Decoder(cfg, rngs=nnx.Rngs(1))
@@ -192,8 +225,9 @@ def test_prefill_hidden_equals_decode_into_an_empty_cache():
 
     @nnx.jit
     def both(m):
-        a, cache_a = m.prefill_hidden(ids, m.init_cache(2, 24))
-        b, cache_b = m.decode_hidden(ids, positions, m.init_cache(2, 24))
+        a, cache_a = m.prefill_hidden(ids, m.init_cache(2, cache_len))
+        b, cache_b = m.decode_hidden(ids, positions, m.init_cache(2, cache_len))
+        # the next token attends to the prompt's 21 slots (with a 21-slot cache its own write is dropped)
         nxt = jnp.full((2, 1), 5, jnp.int32), jnp.full((2, 1), 21, jnp.int32)
         return a, b, cache_a, cache_b, m.decode_hidden(*nxt, cache_a)[0], m.decode_hidden(*nxt, cache_b)[0]
 

@@ -28,6 +28,12 @@ Implementations
   a causal mask, since padding keys sit after every real query).
 - `auto`: `fused` when it applies (GPU backend, supported dtype/head_dim, no padding/segment
   mask), `blockwise` otherwise (e.g. on CPU).
+
+Inference (`forward_only=True`: a prompt's prefill, no gradient) of plain causal self-attention (no
+padding or segment mask) runs `causal_forward_attention` where `blockwise` would: the same online
+softmax, laid out so that no block is transposed or copied inside the loops, and key blocks wholly in
+the past of a query block are not masked (only the diagonal block is). About half the time of the
+blockwise forward on a 2-core CPU at 2048 tokens.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ IMPLEMENTATIONS = ("dense", "blockwise", "fused", "auto")
 # here; `auto` runs the fused kernel there anyway unless a padding/segment mask is needed).
 CPU_BLOCK = 128
 ACCELERATOR_BLOCK = 512
+# Query and key block of `causal_forward_attention` on CPU: 256 took 0.5-0.8x the time of 128 and 512 at
+# 2048 tokens (9 query heads over 3 kv heads of 64, 2 cores); on an accelerator, ACCELERATOR_BLOCK.
+CPU_FORWARD_BLOCK = 256
 # `cached_attention` calls with at least this many queries run the blockwise kernel (decode steps,
 # a few tokens, stay dense over the cache)
 CACHED_BLOCKWISE_MIN = 64
@@ -109,12 +118,17 @@ def resolve_implementation(name: str, q: jax.Array, *, has_mask: bool) -> str:
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, kv_mask: jax.Array | None = None,
               segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
-              implementation: str = "auto", block_q: int = 0, block_k: int = 0) -> jax.Array:
-    """Masked grouped-query attention (see the module docstring for the mask rule)."""
+              implementation: str = "auto", block_q: int = 0, block_k: int = 0,
+              forward_only: bool = False) -> jax.Array:
+    """Masked grouped-query attention (see the module docstring for the mask rule). `forward_only`: the
+    result is never differentiated (a prefill), so plain causal self-attention may run
+    `causal_forward_attention` instead of the blockwise kernel."""
     _check_shapes(q, k, v)
     segment_ids, kv_segment_ids = _segments(q, k, segment_ids, kv_segment_ids)
     has_mask = kv_mask is not None or segment_ids is not None
     impl = resolve_implementation(implementation, q, has_mask=has_mask)
+    if impl == "blockwise" and forward_only and causal and not has_mask and q.shape[1] == k.shape[1]:
+        return causal_forward_attention(q, k, v, block=block_q)
     if impl == "dense":
         return dense_attention(q, k, v, causal=causal, kv_mask=kv_mask, segment_ids=segment_ids,
                                kv_segment_ids=kv_segment_ids)
@@ -336,6 +350,54 @@ def _flash_bwd(static, res, dout):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def causal_forward_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block: int = 0) -> jax.Array:
+    """Causal self-attention (key j visible to query i when j <= i; no padding or segment mask), forward
+    only (its loops have data-dependent bounds: no reverse-mode gradient). q `[B, L, N, D]`, k/v `[B, L, K, D]`.
+
+    Per kv head the query rows are (position, group) pairs, `[B*K, L*G, D]`, so each score block is one
+    plain batched matmul `[B*K, block*G, block]` and softmax runs over its contiguous last axis. Query
+    block i runs an online softmax over the key blocks before it, unmasked, then its diagonal block under
+    the causal mask. L is padded to a multiple of the block (padding keys follow every real query, so
+    the causal mask hides them; padding queries are dropped).
+    """
+    B, L, N, D = q.shape
+    K = k.shape[2]
+    G = N // K
+    block = min(block or (CPU_FORWARD_BLOCK if jax.default_backend() == "cpu" else ACCELERATOR_BLOCK),
+                _round_up(L, 8))
+    lp = _round_up(L, block)
+    nb = lp // block
+    f32 = jnp.float32
+    qh = _pad(q, 1, lp).reshape(B, lp, K, G, D).transpose(0, 2, 1, 3, 4).reshape(B * K, nb, block * G, D)
+    qh = qh * jnp.asarray(D ** -0.5, q.dtype)
+    kh = _pad(k.astype(q.dtype), 1, lp).transpose(0, 2, 1, 3).reshape(B * K, nb, block, D)
+    vh = _pad(v.astype(q.dtype), 1, lp).transpose(0, 2, 1, 3).reshape(B * K, nb, block, D)
+    diagonal = (jnp.arange(block * G) // G)[:, None] >= jnp.arange(block)[None, :]  # [block*G, block]
+
+    def accumulate(carry, qi, j, mask):
+        m, l, acc = carry
+        s = jnp.einsum("nqd,nsd->nqs", qi, kh[:, j], preferred_element_type=f32)
+        if mask is not None:
+            s = jnp.where(mask, s, _NEG)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        corr = jnp.exp(m - m_new)
+        acc = acc * corr[..., None] + jnp.einsum("nqs,nsd->nqd", p.astype(vh.dtype), vh[:, j],
+                                                 preferred_element_type=f32)
+        return m_new, l * corr + jnp.sum(p, axis=-1), acc
+
+    def q_block(_, i):
+        qi = qh[:, i]
+        init = (jnp.full(qi.shape[:2], _NEG, f32), jnp.zeros(qi.shape[:2], f32), jnp.zeros(qi.shape, f32))
+        carry = jax.lax.fori_loop(0, i, lambda j, c: accumulate(c, qi, j, None), init)
+        _, l, acc = accumulate(carry, qi, i, diagonal)
+        return None, (acc / l[..., None]).astype(q.dtype)
+
+    _, out = jax.lax.scan(q_block, None, jnp.arange(nb))  # [nb, B*K, block*G, D]
+    out = out.reshape(nb, B, K, block, G, D).transpose(1, 0, 3, 2, 4, 5).reshape(B, lp, N, D)
+    return out[:, :L]
 
 
 def attention_flops(batch: int, q_len: int, kv_len: int, heads: int, head_dim: int, *, causal: bool = True,

@@ -164,8 +164,10 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache_k is None:
+            # a prefill into a cache (return_kv) is inference: never differentiated
             out = attention(q, k, v, causal=True, kv_mask=mask.kv_mask, segment_ids=mask.segment_ids,
-                            implementation=mask.implementation, block_q=mask.block_size, block_k=mask.block_size)
+                            implementation=mask.implementation, block_q=mask.block_size, block_k=mask.block_size,
+                            forward_only=mask.return_kv)
             if mask.return_kv:
                 return self.o_proj(out), k, v
             return self.o_proj(out), None, None
@@ -357,9 +359,13 @@ class Decoder(nnx.Module):
             cache_xs = (None, None) if mask is not None and mask.return_kv else (ck, cv)
             h, (new_k, new_v) = jax.lax.scan(layer, h, (stacked,) + cache_xs)
             new_k, new_v = new_k.astype(ck.dtype), new_v.astype(cv.dtype)
-            rows = jnp.broadcast_to(jnp.arange(h.shape[0])[:, None], positions.shape)
-            # mode="drop": slots past the cache end (padding beyond max_len) are ignored.
-            ck = ck.at[:, rows, positions].set(new_k, mode="drop")
-            cv = cv.at[:, rows, positions].set(new_v, mode="drop")
+            if cache_xs[0] is None and ck.shape[2] == new_k.shape[2]:
+                # a prefill that fills its whole cache (slots 0..L-1): the new k/v are the cache
+                ck, cv = new_k, new_v
+            else:
+                rows = jnp.broadcast_to(jnp.arange(h.shape[0])[:, None], positions.shape)
+                # mode="drop": slots past the cache end (padding beyond max_len) are ignored.
+                ck = ck.at[:, rows, positions].set(new_k, mode="drop")
+                cv = cv.at[:, rows, positions].set(new_v, mode="drop")
             new_cache = KVCache(constrain(ck, cache_axes, cfg.family), constrain(cv, cache_axes, cfg.family))
         return self.norm(h), new_cache
