@@ -242,12 +242,13 @@ def test_three_cases_with_the_embedded_server_and_openai_client(make_env, loop_t
         env = make_env(policy_urls=[proxy_url], model=model_dir, load_tokenizer=True, request_timeout_s=300.0)
         sent = scripted_conversation(env)
         # One more session, streamed, so the streaming path is covered on the real server too.
-        history = [SYSTEM, {"role": "user", "content": "Count to three."}]
-        text = "".join(c.choices[0].delta.content or "" for c in env.chat(history, session="s3", stream=True)
-                       if c.choices)
+        # long enough that the closing request reuses at least one whole cached block (64 tokens)
+        history = [SYSTEM, {"role": "user", "content": "Count to three, then say which number comes after three."}]
+        chunks = list(env.chat(history, session="s3", stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         sent[("s3", 0)] = [dict(m) for m in history]
-        env.chat(history + [{"role": "assistant", "content": text},
-                            {"role": "user", "content": "Thanks, that's perfect!"}], session="s3", done=True)
+        closing = env.chat(history + [{"role": "assistant", "content": text},
+                                      {"role": "user", "content": "Thanks, that's perfect!"}], session="s3", done=True)
         env.drain()
     finally:
         loop_thread.run(runner.cleanup())
@@ -259,6 +260,11 @@ def test_three_cases_with_the_embedded_server_and_openai_client(make_env, loop_t
         body = hits[0]
         return body["output_ids"], [e[0] for e in body["meta_info"]["output_token_logprobs"]], \
             body["meta_info"]["weight_version"]
+
+    # the server's prefix-cache hits reach the client as OpenAI's usage.prompt_tokens_details.cached_tokens
+    streamed_meta, closing_meta = proxy.exchanges[-2][1]["meta_info"], proxy.exchanges[-1][1]["meta_info"]
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == streamed_meta["cached_tokens"]
+    assert closing.usage.prompt_tokens_details.cached_tokens == closing_meta["cached_tokens"] > 0
 
     samples = env.samples()
     streamed = [s for s in samples if s.session_id == "s3"]

@@ -468,7 +468,8 @@ class Gateway(JudgePipeline, SessionRoutes):
             logprobs=self._logprobs_block(result, 0, len(result.output_ids), req.top_logprobs) if req.logprobs else None)
         body = O.chat_completion(completion_id=O.new_id("chatcmpl-"), created=O.now_s(),
                                  model=req.model or self.cfg.served_model_name, choices=[choice],
-                                 usage=O.usage(len(prompt_ids), len(result.output_ids)),
+                                 usage=O.usage(len(prompt_ids), len(result.output_ids),
+                                               cached_tokens=result.cached_tokens),
                                  metadata=self._metadata(result, ticket))
         return web.json_response(body, dumps=json_safe.dumps, headers=request.get(GATEWAY_HEADERS))
 
@@ -597,7 +598,8 @@ class _ChatStream:
         record()
         await self.chunk(delta={}, finish_reason=Gateway._finish_reason(result, bool(calls)))
         if self.req.include_usage:
-            await self.chunk(delta=None, usage=O.usage(prompt_tokens, len(result.output_ids)), no_choices=True)
+            await self.chunk(delta=None, usage=O.usage(prompt_tokens, len(result.output_ids),
+                                                           cached_tokens=result.cached_tokens), no_choices=True)
         await self.send("[DONE]")
         await self.response.write_eof()
 

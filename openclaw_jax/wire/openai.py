@@ -300,12 +300,17 @@ def now_s() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = False) -> dict[str, Any]:
-    """OpenAI ``usage``; ``details`` adds SGLang's ``prompt_tokens_details`` and ``reasoning_tokens``."""
+def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = False,
+          cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI ``usage``; ``details`` adds SGLang's ``prompt_tokens_details`` and ``reasoning_tokens``;
+    ``cached_tokens`` (prompt tokens served from a prefix cache) goes into ``prompt_tokens_details`` as
+    OpenAI reports prompt caching."""
     out: dict[str, Any] = {"prompt_tokens": int(prompt_tokens), "completion_tokens": int(completion_tokens),
                            "total_tokens": int(prompt_tokens + completion_tokens)}
     if details:
         out.update(prompt_tokens_details=None, reasoning_tokens=0)
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": int(cached_tokens)}
     return out
 
 

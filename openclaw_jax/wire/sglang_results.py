@@ -167,6 +167,8 @@ class GenerateResult:
     worker_url: str = ""
     # which version produced which output tokens: [{"version", "start", "end"}] (empty if not reported)
     weight_versions: list[dict] = field(default_factory=list)
+    # prompt tokens whose K/V the worker reused from its prefix cache (0 when not reported)
+    cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -270,4 +272,13 @@ def parse_generate_response(body: Any, *, worker_url: str = "", expect_logprobs:
         output_top_logprobs=output_top, finish_reason=finish, prompt_tokens=int(meta.get("prompt_tokens", 0)),
         completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
         weight_version=None if weight_version is None else str(weight_version), input_logprobs=input_logprobs,
-        raw=dict(body), worker_url=worker_url, weight_versions=spans)
+        raw=dict(body), worker_url=worker_url, weight_versions=spans,
+        cached_tokens=_count(meta.get("cached_tokens"), "cached_tokens", worker_url))
+
+
+def _count(value: Any, what: str, worker_url: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MalformedResponse(f"meta_info.{what} from {worker_url} must be a count >= 0, got {value!r:.100}")
+    return value
