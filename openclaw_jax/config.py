@@ -194,6 +194,10 @@ class PolicyConfig:
     min_prompt_len: int = 16
     max_prefill_rows: int = 0           # prompts per prefill call (0: no limit; 1: one prefill shape per prompt bucket)
     prefix_cache_mb: int = 1024         # the embedded engine's prefix cache (0 turns it off)
+    # at each weight swap the most recently used cached prefixes (the sessions' prompts so far), up to this
+    # many tokens and entries, are recomputed with the new weights before they serve; 0: the swap empties it
+    prefix_refresh_tokens: int = 8192
+    prefix_refresh_entries: int = 8
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
     request_timeout_s: float = 300.0
@@ -207,6 +211,8 @@ class PolicyConfig:
             _require(getattr(self, name) > 0, f"policy.{name}={getattr(self, name)} must be > 0")
         _require(self.max_prefill_rows >= 0, f"policy.max_prefill_rows={self.max_prefill_rows} must be >= 0 (0: no limit)")
         _require(self.prefix_cache_mb >= 0, f"policy.prefix_cache_mb={self.prefix_cache_mb} must be >= 0 (0: off)")
+        for name in ("prefix_refresh_tokens", "prefix_refresh_entries"):
+            _require(getattr(self, name) >= 0, f"policy.{name}={getattr(self, name)} must be >= 0 (0: no refresh)")
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,9 @@ def engine_config(policy) -> EngineConfig:
     return EngineConfig(max_batch_size=policy.max_batch_size, min_batch_bucket=policy.min_batch_rows,
                         min_prefill_rows=1, max_prefill_rows=policy.max_prefill_rows,
                         min_cache_bucket=policy.min_cache_len, min_prompt_bucket=policy.min_prompt_len,
-                        prefix_cache_bytes=policy.prefix_cache_mb << 20)
+                        prefix_cache_bytes=policy.prefix_cache_mb << 20,
+                        prefix_refresh_tokens=policy.prefix_refresh_tokens,
+                        prefix_refresh_entries=policy.prefix_refresh_entries)
 
 
 async def _start_embedded_pool(r: _Run):

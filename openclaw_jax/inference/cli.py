@@ -44,6 +44,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-cache-budget-gb", type=float, default=2.0)
     ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                     help="memory for K/V of cached prompt prefixes (system prompt, earlier turns); 0: off")
+    ap.add_argument("--prefix-refresh-tokens", type=int, default=8192,
+                    help="at a weight update, the most recently used cached prefixes holding up to this many tokens "
+                         "are recomputed with the new weights before they serve (0: the update empties the cache)")
+    ap.add_argument("--prefix-refresh-entries", type=int, default=8,
+                    help="at most this many prefixes (sessions) recomputed per weight update (0: none)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--compile-cache-dir", default=AUTO,
                     help="JAX's persistent compilation cache ('auto': ~/.cache/openclaw_jax/xla; '': off; "
@@ -102,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
         if args.prefix_cache_mb < 0:
             raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the prefix cache off)")
+        for flag in ("prefix_refresh_tokens", "prefix_refresh_entries"):
+            if getattr(args, flag) < 0:
+                raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 0 (0: no refresh)")
     except ValueError as exc:
         ap.error(str(exc))
     configure_logging(args.log_level)
@@ -120,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         min_cache_bucket=args.min_cache_bucket,
                                         min_batch_bucket=args.min_batch_bucket,
                                         kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30)),
-                                        prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20))))
+                                        prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
+                                        prefix_refresh_tokens=args.prefix_refresh_tokens,
+                                        prefix_refresh_entries=args.prefix_refresh_entries))
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,
