@@ -28,8 +28,8 @@ import numpy as np
 
 from openclaw_jax.inference.kernels import extend_jit, prefill_jit
 from openclaw_jax.inference.prefix_cache import PrefixCache
-from openclaw_jax.inference.scheduler import (FINE_BUCKETS_FROM, EngineConfig, Seq, bucket, extend_groups,
-                                              prefill_groups, prompt_bucket, sampling_arrays)
+from openclaw_jax.inference.scheduler import (EngineConfig, Seq, bucket, extend_groups, prefill_groups,
+                                              prompt_bucket, sampling_arrays)
 
 
 class Prefiller:
@@ -131,9 +131,9 @@ class Prefiller:
 
     def _run_extend(self, group: list[Seq], state: Any, paths: dict[int, list]):
         b = bucket(len(group), self.config.prefill_row_bucket)
-        # the cached prefix in blocks, bucketed like a prompt length (1.25x steps from 512 tokens on)
-        nb = bucket(max(len(paths[id(s)]) for s in group), 1, self.config.prompt_bucket_steps,
-                    FINE_BUCKETS_FROM // self.prefix.block)
+        # the cached prefix in blocks, a power of two: a session's prefix grows by a block every turn or
+        # two, and each new (blocks, new tokens) shape compiles the extend once (seconds on a small CPU)
+        nb = bucket(max(len(paths[id(s)]) for s in group))
         ln = prompt_bucket(max(s.prompt_len - s.cached for s in group), self.config)
         tables = np.zeros((b, nb), np.int32)  # padding entries: any slot, masked by the row's start
         ids = np.zeros((b, ln), np.int32)
