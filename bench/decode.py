@@ -7,15 +7,20 @@ ignored). Ours and transformers run in this process; SGLang is `scripts/sglang_c
 CPU venv, `bash scripts/sglang_cpu.sh setup`; skipped with a note when missing or with --no-sglang),
 sent each batch as one `/generate` request of token ids (so its numbers include HTTP and its
 tokenizer-manager / scheduler IPC, as a client sees them). Compilation and warm-up are excluded;
-each number is the median of the timed repeats, the three engines timed in turn in one run.
+each number is the median of the timed repeats, ours and transformers timed in turn within each round
+(then SGLang), in one run.
 
   * end-to-end tokens/s = batch * N / time(generate N tokens)   (prefill included)
   * decode tokens/s     = batch * (N - 1) / (time(N tokens) - time(1 token))   (prefill cancels out)
 
     python bench/decode.py [--new-tokens 64] [--repeats 3] [--batches 1 16] [--json] [--no-sglang]
 
---json prints one line `{"ours_over_sglang": {"1": r, "16": r}, "ours_over_transformers": {...}}`
-(decode tokens/s ratios by batch) after the table.
+An AVX-512 machine stands in for an AVX2-only one with both sides capped:
+`XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2 python bench/decode.py`; the table's header
+states the ISA each side ran with (and the CPU).
+
+--json prints one line `{"ours_over_sglang": {"1": r, "16": r}, "ours_over_transformers": {...}, "isa": {...}}`
+(decode tokens/s ratios by batch, the ISA of each side) after the table.
 """
 
 from __future__ import annotations
@@ -26,20 +31,14 @@ import json
 import logging
 import os
 import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from references import SGLangServer, export_hf, interleaved_medians, isa_report, sglang_ready, transformers_model
 
 logger = logging.getLogger("bench.decode")
-
-REPO = Path(__file__).resolve().parents[1]
-SGLANG_SCRIPT = REPO / "scripts" / "sglang_cpu.sh"
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -77,78 +76,6 @@ QUESTIONS = [
 ]
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-class SGLangServer:
-    """`scripts/sglang_cpu.sh serve` on a free port in its own process group (killed by `stop`)."""
-
-    def __init__(self, model_dir: Path, log_path: Path, threads: int):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(["bash", str(SGLANG_SCRIPT), "serve", "--model", str(model_dir),
-                                          "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=str(REPO), env=env, start_new_session=True)
-
-    def wait(self, timeout: float = 600.0) -> None:
-        import requests
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"SGLang exited with {self.proc.returncode}; log {self.log_path}:\n"
-                                   + self.log_path.read_text(errors="replace")[-3000:])
-            try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"SGLang not healthy after {timeout:.0f}s (log {self.log_path})")
-
-    def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
-        import requests
-        body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
-        resp = requests.post(self.url + "/generate", json=body, timeout=600)
-        resp.raise_for_status()
-        outs = resp.json()
-        outs = outs if isinstance(outs, list) else [outs]
-        ids = [list(o["output_ids"]) for o in outs]
-        assert all(len(x) == n for x in ids), [len(x) for x in ids]
-        return ids
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-
-
-def sglang_ready() -> bool:
-    return subprocess.run(["bash", str(SGLANG_SCRIPT), "check"], capture_output=True).returncode == 0
-
-
-def export_hf(pre, out_dir: Path) -> Path:
-    """The served weights as an HF checkpoint directory (config.json + safetensors + tokenizer), once."""
-    from openclaw_jax.models.weights import save_hf_checkpoint
-    if (out_dir / "config.json").exists():
-        return out_dir
-    save_hf_checkpoint(pre.model, None, out_dir, extra_config=pre.hf_config)
-    pre.tokenizer.save_pretrained(out_dir)
-    return out_dir
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -169,7 +96,6 @@ def main() -> None:
     import transformers
 
     from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for
-    from openclaw_jax.models.gguf import gguf_to_hf, smollm2_gguf_path
     from openclaw_jax.models.hub import load_pretrained
 
     pre = load_pretrained("smollm2", dtype="float32")
@@ -203,12 +129,7 @@ def main() -> None:
         return engine.generate_sync(specs)
 
     # --- transformers: same dequantised weights, eager PyTorch on CPU, left-padded batches
-    hf_config, hf_state = gguf_to_hf(smollm2_gguf_path())
-    config = transformers.AutoConfig.for_model(**{k: v for k, v in hf_config.items() if k != "architectures"})
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in hf_state.items()}, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    model.tie_weights()
+    model, hf_config = transformers_model()
     pad = int(hf_config.get("pad_token_id", 2))
     # Exactly N tokens on both sides: no EOS for HF either (min_new_tokens would instead mask EOS
     # out of the argmax, which changes the greedy path compared with ignore_eos).
@@ -240,10 +161,10 @@ def main() -> None:
             ours(batch, n_new), ours(batch, 1)  # compile + warm-up
             theirs(batch, 2)
             row = dict(batch=batch)
-            t_ours_n = median_time(lambda: ours(batch, n_new), args.repeats)
-            t_ours_1 = median_time(lambda: ours(batch, 1), args.repeats)
-            t_hf_n = median_time(lambda: theirs(batch, n_new), args.repeats)
-            t_hf_1 = median_time(lambda: theirs(batch, 1), args.repeats)
+            t = interleaved_medians({"ours_n": lambda: ours(batch, n_new), "ours_1": lambda: ours(batch, 1),
+                                     "hf_n": lambda: theirs(batch, n_new), "hf_1": lambda: theirs(batch, 1)},
+                                    args.repeats)
+            t_ours_n, t_ours_1, t_hf_n, t_hf_1 = t["ours_n"], t["ours_1"], t["hf_n"], t["hf_1"]
             row.update(ours_e2e=batch * n_new / t_ours_n, hf_e2e=batch * n_new / t_hf_n,
                        ours_dec=batch * (n_new - 1) / max(t_ours_n - t_ours_1, 1e-9),
                        hf_dec=batch * (n_new - 1) / max(t_hf_n - t_hf_1, 1e-9))
@@ -251,10 +172,11 @@ def main() -> None:
             if server is not None:
                 rows_ids = [list(p) for p in prompts[:batch]]
                 server.generate(rows_ids, 2)  # warm-up
-                t_sg_n = median_time(lambda: server.generate(rows_ids, n_new), args.repeats)
-                t_sg_1 = median_time(lambda: server.generate(rows_ids, 1), args.repeats)
+                t = interleaved_medians({"n": lambda: server.generate(rows_ids, n_new),
+                                         "1": lambda: server.generate(rows_ids, 1)}, args.repeats)
+                t_sg_n, t_sg_1 = t["n"], t["1"]
                 row.update(sg_e2e=batch * n_new / t_sg_n, sg_dec=batch * (n_new - 1) / max(t_sg_n - t_sg_1, 1e-9))
-                sg = server.generate(rows_ids, n_new)
+                sg = [o["output_ids"] for o in server.generate(rows_ids, n_new)]
                 agreement[("SGLang", batch)] = sum(a == b for a, b in zip(mine, sg))
             if batch == 1:
                 hf = theirs(1, n_new)[0].tolist()
@@ -267,9 +189,11 @@ def main() -> None:
             server.stop()
 
     load = os.getloadavg()
+    isa = isa_report()
     print(f"\nSmolLM2-135M-Instruct greedy generation, float32, {n_new} new tokens per sequence, "
           f"{jax.devices()[0].platform} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}), "
           f"median of {args.repeats}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"{isa['cpu']}: ours with XLA ISA {isa['xla_isa']}, transformers with ATen {isa['torch_isa']}")
     has_sg = server is not None
     sg_head = f" {'SGLang':>8} {'ratio':>6}" if has_sg else ""
     print(f"{'batch':>5} | {'decode tok/s ours':>17}{sg_head} {'transformers':>12} {'ratio':>6} | "
@@ -288,7 +212,8 @@ def main() -> None:
         print(sglang_note)
     print(f"(transformers {transformers.__version__}, torch {torch.__version__}, jax {jax.__version__})")
     if args.json:
-        result = {"ours_over_transformers": {str(r["batch"]): round(r["ours_dec"] / r["hf_dec"], 3) for r in rows}}
+        result = {"ours_over_transformers": {str(r["batch"]): round(r["ours_dec"] / r["hf_dec"], 3) for r in rows},
+                  "isa": {"xla": isa["xla_isa"], "torch": isa["torch_isa"]}}
         if has_sg:
             result = {"ours_over_sglang": {str(r["batch"]): round(r["ours_dec"] / r["sg_dec"], 3) for r in rows},
                       **result}

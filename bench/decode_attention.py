@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decode import median_time  # bench/decode.py, beside this script
+from references import median_time  # bench/references.py, beside this script
 
 from openclaw_jax.inference.decode_layers import decode_attention
 

@@ -1,0 +1,203 @@
+"""Prefill throughput at OpenClaw's prompt sizes: our engine vs HF transformers and the real SGLang CPU server.
+
+A person's turn through OpenClaw starts with a prefill of a ~2.3 k-token prompt; this times that step
+alone: B prompts of L tokens each (cut from OpenClaw's recorded minimal-profile system prompt, each row
+from a different offset so no two rows share a prefix), one new token (greedy), float32, the packaged
+SmolLM2-135M weights on every side, in one process run:
+
+  * ours: the embedded engine with its prefix cache off (`Engine.generate_sync`, all B prompts submitted
+    together: the engine's own cold prefill, first token and bookkeeping);
+  * transformers: one forward with `use_cache=True, logits_to_keep=1` (what `generate` runs as its
+    prefill), PyTorch's default threads;
+  * SGLang: `scripts/sglang_cpu.sh serve` with its radix cache off, one `/generate` of the B token-id
+    prompts with max_new_tokens=1 (HTTP and its IPC included, as a client sees it); skipped with a note
+    when its venv is missing (`bash scripts/sglang_cpu.sh setup`) or with --no-sglang;
+  * the machine's own matmul rate: an XLA dot of each of a layer's weight matrices by B*L rows, timed in
+    this process (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
+    second over that rate; 1.0 = the whole prefill runs as fast as plain matmuls of the layer shapes).
+
+Model FLOPs count the layers' matmuls, causal attention (QK^T and PV over the visible keys, which also
+run as matmuls) and the LM head of the last position. Compilation and warm-up are excluded; each number is the median of --repeats runs,
+the implementations timed in turn within each round. The first greedy token of every row is compared across them.
+
+    python bench/prefill.py [--shapes 1x2048 4x2048 1x4096 4x4096] [--repeats 3] [--no-sglang] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from references import (REPO, SGLangServer, export_hf, interleaved_medians, isa_report, median_time,
+                        sglang_ready, transformers_model)
+
+logger = logging.getLogger("bench.prefill")
+PROMPT_SOURCE = REPO / "tests" / "fixtures" / "openclaw" / "minimal_system_prompt.txt"
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    try:
+        rows, length = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shapes {text!r}: expected ROWSxTOKENS, e.g. 1x2048") from None
+    if rows < 1 or length < 2:
+        raise SystemExit(f"--shapes {text!r}: at least 1 row of 2 tokens")
+    return rows, length
+
+
+def prompts(tokenizer, rows: int, length: int) -> list[list[int]]:
+    """`rows` prompts of `length` tokens from OpenClaw's system prompt (repeated as needed), each starting
+    at a different offset."""
+    ids = tokenizer.encode(PROMPT_SOURCE.read_text())
+    reps = -(-(length + rows * 97) // len(ids))
+    tiled = (ids * reps)
+    return [tiled[r * 97:r * 97 + length] for r in range(rows)]
+
+
+def model_flops(cfg, rows: int, length: int) -> float:
+    """Matmul FLOPs of one prefill: the layers' projections, causal attention, the last position's LM head."""
+    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    per_token = 2 * (h * (n + 2 * k) * d + n * d * h + 3 * h * i)
+    attention = 4 * n * d * length * (length + 1) / 2  # per row: QK^T and PV over j <= i
+    return rows * (cfg.num_layers * (length * per_token + attention) + 2 * h * cfg.vocab_size)
+
+
+def layer_dot_seconds(cfg, tokens: int, repeats: int) -> float:
+    """Seconds of one layer's weight matmuls (q, k, v, o, gate, up, down) by `tokens` rows: plain XLA dots."""
+    import jax
+    import jax.numpy as jnp
+
+    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    shapes = [(h, n * d), (h, k * d), (h, k * d), (n * d, h), (h, i), (h, i), (i, h)]
+    rng = np.random.default_rng(0)
+    xs = [jnp.asarray(rng.standard_normal((tokens, a), np.float32)) for a, _ in shapes]
+    ws = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02) for s in shapes]
+    dots = jax.jit(lambda xs, ws: [x @ w for x, w in zip(xs, ws)])
+    jax.block_until_ready(dots(xs, ws))
+    return median_time(lambda: jax.block_until_ready(dots(xs, ws)), max(repeats, 5))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["1x2048", "4x2048", "1x4096", "4x4096"],
+                        help="ROWSxTOKENS prompts prefilled together (default: 1x2048 4x2048 1x4096 4x4096)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="also print the results as one JSON line")
+    parser.add_argument("--no-sglang", action="store_true", help="skip the SGLang server reference")
+    parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "openclaw_bench_smollm2_hf"),
+                        help="where the weights are exported for SGLang (reused when present)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    shapes = [parse_shape(s) for s in args.shapes]
+
+    import jax
+    import torch
+    import transformers
+
+    from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for
+    from openclaw_jax.models.hub import load_pretrained
+
+    pre = load_pretrained("smollm2", dtype="float32")
+    cfg = pre.config
+    most_rows, longest = max(r for r, _ in shapes), max(n for _, n in shapes)
+    if longest >= cfg.max_position_embeddings:
+        raise SystemExit(f"prompts of {longest} tokens do not fit the context ({cfg.max_position_embeddings})")
+
+    server, sglang_note = None, ""
+    if args.no_sglang:
+        sglang_note = "SGLang skipped (--no-sglang)"
+    elif not sglang_ready():
+        sglang_note = "SGLang skipped: no CPU venv (bash scripts/sglang_cpu.sh setup)"
+    else:
+        hf_dir = export_hf(pre, Path(args.hf_dir))
+        pool = max(r * (n + 1) for r, n in shapes) + 256
+        server = SGLangServer(hf_dir, Path(tempfile.gettempdir()) / "bench_prefill_sglang.log", os.cpu_count() or 1,
+                              extra=["--disable-radix-cache", "--max-total-tokens", str(pool),
+                                     "--max-prefill-tokens", str(pool), "--chunked-prefill-size", str(pool),
+                                     "--context-length", str(cfg.max_position_embeddings)])
+        atexit.register(server.stop)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    engine = Engine(pre.model, pre.tokenizer, context_length=cfg.max_position_embeddings,
+                    config=EngineConfig(max_batch_size=most_rows, prefix_cache_bytes=0, batch_wait_s=0.02,
+                                        max_prefill_tokens=max(16384, max(r * n for r, n in shapes))))
+    hf_model, _ = transformers_model()
+
+    def ours(rows_ids):
+        outs = engine.generate_sync([spec_for(p, max_new_tokens=1, temperature=0, ignore_eos=True) for p in rows_ids])
+        assert all(o.cached_tokens == 0 for o in outs)
+        return [o.output_ids[0] for o in outs]
+
+    def theirs(rows_ids):
+        with torch.inference_mode():
+            logits = hf_model(torch.tensor(rows_ids), use_cache=True, logits_to_keep=1).logits
+        return logits[:, -1].argmax(-1).tolist()
+
+    results = []
+    try:
+        if server is not None:
+            server.wait()
+        for rows, length in shapes:
+            batch = prompts(pre.tokenizer, rows, length)
+            firsts = {"ours": ours(batch), "transformers": theirs(batch)}  # compile + warm-up
+            row = {"shape": f"{rows}x{length}", "tokens": rows * length, "gflop": model_flops(cfg, rows, length) / 1e9}
+            fns = {"ours": lambda: ours(batch), "transformers": lambda: theirs(batch)}
+            if server is not None:
+                firsts["SGLang"] = [o["output_ids"][0] for o in server.generate(batch, 1)]
+                fns["sglang"] = lambda: server.generate(batch, 1)
+            row.update({f"{name}_s": t for name, t in interleaved_medians(fns, args.repeats).items()})
+            dot_s = layer_dot_seconds(cfg, rows * length, args.repeats)
+            row["matmul_gflops"] = 2 * rows * length * sum(
+                a * b for a, b in [(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim),
+                                   (cfg.num_heads * cfg.head_dim, cfg.hidden_size),
+                                   (cfg.hidden_size, 3 * cfg.intermediate_size)]) / dot_s / 1e9
+            row["matmul_fraction"] = row["gflop"] / row["ours_s"] / row["matmul_gflops"]
+            row["same_first_tokens"] = {name: ids == firsts["ours"] for name, ids in firsts.items() if name != "ours"}
+            results.append(row)
+            logger.warning("%s done", row["shape"])
+    finally:
+        engine.shutdown()
+        if server is not None:
+            server.stop()
+
+    load, isa = os.getloadavg(), isa_report()
+    has_sg = server is not None
+    print(f"\nSmolLM2-135M-Instruct prefill (cold, 1 new token), float32, {isa['cpu']}, {os.cpu_count()} cores "
+          f"(XLA ISA {isa['xla_isa']}, ATen {isa['torch_isa']}, torch threads {torch.get_num_threads()}), "
+          f"median of {args.repeats}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    sg_head = f" {'SGLang':>8} {'ours/SGL':>8}" if has_sg else ""
+    print(f"{'rows x tokens':>13} | {'tokens/s ours':>13} {'transformers':>12} {'ours/HF':>7}{sg_head} | "
+          f"{'ours GFLOP/s':>12} {'XLA dot GFLOP/s':>15} {'fraction':>8}")
+    for r in results:
+        tps = {k: r["tokens"] / r[f"{k}_s"] for k in ("ours", "transformers", "sglang") if f"{k}_s" in r}
+        sg = f" {tps['sglang']:>8.0f} {tps['ours'] / tps['sglang']:>7.2f}x" if has_sg else ""
+        print(f"{r['shape']:>13} | {tps['ours']:>13.0f} {tps['transformers']:>12.0f} "
+              f"{tps['ours'] / tps['transformers']:>6.2f}x{sg} | {r['gflop'] / r['ours_s']:>12.1f} "
+              f"{r['matmul_gflops']:>15.1f} {r['matmul_fraction']:>8.2f}")
+    for r in results:
+        for name, same in r["same_first_tokens"].items():
+            if not same:
+                print(f"{r['shape']}: first greedy tokens differ from {name}")
+    if sglang_note:
+        print(sglang_note)
+    print(f"(transformers {transformers.__version__}, torch {torch.__version__}, jax {jax.__version__})")
+    if args.json:
+        out = {"isa": {"xla": isa["xla_isa"], "torch": isa["torch_isa"]},
+               "ours_over_transformers": {r["shape"]: round(r["transformers_s"] / r["ours_s"], 3) for r in results},
+               "fraction_of_matmul_rate": {r["shape"]: round(r["matmul_fraction"], 3) for r in results},
+               "ours_tokens_per_s": {r["shape"]: round(r["tokens"] / r["ours_s"], 1) for r in results}}
+        if has_sg:
+            out["ours_over_sglang"] = {r["shape"]: round(r["sglang_s"] / r["ours_s"], 3) for r in results}
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
