@@ -180,7 +180,10 @@ class MeshConfig:
 class PolicyConfig:
     """The serving pool: the embedded JAX server (in-process) or external SGLang workers."""
 
-    mode: Literal["embedded", "external"] = "embedded"
+    # embedded: the JAX engine in this process; process: the same engine as its own server process, this
+    # run's process (trainer, gateway, judge) at nice `trainer_nice` so serving comes first
+    # (runs/policy_process.py); external: SGLang workers (or a router) at `urls`
+    mode: Literal["embedded", "process", "external"] = "embedded"
     urls: tuple[str, ...] = ()          # pool entry points (workers or a router)
     worker_urls: tuple[str, ...] = ()   # every worker, for weight updates (a router does not forward them)
     host: str = "127.0.0.1"             # embedded server bind address
@@ -198,6 +201,7 @@ class PolicyConfig:
     # many tokens and entries, are recomputed with the new weights before they serve; 0: the swap empties it
     prefix_refresh_tokens: int = 8192
     prefix_refresh_entries: int = 8
+    trainer_nice: int = 19              # mode=process: the CPU priority (nice) this run's own process steps down to
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
     request_timeout_s: float = 300.0
@@ -213,6 +217,8 @@ class PolicyConfig:
         _require(self.prefix_cache_mb >= 0, f"policy.prefix_cache_mb={self.prefix_cache_mb} must be >= 0 (0: off)")
         for name in ("prefix_refresh_tokens", "prefix_refresh_entries"):
             _require(getattr(self, name) >= 0, f"policy.{name}={getattr(self, name)} must be >= 0 (0: no refresh)")
+        _require(0 <= self.trainer_nice <= 19, f"policy.trainer_nice={self.trainer_nice} must be a nice value in "
+                                               "[0, 19] (0: no change)")
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,16 @@
 """`python -m openclaw_jax.train --config configs/<x>.yaml [key=value ...]`
 
-Starts, as the config says, the embedded JAX policy server (or a client to an external SGLang
-pool), the gateway with its judge and sample store, simulated users (optional), and the
-trainer, all in this process on one asyncio loop (jitted work runs in threads). Ctrl-C /
+Starts, as the config says, the embedded JAX policy server (in this process, or as its own process
+ahead of this one in CPU priority: `policy.mode=process`; or a client to an external SGLang pool), the
+gateway with its judge and sample store, simulated users (optional), and the trainer, in this process
+on one asyncio loop (jitted work runs in threads). Ctrl-C /
 SIGTERM stops everything cleanly: users stop, the trainer finishes its step and checkpoints,
 the gateway drains, servers close.
 
 Layout of `run_dir`: `config.yaml` (the resolved config), `base_model/` (a random model's HF
 dir), `samples/` (the store), `ckpt/` (orbax), `tb/` (TensorBoard), `export/step_N/` (HF
-safetensors of the trained model), `weights/` (external pool sync), `eval.jsonl`.
+safetensors of the trained model), `weights/` (external pool and policy process sync), `policy.log`
+(the policy process's log), `eval.jsonl`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from openclaw_jax.parallel.mesh import make_mesh, maybe_initialize_distributed, 
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.pool.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
 from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
+from openclaw_jax.runs.policy_process import PolicyProcess, lower_priority, server_command
 from openclaw_jax.runs.users import env_runner
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
@@ -254,12 +257,31 @@ async def _start_embedded_pool(r: _Run):
     return policy_urls, push
 
 
-async def _connect_external_pool(r: _Run, resumed: bool):
-    """A client to external SGLang workers and a disk weight push; returns (policy urls, weight push)."""
+async def _start_policy_process(r: _Run, resumed: bool):
+    """policy.mode=process: the JAX server as a child process at this process's priority, then this process
+    (trainer, gateway, judge) lowered to policy.trainer_nice; returns (policy urls, weight push)."""
+    if jax.process_count() > 1:
+        raise ConfigError("policy.mode=process runs one policy server beside a single-process trainer; with "
+                          f"{jax.process_count()} processes use policy.mode=embedded or external")
+    # it starts on the base weights (version 0); a resumed run pushes its own below, as for external workers
+    command = server_command(r.cfg, r.base.model_dir, r.trainer.weight_version if not resumed else "0")
+    server = PolicyProcess(command, r.run_dir / "policy.log")
+    url = await server.start()
+    r.cleanups.append(server.stop)
+    if r.cfg.policy.trainer_nice:
+        lowered = lower_priority(r.cfg.policy.trainer_nice)
+        log.info("this process (trainer, gateway, judge): %d threads at nice %d; the policy server keeps its "
+                 "priority", lowered, r.cfg.policy.trainer_nice)
+    return await _connect_external_pool(r, resumed, urls=[url])
+
+
+async def _connect_external_pool(r: _Run, resumed: bool, urls: list[str] | None = None):
+    """A client to external SGLang workers (`urls`, else the config's) and a disk weight push; returns
+    (policy urls, weight push)."""
     cfg, base = r.cfg, r.base
     client = None
     if r.is_main:
-        client = PoolClient(worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
+        client = PoolClient(urls or worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
                             request_timeout_s=cfg.policy.request_timeout_s)
         await client.start()
         r.cleanups.append(client.close)
@@ -269,7 +291,7 @@ async def _connect_external_pool(r: _Run, resumed: bool):
     if resumed:  # the workers serve the base model; bring them to the resumed weights
         graphdef, state = nnx.split(r.trainer.serving_model())
         await push(graphdef, state, r.trainer.weight_version)
-    return list(cfg.policy.urls), push
+    return list(urls or cfg.policy.urls), push
 
 
 async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
@@ -388,6 +410,8 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         # serving pool (process 0 talks to it; every process takes part in weight export)
         if cfg.policy.mode == "embedded":
             policy_urls, push = await _start_embedded_pool(r)
+        elif cfg.policy.mode == "process":
+            policy_urls, push = await _start_policy_process(r, resumed)
         else:
             policy_urls, push = await _connect_external_pool(r, resumed)
         log.info("policy pool: %s", policy_urls)

@@ -41,6 +41,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--min-prompt-bucket", type=int, default=16)
     ap.add_argument("--min-cache-bucket", type=int, default=64)
     ap.add_argument("--min-batch-bucket", type=int, default=1)
+    ap.add_argument("--min-prefill-rows", type=int, default=0,
+                    help="smallest prefill call in rows (0: --min-batch-bucket)")
+    ap.add_argument("--max-prefill-rows", type=int, default=0,
+                    help="at most this many prompts per prefill call (0: as many as fit)")
     ap.add_argument("--kv-cache-budget-gb", type=float, default=2.0)
     ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                     help="memory for K/V of cached prompt prefixes (system prompt, earlier turns); 0: off")
@@ -107,9 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
         if args.prefix_cache_mb < 0:
             raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the prefix cache off)")
-        for flag in ("prefix_refresh_tokens", "prefix_refresh_entries"):
+        for flag in ("prefix_refresh_tokens", "prefix_refresh_entries", "min_prefill_rows", "max_prefill_rows"):
             if getattr(args, flag) < 0:
-                raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 0 (0: no refresh)")
+                raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 0")
     except ValueError as exc:
         ap.error(str(exc))
     configure_logging(args.log_level)
@@ -127,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         min_prompt_bucket=args.min_prompt_bucket,
                                         min_cache_bucket=args.min_cache_bucket,
                                         min_batch_bucket=args.min_batch_bucket,
+                                        min_prefill_rows=args.min_prefill_rows,
+                                        max_prefill_rows=args.max_prefill_rows,
                                         kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30)),
                                         prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
                                         prefix_refresh_tokens=args.prefix_refresh_tokens,
