@@ -280,6 +280,10 @@ def test_buckets_compile_once(setup):
     # long prompts: 4 sizes per octave (at most 25% padding), never below the minimum
     assert [bucket(n, 16, 4) for n in (200, 300, 2022, 2300, 2561, 4096)] == [256, 320, 2048, 2560, 3072, 4096]
     assert bucket(700, 1024, 4) == 1024 and bucket(2300, 16, 1) == 4096
+    # a turn's new tokens after a cached prefix are not padded to the cold prompts' floor
+    from openclaw_jax.inference.scheduler import extend_bucket, prompt_bucket
+    live = EngineConfig(min_prompt_bucket=512)
+    assert (prompt_bucket(70, live), extend_bucket(70, live), extend_bucket(9, live)) == (512, 128, 16)
 
 
 def test_requests_arriving_together_share_decode_steps(setup):

@@ -4,8 +4,8 @@ jitted calls, and the prompt log-probs they return.
 Each admitted prompt first looks up its longest cached block prefix (`PrefixCache.match`). Misses
 are prefilled from scratch in `prefill_groups` (prompts right-padded to a power-of-two bucket);
 hits run an *extend* prefill in `extend_groups`: the cached blocks are gathered into a cache
-`[b, nb * block + Ln]` (nb blocks and Ln new tokens both power-of-two buckets, so each pair compiles
-once) and only the new tokens are computed, at positions after the prefix. Afterwards every whole
+`[b, nb * block + Ln]` (nb blocks a power of two, Ln new tokens bucketed from 16 on whatever the prompt
+bucket's floor: each pair compiles once) and only the new tokens are computed, at positions after the prefix. Afterwards every whole
 block of every prompt that is not cached yet is copied from the call's cache into the pool.
 
 When a sequence leaves its row, the whole blocks of its prompt and answer are stored too, from
@@ -28,8 +28,8 @@ import numpy as np
 
 from openclaw_jax.inference.kernels import extend_jit, prefill_jit
 from openclaw_jax.inference.prefix_cache import PrefixCache
-from openclaw_jax.inference.scheduler import (EngineConfig, Seq, bucket, extend_groups, prefill_groups,
-                                              prompt_bucket, sampling_arrays)
+from openclaw_jax.inference.scheduler import (EngineConfig, Seq, bucket, extend_bucket, extend_groups,
+                                              prefill_groups, prompt_bucket, sampling_arrays)
 
 
 class Prefiller:
@@ -134,7 +134,7 @@ class Prefiller:
         # the cached prefix in blocks, a power of two: a session's prefix grows by a block every turn or
         # two, and each new (blocks, new tokens) shape compiles the extend once (seconds on a small CPU)
         nb = bucket(max(len(paths[id(s)]) for s in group))
-        ln = prompt_bucket(max(s.prompt_len - s.cached for s in group), self.config)
+        ln = extend_bucket(max(s.prompt_len - s.cached for s in group), self.config)
         tables = np.zeros((b, nb), np.int32)  # padding entries: any slot, masked by the row's start
         ids = np.zeros((b, ln), np.int32)
         starts = np.zeros((b,), np.int32)

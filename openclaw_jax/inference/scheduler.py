@@ -26,6 +26,8 @@ from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
 # prompt lengths past half of this (whose power-of-two bucket is at least this) are bucketed in
 # `EngineConfig.prompt_bucket_steps` sizes per octave
 FINE_BUCKETS_FROM = 512
+# smallest bucket of an extend prefill's new tokens (see extend_bucket)
+MIN_EXTEND_BUCKET = 16
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,13 @@ def bucket(n: int, minimum: int = 1, steps: int = 1, fine_from: int = FINE_BUCKE
 def prompt_bucket(n: int, config: "EngineConfig") -> int:
     """The padded length of a prefill of n prompt tokens."""
     return bucket(n, config.min_prompt_bucket, config.prompt_bucket_steps)
+
+
+def extend_bucket(n: int, config: "EngineConfig") -> int:
+    """The padded length of an extend prefill of n new tokens after a cached prefix: from MIN_EXTEND_BUCKET,
+    not `min_prompt_bucket` (a floor that keeps cold prompts to few compiled lengths would make a turn
+    of tens of new tokens compute hundreds of positions)."""
+    return bucket(n, min(MIN_EXTEND_BUCKET, config.min_prompt_bucket), config.prompt_bucket_steps)
 
 
 class RequestHandle:
@@ -287,13 +296,14 @@ def grown_batch_shape(size: int, cache_len: int, active: int, waiting: Sequence[
     return best
 
 
-def _groups_within(seqs: list[Seq], config: EngineConfig, tokens: Callable[[Seq], int]) -> list[list[Seq]]:
-    """Consecutive groups whose padded work (rows x bucketed `tokens`) stays within max_prefill_tokens,
+def _groups_within(seqs: list[Seq], config: EngineConfig, tokens: Callable[[Seq], int],
+                   padded: Callable[[int, EngineConfig], int]) -> list[list[Seq]]:
+    """Consecutive groups whose padded work (rows x `padded` `tokens`) stays within max_prefill_tokens,
     of at most max_prefill_rows prompts each."""
     groups, current = [], []
     for seq in seqs:
         trial = current + [seq]
-        length = prompt_bucket(max(tokens(s) for s in trial), config)
+        length = padded(max(tokens(s) for s in trial), config)
         too_many = bool(config.max_prefill_rows) and len(trial) > config.max_prefill_rows
         if current and (too_many or bucket(len(trial)) * length > config.max_prefill_tokens):
             groups.append(current)
@@ -307,13 +317,13 @@ def _groups_within(seqs: list[Seq], config: EngineConfig, tokens: Callable[[Seq]
 
 def prefill_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
     """Consecutive groups whose padded prefill (rows x prompt bucket) stays within max_prefill_tokens."""
-    return _groups_within(seqs, config, lambda s: s.prompt_len)
+    return _groups_within(seqs, config, lambda s: s.prompt_len, prompt_bucket)
 
 
 def extend_groups(seqs: list[Seq], config: EngineConfig) -> list[list[Seq]]:
     """Consecutive groups of prefix-cache hits whose padded new tokens (rows x new-token bucket)
     stay within max_prefill_tokens; the cached prefixes cost a gather, not a prefill."""
-    return _groups_within(seqs, config, lambda s: s.prompt_len - s.cached)
+    return _groups_within(seqs, config, lambda s: s.prompt_len - s.cached, extend_bucket)
 
 
 def sampling_arrays(seqs: Sequence[Seq | None], size: int, config: EngineConfig, vocab_size: int,

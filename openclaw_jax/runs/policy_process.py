@@ -34,8 +34,9 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str) -> li
     """The `python -m openclaw_jax.inference` command serving `model` with the `policy:` section's settings
     (the same EngineConfig as `train.engine_config` gives the embedded engine)."""
     policy = cfg.policy
+    # on loopback (its control routes take no key there); policy.port, 0 for a free one
     cmd = [sys.executable, "-m", "openclaw_jax.inference", "--model", str(model), "--host", "127.0.0.1",
-           "--port", "0", "--weight-version", str(weight_version), "--dtype", str(cfg.model.dtype),
+           "--port", str(policy.port), "--weight-version", str(weight_version), "--dtype", str(cfg.model.dtype),
            "--max-running-requests", str(policy.max_batch_size), "--min-batch-bucket", str(policy.min_batch_rows),
            "--min-prefill-rows", "1", "--max-prefill-rows", str(policy.max_prefill_rows),
            "--min-prompt-bucket", str(policy.min_prompt_len), "--min-cache-bucket", str(policy.min_cache_len),
