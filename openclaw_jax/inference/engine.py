@@ -67,7 +67,7 @@ from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, check_spec,
                                               grown_batch_shape, new_seq, plan_batch, sampling_arrays)
 from openclaw_jax.inference.types import GenerationSpec, SamplingParams, SequenceOutput
-from openclaw_jax.inference.weight_swap import Refreshed, cast_to_served, new_prefix_cache, refresh_prefixes
+from openclaw_jax.inference.weight_swap import WeightSwaps
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ class EngineError(RuntimeError):
     """The engine could not run a request (shut down, internal failure)."""
 
 
-class Engine:
-    """Owns the params and the scheduler thread; see the module docstring."""
+class Engine(WeightSwaps):
+    """Owns the params and the scheduler thread; see the module docstring (weight swaps: `WeightSwaps`)."""
 
     def __init__(self, model: nnx.Module, tokenizer: Any, *, context_length: int | None = None,
                  config: EngineConfig | None = None, weight_version: str = "default", seed: int | None = None,
@@ -259,63 +259,6 @@ class Engine:
                 return self._abort_all_locked(message)
         return self._call_in_engine(do)
 
-    def swap_weights(self, state: nnx.State, weight_version: str | None = None, *, drain: bool = False,
-                     timeout: float | None = None) -> None:
-        """Replace the params (same structure, shapes and dtypes) between two engine steps.
-
-        By default serving never pauses: running sequences go on with the new weights from the next
-        decode step (their KV cache so far was computed by the old ones, as SGLang's in-flight weight
-        updates do), and each output records which version produced which tokens
-        (`SequenceOutput.weight_versions`). drain=True instead holds new sequences and lets running
-        ones finish on the old weights first, so every sequence runs on one version.
-
-        Before the new weights serve, the most recently used cached prefixes are prefilled with them on
-        the calling thread (`EngineConfig.prefix_refresh_tokens` / `prefix_refresh_entries`; the engine
-        keeps serving with the old weights meanwhile) and installed with them, so the next turn of an
-        active session reuses its prompt instead of prefilling it cold (`weight_swap.refresh_prefixes`).
-        """
-        cast = cast_to_served(state, self._state)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._swap_lock:  # one swap at a time: a refresh belongs to the weights it computed
-            fresh = self._refresh_hot_prefixes(cast)
-            if not drain:
-                self._install_weights(cast, weight_version, fresh)
-                return
-            with self._cv:
-                self._draining += 1
-            try:
-                with self._cv:
-                    while self._batch is not None and self._batch.active():
-                        remaining = None if deadline is None else deadline - time.monotonic()
-                        if remaining is not None and remaining <= 0:
-                            raise TimeoutError("timed out waiting for running requests before the weight swap")
-                        self._cv.wait(timeout=remaining if remaining is not None else 0.5)
-                self._install_weights(cast, weight_version, fresh)
-            finally:
-                with self._cv:
-                    self._draining -= 1
-                    self._cv.notify_all()
-
-    def _refresh_hot_prefixes(self, state: nnx.State) -> Refreshed | None:
-        """The hot prefixes prefilled with `state` into a fresh prefix cache (None: nothing to refresh,
-        the refresh is off, or it failed: the swap then empties the cache as before)."""
-        cfg = self.config
-        if not (self._prefix.enabled and cfg.prefix_refresh_tokens > 0 and cfg.prefix_refresh_entries > 0
-                and self.alive):
-            return None
-        try:
-            paths = self._call_in_engine(
-                lambda: self._prefix.hot_paths(cfg.prefix_refresh_tokens, cfg.prefix_refresh_entries), timeout=None)
-            if not paths:
-                return None
-            fresh = new_prefix_cache(self._prefix, cfg.prefix_cache_bytes, self._kv_bytes_per_token)
-            return refresh_prefixes(paths, graphdef=self._graphdef, state=state, config=cfg,
-                                    vocab_size=self.vocab_size, fresh=fresh, generation=-1)
-        except Exception:  # the swap itself must not fail for it
-            logger.exception("recomputing the hot prefixes under the new weights failed; the swap empties the "
-                             "prefix cache instead")
-            return None
-
     def _decode_layers(self, state: nnx.State):
         """(layer graphdef, per-layer weights) for the unrolled decode, or (None, None) for the scan:
         the fused decode weights (`decode_layers.fuse_layers`, marker FUSED) when the model has no
@@ -326,37 +269,6 @@ class Engine:
         if fused is not None:
             return FUSED, fused
         return split_layers(self._graphdef, state)
-
-    def _install_weights(self, state: nnx.State, weight_version: str | None, fresh: Refreshed | None = None) -> None:
-        """New params (and, with `fresh`, the prefix cache computed with them) for the next engine step.
-        With a fresh cache the install runs on the engine thread between two steps: a prefill round
-        reads the weights and the cache it fills together."""
-        _, layer_states = self._decode_layers(state)
-
-        def install() -> None:
-            with self._lock:
-                self._state = state
-                self._layer_states = layer_states
-                # without a fresh cache the engine thread drops the prefix cache before its next prefill
-                self._weights_gen += 1
-                if weight_version is not None:
-                    self._weight_version = str(weight_version)
-                if fresh is not None:
-                    old, cache = self._prefix, fresh.cache
-                    cache.generation = self._weights_gen
-                    cache.stats = old.stats
-                    cache.stats.invalidations += 1
-                    cache.stats.refreshes += 1
-                    cache.stats.refreshed_tokens += fresh.tokens
-                    self._prefix = self._prefiller.prefix = cache
-
-        if fresh is not None and self.alive:
-            self._call_in_engine(install, timeout=None)
-            logger.info("weights swapped; weight_version=%s; %d hot prefixes (%d tokens) recomputed in %.1f s",
-                        self._weight_version, fresh.prefixes, fresh.tokens, fresh.seconds)
-        else:
-            install()
-            logger.info("weights swapped; weight_version=%s", self._weight_version)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Abort everything still queued or running and stop the engine thread."""
