@@ -201,6 +201,7 @@ class PolicyConfig:
     # many tokens and entries, are recomputed with the new weights before they serve; 0: the swap empties it
     prefix_refresh_tokens: int = 8192
     prefix_refresh_entries: int = 8
+    prefix_refresh_wait_s: float = 10.0  # before each chunk of the refresh, wait this long at most for no request
     trainer_nice: int = 19              # mode=process: the CPU priority (nice) this run's own process steps down to
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
@@ -217,6 +218,8 @@ class PolicyConfig:
         _require(self.prefix_cache_mb >= 0, f"policy.prefix_cache_mb={self.prefix_cache_mb} must be >= 0 (0: off)")
         for name in ("prefix_refresh_tokens", "prefix_refresh_entries"):
             _require(getattr(self, name) >= 0, f"policy.{name}={getattr(self, name)} must be >= 0 (0: no refresh)")
+        _require(self.prefix_refresh_wait_s >= 0,
+                 f"policy.prefix_refresh_wait_s={self.prefix_refresh_wait_s} must be >= 0 (0: never wait)")
         _require(0 <= self.trainer_nice <= 19, f"policy.trainer_nice={self.trainer_nice} must be a nice value in "
                                                "[0, 19] (0: no change)")
 

@@ -221,7 +221,8 @@ def engine_config(policy) -> EngineConfig:
                         min_cache_bucket=policy.min_cache_len, min_prompt_bucket=policy.min_prompt_len,
                         prefix_cache_bytes=policy.prefix_cache_mb << 20,
                         prefix_refresh_tokens=policy.prefix_refresh_tokens,
-                        prefix_refresh_entries=policy.prefix_refresh_entries)
+                        prefix_refresh_entries=policy.prefix_refresh_entries,
+                        prefix_refresh_wait_s=policy.prefix_refresh_wait_s)
 
 
 async def _start_embedded_pool(r: _Run):

@@ -8,6 +8,8 @@ random model's prompts span several blocks.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -213,10 +215,15 @@ def test_weight_swap_invalidates_without_refresh(tiny_qwen3_dir, tiny_qwen3_dir_
         cold_b.shutdown()
 
 
-def test_hot_prefixes_survive_weight_swaps_and_a_rollback(tiny_qwen3_dir, tiny_qwen3_dir_b):
+@pytest.mark.parametrize("chunk", [512, 32])
+def test_hot_prefixes_survive_weight_swaps_and_a_rollback(tiny_qwen3_dir, tiny_qwen3_dir_b, monkeypatch, chunk):
     """A session's next turn after a swap reuses its whole prompt so far, and its log-probs equal a fresh
-    engine's with the new weights (no prefix cache); swapping back (a rollback) refreshes again."""
+    engine's with the new weights (no prefix cache); swapping back (a rollback) refreshes again. With
+    32-token chunks each prefix is recomputed as a cold prefill and extends of the chunks before it."""
     from flax import nnx
+
+    from openclaw_jax.inference import weight_swap
+    monkeypatch.setattr(weight_swap, "REFRESH_CHUNK_TOKENS", chunk)
     engine = make_engine(tiny_qwen3_dir)
     cold_a = make_engine(tiny_qwen3_dir, prefix_cache_bytes=0)
     cold_b = make_engine(tiny_qwen3_dir_b, prefix_cache_bytes=0)
@@ -241,6 +248,35 @@ def test_hot_prefixes_survive_weight_swaps_and_a_rollback(tiny_qwen3_dir, tiny_q
     finally:
         for e in (engine, cold_a, cold_b):
             e.shutdown()
+
+
+def test_refresh_waits_for_the_running_turn_without_pausing_it(tiny_qwen3_dir, tiny_qwen3_dir_b):
+    """With a cached prefix to recompute, a swap during a turn lets the turn finish first (on the weights it
+    started with, never paused) and installs the new weights after it; without waiting it swaps mid-turn."""
+    import threading
+
+    from flax import nnx
+    state_b = nnx.split(load_hf_checkpoint(tiny_qwen3_dir_b)[0])[1]
+    for wait_s, versions in ((120.0, ["default"]), (0.0, ["default", "v2"])):
+        engine = make_engine(tiny_qwen3_dir, prefix_refresh_wait_s=wait_s)
+        try:
+            engine.generate_sync([spec(tokens(130, 70))])  # something hot to recompute at the swap
+            turn = engine.submit(spec(tokens(131, 20), max_new_tokens=400), stream=True)
+            turn.next_sync(timeout=60)
+            swapped_at: list[float] = []
+            swapper = threading.Thread(target=lambda: (engine.swap_weights(state_b, "v2"),
+                                                       swapped_at.append(time.time())))
+            swapper.start()
+            out = turn.next_sync(timeout=120)
+            while not out.finished:
+                out = turn.next_sync(timeout=120)
+            swapper.join(120)
+            assert swapped_at and [s["version"] for s in out.weight_versions] == versions, wait_s
+            assert len(out.output_ids) == 400 and engine.prefix_cache_stats()["refreshes"] == 1
+            if wait_s:
+                assert swapped_at[0] >= out.finished_time
+        finally:
+            engine.shutdown()
 
 
 def test_refresh_budget_keeps_the_most_recent_prefixes(tiny_qwen3_dir, tiny_qwen3_dir_b):
@@ -287,7 +323,7 @@ def test_answer_decoded_across_a_weight_swap_is_not_cached(tiny_qwen3_dir, tiny_
     """A sequence whose steps ran on two weight versions leaves nothing in the cache, even when the
     cache was already synced to the new weights (by another request's prefill) before it ended."""
     from flax import nnx
-    engine = make_engine(tiny_qwen3_dir)
+    engine = make_engine(tiny_qwen3_dir, prefix_refresh_wait_s=0)  # the swap does not wait for `long`
     other, _ = load_hf_checkpoint(tiny_qwen3_dir_b)
     try:
         prompt = tokens(90, 20)

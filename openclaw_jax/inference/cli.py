@@ -53,6 +53,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                          "are recomputed with the new weights before they serve (0: the update empties the cache)")
     ap.add_argument("--prefix-refresh-entries", type=int, default=8,
                     help="at most this many prefixes (sessions) recomputed per weight update (0: none)")
+    ap.add_argument("--prefix-refresh-wait", type=float, default=10.0,
+                    help="seconds the refresh waits at most, before each 512-token chunk, for no request to run")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--compile-cache-dir", default=AUTO,
                     help="JAX's persistent compilation cache ('auto': ~/.cache/openclaw_jax/xla; '': off; "
@@ -111,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
         if args.prefix_cache_mb < 0:
             raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the prefix cache off)")
-        for flag in ("prefix_refresh_tokens", "prefix_refresh_entries", "min_prefill_rows", "max_prefill_rows"):
+        for flag in ("prefix_refresh_tokens", "prefix_refresh_entries", "prefix_refresh_wait", "min_prefill_rows",
+                     "max_prefill_rows"):
             if getattr(args, flag) < 0:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 0")
     except ValueError as exc:
@@ -136,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30)),
                                         prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
                                         prefix_refresh_tokens=args.prefix_refresh_tokens,
-                                        prefix_refresh_entries=args.prefix_refresh_entries))
+                                        prefix_refresh_entries=args.prefix_refresh_entries,
+                                        prefix_refresh_wait_s=args.prefix_refresh_wait))
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,

@@ -73,6 +73,9 @@ class EngineConfig:
     # the next turn of an active session reuses its prompt; 0 in either: the swap empties the cache
     prefix_refresh_tokens: int = 8192
     prefix_refresh_entries: int = 8
+    # the refresh goes chunk by chunk and waits before each for up to this long for no request to be queued
+    # or running: a person's turn competes with at most one chunk of it
+    prefix_refresh_wait_s: float = 10.0
 
     def __post_init__(self):
         if self.max_batch_size < 1:
@@ -87,6 +90,8 @@ class EngineConfig:
         for name in ("prefix_refresh_tokens", "prefix_refresh_entries"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 turns the refresh at weight swaps off)")
+        if self.prefix_refresh_wait_s < 0:
+            raise ValueError(f"prefix_refresh_wait_s={self.prefix_refresh_wait_s} must be >= 0 (0: never wait)")
         if self.max_prefill_rows < 0:
             raise ValueError(f"max_prefill_rows={self.max_prefill_rows} must be >= 0 (0: no limit)")
         if self.min_prefill_rows < 0:

@@ -14,9 +14,12 @@ then installs the weights and the fresh cache together between two steps (`Engin
 
 The fresh entries are computed by the engine's own prefill and extend steps (`prefill.Prefiller`) from
 the prefixes' token ids, one prefix after another (newest first, so later ones extend the shared
-system prompt instead of recomputing it): a hit after the swap is exactly what a cold prefill under the
-new weights followed by a hit would give, within float rounding. Prefixes the old weights cached while
-the refresh ran are not carried over (their next turn extends the refreshed part).
+system prompt instead of recomputing it) and `REFRESH_CHUNK_TOKENS` at a time, each chunk waiting until
+no request is queued or running (`EngineConfig.prefix_refresh_wait_s` at most): the refresh takes the
+gaps between a person's turns, and the new weights wait for it rather than serving. A hit after the
+swap is exactly what a cold prefill under the new weights followed by a hit would give, within float
+rounding. Prefixes the old weights cached while the refresh ran are not carried over (their next turn
+extends the refreshed part).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +39,10 @@ from openclaw_jax.inference.scheduler import EngineConfig, RequestHandle, Seq
 from openclaw_jax.inference.types import GenerationSpec, SamplingParams, SequenceOutput
 
 logger = logging.getLogger(__name__)
+
+# a prefix is recomputed this many tokens at a time (whole blocks), waiting for serving to be idle between
+# chunks: ~1.5 s of 2 CPU cores for SmolLM2-135M, the most a person's turn competes with
+REFRESH_CHUNK_TOKENS = 512
 
 
 def cast_to_served(state: nnx.State, served: nnx.State) -> nnx.State:
@@ -82,19 +89,29 @@ def new_prefix_cache(like: PrefixCache, budget_bytes: int, kv_bytes_per_token: i
 
 
 def refresh_prefixes(prefixes: Sequence[Sequence[int]], *, graphdef: Any, state: Any, config: EngineConfig,
-                     vocab_size: int, fresh: PrefixCache, generation: int) -> Refreshed:
+                     vocab_size: int, fresh: PrefixCache, generation: int,
+                     before_chunk: Callable[[], None] = lambda: None) -> Refreshed:
     """Prefill `prefixes` (token ids, whole blocks) with `state` into the empty cache `fresh`, whose
     entries then belong to weights generation `generation`. Runs on the caller's thread: the jitted
-    steps are the engine's, the cache is not shared with the engine thread until it is installed."""
+    steps are the engine's, the cache is not shared with the engine thread until it is installed.
+
+    Each prefix is prefilled `REFRESH_CHUNK_TOKENS` at a time (the first chunk cold, the next ones
+    extending what is already in `fresh`), and `before_chunk()` runs before each chunk: the engine waits
+    there for serving to be idle, so that a person's turn competes with at most one chunk."""
     start = time.perf_counter()
     fresh.sync(generation)
     prefiller = Prefiller(graphdef, config, vocab_size, fresh)
     tokens = 0
+    step = max(REFRESH_CHUNK_TOKENS // fresh.block, 1) * fresh.block
     for ids in prefixes:
-        seq = _prefill_seq(ids)
-        for _ in prefiller.run([seq], state, "prefix-refresh", generation):
-            pass
-        tokens += seq.prompt_len - seq.cached
+        for end in list(range(step, len(ids), step)) + [len(ids)]:
+            if fresh.contains(ids[:end]) == end:  # shared with a prefix recomputed before
+                continue
+            before_chunk()
+            seq = _prefill_seq(ids[:end])
+            for _ in prefiller.run([seq], state, "prefix-refresh", generation):
+                pass
+            tokens += seq.prompt_len - seq.cached
     return Refreshed(cache=fresh, prefixes=len(prefixes), tokens=tokens, seconds=time.perf_counter() - start)
 
 
@@ -154,11 +171,23 @@ class WeightSwaps:
                 return None
             fresh = new_prefix_cache(self._prefix, cfg.prefix_cache_bytes, self._kv_bytes_per_token)
             return refresh_prefixes(paths, graphdef=self._graphdef, state=state, config=cfg,
-                                    vocab_size=self.vocab_size, fresh=fresh, generation=-1)
+                                    vocab_size=self.vocab_size, fresh=fresh, generation=-1,
+                                    before_chunk=lambda: self._wait_until_idle(cfg.prefix_refresh_wait_s))
         except Exception:  # the swap itself must not fail for it
             logger.exception("recomputing the hot prefixes under the new weights failed; the swap empties the "
                              "prefix cache instead")
             return None
+
+    def _wait_until_idle(self, limit_s: float) -> None:
+        """Until no request is queued or running, for at most `limit_s`: a refresh chunk goes after the
+        turn being served (the weights it prepares wait; serving does not)."""
+        deadline = time.monotonic() + limit_s
+        with self._cv:
+            while not self._stop and (self._pending or (self._batch is not None and self._batch.active())):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cv.wait(min(remaining, 0.5))
 
     def _install_weights(self, state: nnx.State, weight_version: str | None, fresh: Refreshed | None = None) -> None:
         """New params (and, with `fresh`, the prefix cache computed with them) for the next engine step.

@@ -43,6 +43,7 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str) -> li
            "--prefix-cache-mb", str(policy.prefix_cache_mb),
            "--prefix-refresh-tokens", str(policy.prefix_refresh_tokens),
            "--prefix-refresh-entries", str(policy.prefix_refresh_entries),
+           "--prefix-refresh-wait", str(policy.prefix_refresh_wait_s),
            "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", "warning"]
     if policy.context_length:
         cmd += ["--context-length", str(policy.context_length)]
