@@ -13,7 +13,13 @@ second pass is timed: per turn, TTFT = submit -> first streamed token, warm then
 prompt. Log-prob agreement: the max abs difference over the answer tokens' log-probs and their
 top-5 log-probs, warm vs cold (greedy tokens must be identical).
 
-    python bench/prefix_cache.py [--turns 10] [--new-tokens 16] [--json]
+--swap: before every turn from the second on, both engines swap to other weights (the base weights
+and a copy with every matrix scaled by 1.01, alternately), as live mode does after each training step;
+the warm engine recomputes its cached prefixes under the new weights during the swap (timed apart as
+`swap_s`), so its TTFT after the swap is still a warm one, and its log-probs are compared with the
+cold engine's on the same new weights.
+
+    python bench/prefix_cache.py [--turns 10] [--new-tokens 16] [--swap] [--json]
 """
 
 from __future__ import annotations
@@ -82,11 +88,13 @@ def max_diff(a, b) -> float:
     return float(diff)
 
 
-def run_session(warm, cold, tok, system, tools, turns, new_tokens, *, measure: bool, cold_buckets: set):
+def run_session(warm, cold, tok, system, tools, turns, new_tokens, *, measure: bool, cold_buckets: set,
+                swap=None):
     from openclaw_jax.inference.engine import bucket, spec_for
     messages = [{"role": "system", "content": system}]
     rows = []
     for turn in range(turns):
+        swap_s = swap(turn) if swap is not None and turn else 0.0
         messages.append({"role": "user", "content": user_message(turn)})
         prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
         spec = spec_for(prompt, max_new_tokens=new_tokens, temperature=0, return_logprob=True, top_logprobs_num=5,
@@ -96,10 +104,10 @@ def run_session(warm, cold, tok, system, tools, turns, new_tokens, *, measure: b
             cold_buckets.add(bucket(len(prompt), warm.config.min_prompt_bucket))
             t_cold, c = timed(cold, spec)
             rows.append(dict(turn=turn + 1, prompt_tokens=len(prompt), cached_tokens=w.cached_tokens,
-                             ttft_warm_s=t_warm, ttft_cold_s=t_cold, diff=max_diff(w, c)))
+                             ttft_warm_s=t_warm, ttft_cold_s=t_cold, diff=max_diff(w, c), swap_s=swap_s))
             if measure:
-                logger.info("turn %d: %d tokens (%d cached) warm %.3fs cold %.3fs", turn + 1, len(prompt),
-                            w.cached_tokens, t_warm, t_cold)
+                logger.info("turn %d: %d tokens (%d cached) warm %.3fs cold %.3fs%s", turn + 1, len(prompt),
+                            w.cached_tokens, t_warm, t_cold, f" (after a {swap_s:.1f} s swap)" if swap_s else "")
         messages.append({"role": "assistant", "content": tok.decode(w.output_ids, skip_special_tokens=True)})
     return rows
 
@@ -108,6 +116,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--new-tokens", type=int, default=16, help="answer length per turn (greedy, EOS ignored)")
+    parser.add_argument("--swap", action="store_true",
+                        help="swap both engines to other weights before every turn from the second on")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if not args.json else logging.WARNING, format="%(message)s")
@@ -127,11 +137,23 @@ def main() -> None:
     warm = Engine(pre.model, tok, context_length=ctx, config=EngineConfig(**kw))
     cold = Engine(pre.model, tok, context_length=ctx, config=EngineConfig(prefix_cache_bytes=0, **kw))
     cold_buckets: set = set()
-    run_session(warm, cold, tok, system, tools, args.turns, args.new_tokens, measure=False, cold_buckets=cold_buckets)
+    swap = None
+    if args.swap:
+        base = warm.params
+        scaled = jax.tree.map(lambda x: x * 1.01 if x.ndim >= 2 else x, base)
+
+        def swap(turn: int) -> float:
+            start = time.perf_counter()
+            warm.swap_weights(scaled if turn % 2 else base, f"v{turn}")
+            seconds = time.perf_counter() - start
+            cold.swap_weights(scaled if turn % 2 else base, f"v{turn}")
+            return seconds
+    run_session(warm, cold, tok, system, tools, args.turns, args.new_tokens, measure=False, cold_buckets=cold_buckets,
+                swap=swap)
     warm.flush_prefix_cache()
     compiled = (warm.compile_counts(), cold.compile_counts())
     rows = run_session(warm, cold, tok, system, tools, args.turns, args.new_tokens, measure=True,
-                       cold_buckets=cold_buckets)
+                       cold_buckets=cold_buckets, swap=swap)
     after = (warm.compile_counts(), cold.compile_counts())
     recompiled = sorted({name for before, now in zip(compiled, after) for name in now if now[name] != before.get(name)})
     stats = warm.prefix_cache_stats()
@@ -146,6 +168,7 @@ def main() -> None:
         "ttft_warm_s": [round(r["ttft_warm_s"], 4) for r in rows],
         "max_abs_logprob_diff": max(r["diff"] for r in rows),
         "cached_tokens": [r["cached_tokens"] for r in rows],
+        "swap_s": [round(r["swap_s"], 3) for r in rows] if args.swap else None,
         "speedup_from_turn_2": round(min(r["ttft_cold_s"] / r["ttft_warm_s"] for r in later), 2),
         "target_met": all(r["ttft_warm_s"] <= r["ttft_cold_s"] / 4 for r in later)
                       and max(r["diff"] for r in rows) <= 1e-4,
@@ -159,12 +182,16 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(f"\nOpenClaw-shaped session, {result['model']}, {result['device']}")
-    print(f"system prompt: {source}; answers {args.new_tokens} greedy tokens; TTFT = submit -> first token")
+    print(f"system prompt: {source}; answers {args.new_tokens} greedy tokens; TTFT = submit -> first token"
+          + ("; weights swapped before every turn from the second (swap s: the warm engine's swap, its refresh)"
+             if args.swap else ""))
+    swap_head = f" {'swap s':>7}" if args.swap else ""
     print(f"{'turn':>4} | {'prompt':>6} {'cached':>6} | {'TTFT cold s':>11} {'warm s':>8} {'cold/warm':>9} | "
-          f"{'max |dlogp|':>11}")
+          f"{'max |dlogp|':>11}{swap_head}")
     for r in rows:
+        swap_col = f" {r['swap_s']:>7.2f}" if args.swap else ""
         print(f"{r['turn']:>4} | {r['prompt_tokens']:>6} {r['cached_tokens']:>6} | {r['ttft_cold_s']:>11.3f} "
-              f"{r['ttft_warm_s']:>8.3f} {r['ttft_cold_s'] / r['ttft_warm_s']:>8.1f}x | {r['diff']:>11.2e}")
+              f"{r['ttft_warm_s']:>8.3f} {r['ttft_cold_s'] / r['ttft_warm_s']:>8.1f}x | {r['diff']:>11.2e}{swap_col}")
     print(f"target (warm <= cold / 4 from turn 2, |dlogp| <= 1e-4): {'met' if result['target_met'] else 'NOT met'}; "
           f"recompiled while timed: {recompiled or 'nothing'}")
 
