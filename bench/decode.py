@@ -36,7 +36,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from references import SGLangServer, export_hf, interleaved_medians, isa_report, sglang_ready, transformers_model
+from references import (SGLangServer, add_sglang_arguments, export_hf, interleaved_medians, isa_report, sglang_ready,
+                        transformers_model)
 
 logger = logging.getLogger("bench.decode")
 
@@ -82,9 +83,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--json", action="store_true", help="also print the decode ratios as one JSON line")
-    parser.add_argument("--no-sglang", action="store_true", help="skip the SGLang server reference")
-    parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "openclaw_bench_smollm2_hf"),
-                        help="where the weights are exported for SGLang (reused when present)")
+    add_sglang_arguments(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     n_new = args.new_tokens

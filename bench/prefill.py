@@ -36,8 +36,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from references import (REPO, SGLangServer, export_hf, interleaved_medians, isa_report, median_time,
-                        sglang_ready, transformers_model)
+from references import (REPO, SGLangServer, add_sglang_arguments, export_hf, interleaved_medians, isa_report,
+                        median_time, sglang_ready, transformers_model)
 
 logger = logging.getLogger("bench.prefill")
 PROMPT_SOURCE = REPO / "tests" / "fixtures" / "openclaw" / "minimal_system_prompt.txt"
@@ -91,9 +91,7 @@ def main() -> None:
                         help="ROWSxTOKENS prompts prefilled together (default: 1x2048 4x2048 1x4096 4x4096)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="also print the results as one JSON line")
-    parser.add_argument("--no-sglang", action="store_true", help="skip the SGLang server reference")
-    parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "openclaw_bench_smollm2_hf"),
-                        help="where the weights are exported for SGLang (reused when present)")
+    add_sglang_arguments(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     shapes = [parse_shape(s) for s in args.shapes]

@@ -14,12 +14,20 @@ import signal
 import socket
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_SCRIPT = REPO / "scripts" / "sglang_cpu.sh"
+
+
+def add_sglang_arguments(parser) -> None:
+    """--no-sglang and --hf-dir, as every benchmark against the SGLang server takes them."""
+    parser.add_argument("--no-sglang", action="store_true", help="skip the SGLang server reference")
+    parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "openclaw_bench_smollm2_hf"),
+                        help="where the weights are exported for SGLang (reused when present)")
 
 
 def median_time(fn: Callable[[], Any], repeats: int) -> float:

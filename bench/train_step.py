@@ -47,6 +47,7 @@ import time
 
 import jax
 import numpy as np
+from references import median_time  # bench/references.py, beside this script
 
 log = logging.getLogger("bench.train_step")
 
@@ -67,15 +68,6 @@ def _samples(rng, vocab, batch, prompt, response, candidates):
                           hints=[f"hint {c} for the bench" for c in range(candidates)],
                           hint_prompt_ids=[p[:-4] + ids(16 * (c + 1)) + p[-4:] for c in range(candidates)]))
     return out
-
-
-def _time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _real_tokens(samples, spec):
@@ -233,7 +225,7 @@ def _torch_sft_step_s(mcfg, student, samples, repeats):
         opt.step()
 
     torch_step()
-    return _time(torch_step, repeats)
+    return median_time(torch_step, repeats)
 
 
 def bench_model(name, args):
@@ -294,7 +286,7 @@ def bench_model(name, args):
     def jax_step():
         phases.append(trainer.train_on(packed))
 
-    t_jax = _time(jax_step, args.repeats)
+    t_jax = median_time(jax_step, args.repeats)
     split = {k: statistics.median(p[f"time/{k}"] for p in phases) for k in ("old_pass", "teacher_pass", "train_step")}
 
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.trainable))

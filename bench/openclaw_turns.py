@@ -1,0 +1,264 @@
+"""A person's turn through the real OpenClaw against live mode: latency with training running and with it off.
+
+One run, two phases, the same scripted conversation in each (a person asking, correcting and thanking;
+`SCRIPT`), each phase a fresh live run (`python -m openclaw_jax.train --config CONFIG` with no simulated
+users) and a fresh OpenClaw gateway daemon (`openclaw gateway run`, Node kept warm) in front of it:
+
+  * training off: the trainer waits for a step that never fills (trainer.samples_per_step above the
+    conversation's turns), so serving has the machine to itself;
+  * training on: a step every `--samples-per-step` scored turns, each step's weights swapped into the
+    server while the conversation goes on; the phase continues past `--turns` until `--min-swaps` weight
+    swaps happened between turns (at most `--max-turns`).
+
+The person is the real `openai` client on OpenClaw's OpenAI-compatible endpoint, streaming, sending
+only their newest message (`user` names the conversation; OpenClaw keeps the history and writes its
+~2.3 k-token system prompt), and waiting `--think-s` seconds between turns as a person reads and types.
+Per turn: time to the first content token and to the whole reply, and the prompt tokens the policy
+reused from its prefix cache (`usage.prompt_tokens_details.cached_tokens`, from the engine through our
+gateway and OpenClaw); the policy server's weight version before and after each turn tells which turns
+came after a swap. A warm-up pass (training off, `--warmup-turns`) first fills the compilation cache the
+phases share, so neither pays first-time compilations the other does not.
+
+Reported: p50 / p95 of both times per phase, their ratio (on / off), every turn after a swap with its
+cached tokens, and whether any turn after the first prefilled the system prompt cold (reused fewer
+tokens than the first turn's prompt less `WARM_SLACK`).
+
+The run config is a flag (`--config`, default configs/openclaw_cpu.yaml with `LIVE_OVERRIDES`: live mode,
+the policy as its own process ahead of the trainer, the prefix cache on); `--set key=value` adds
+overrides. Needs OpenClaw (`bash scripts/openclaw.sh setup`).
+
+    python bench/openclaw_turns.py [--config configs/openclaw_cpu.yaml] [--turns 24] [--min-swaps 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+logger = logging.getLogger("bench.openclaw_turns")
+
+# live mode on the OpenClaw demo config: no simulated users, one person's sessions, the policy as its own
+# process ahead of the trainer in CPU priority, the prefix cache on, a step every few scored turns
+LIVE_OVERRIDES = ["env.enabled=false", "policy.mode=process", "policy.max_batch_size=4", "policy.min_batch_rows=1",
+                  "policy.min_cache_len=4096", "policy.min_prompt_len=512", "policy.prefix_cache_mb=1024",
+                  "gateway.session_idle_timeout_s=3600", "trainer.max_steps=1000000", "trainer.checkpoint_every=1000",
+                  "trainer.max_seq_len=8192", "progress=false"]
+# the person: questions, corrections (the rule judge reads them as -1 with a hint), thanks (+1), moving on
+SCRIPT = [
+    "What is 7 + 5?", "Thanks! And 12 times 3?", "No, that's wrong. 12 times 3 is 36. Can you fix that?",
+    "Great. What is the capital of France?", "Thanks. Name three primary colours.",
+    "Please keep your answers under 60 characters.", "What is 144 divided by 12?", "Perfect, thank you!",
+    "Write a haiku about the sea.", "Make it shorter, please.", "What is 15 + 27?",
+    "No, that's wrong. 15 + 27 should be 42. Can you fix that?", "Thanks. How many legs does a spider have?",
+    "Correct, thanks! What is 9 squared?", "What is the boiling point of water in Celsius?",
+    "Thanks! Suggest a name for a friendly robot.", "Shorter please, one word.", "What is 100 minus 37?",
+    "That's right, thanks. What colour is the sky on a clear day?", "What is 8 times 7?",
+    "No, that's wrong. 8 times 7 is 56. Please fix that.", "Thanks! What is 21 + 21?",
+    "Great. Say goodbye in French.", "Thank you, that's all for now.", "What is 6 + 9?", "Thanks! And 6 times 9?",
+    "What is 50 divided by 5?", "Thanks. What is 3 cubed?", "Name a planet with rings.", "Thanks, goodbye!",
+]
+WARM_SLACK = 256  # tokens: the first turn's prompt less a few partial blocks still holds the system prompt
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+class LiveRun:
+    """`python -m openclaw_jax.train` in live mode on fixed gateway and policy ports, its own process group."""
+
+    def __init__(self, config: str, overrides: list[str], run_dir: Path, compile_cache: Path):
+        self.gateway_port, self.policy_port = free_port(), free_port()
+        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
+        self.policy_url = f"http://127.0.0.1:{self.policy_port}"
+        self.log_path = run_dir.parent / f"{run_dir.name}.log"
+        cmd = [sys.executable, "-m", "openclaw_jax.train", "--config", config, *LIVE_OVERRIDES,
+               f"gateway.port={self.gateway_port}", f"policy.port={self.policy_port}", f"run_dir={run_dir}",
+               f"compile_cache_dir={compile_cache}", *overrides]
+        logger.info("live run: %s", " ".join(cmd))
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the live run exited {self.proc.returncode}; log {self.log_path}:\n"
+                                   + self.log_path.read_text(errors="replace")[-3000:])
+            try:
+                if requests.get(self.gateway_url + "/healthz", timeout=5).ok and self.version() is not None:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"the live run was not ready within {timeout_s:.0f} s (log {self.log_path})")
+
+    def version(self) -> str | None:
+        try:
+            return str(requests.get(self.policy_url + "/get_model_info", timeout=10).json()["weight_version"])
+        except (requests.RequestException, ValueError, KeyError):
+            return None
+
+    def samples(self) -> int:
+        return int(requests.get(self.gateway_url + "/healthz", timeout=10).json()["store"]["samples"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(300)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def streamed_turn(client, conversation: str, text: str, max_tokens: int) -> dict:
+    """One turn through OpenClaw: seconds to the first content token and to the end, usage, the reply."""
+    from openclaw_jax.envs.openclaw_agent import AGENT_MODEL
+    start = time.perf_counter()
+    first, usage, parts = None, None, []
+    stream = client.chat.completions.create(model=AGENT_MODEL, messages=[{"role": "user", "content": text}],
+                                            user=conversation, stream=True, max_tokens=max_tokens,
+                                            stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if first is None:
+                first = time.perf_counter() - start
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    total = time.perf_counter() - start
+    details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+    return {"ttft_s": first if first is not None else total, "total_s": total, "reply": "".join(parts),
+            "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "cached_tokens": int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0}
+
+
+def run_phase(name: str, args, overrides: list[str], work: Path, turns: int, min_swaps: int) -> dict:
+    """One live run + OpenClaw daemon, the scripted conversation; the per-turn records."""
+    import openai
+
+    from openclaw_jax.envs.openclaw_agent import OpenClawAgent, OpenClawDaemon
+
+    run = LiveRun(args.config, overrides, work / name, work / "xla-cache")
+    records: list[dict] = []
+    try:
+        run.wait_ready()
+        agent = OpenClawAgent(run.gateway_url, work / f"{name}-openclaw", model_id="smollm2",
+                              context_window=8192, max_tokens=args.max_tokens, timeout_s=900)
+        with OpenClawDaemon(agent) as daemon:
+            client = openai.OpenAI(base_url=daemon.base_url, api_key="none", timeout=900, max_retries=0)
+            conversation = f"bench-{name}"
+            version = run.version()
+            for index in range(args.max_turns):
+                swaps = sum(r["swapped_before"] for r in records)
+                if index >= turns and swaps >= min_swaps:
+                    break
+                if index:
+                    time.sleep(args.think_s)
+                before = run.version()
+                turn = streamed_turn(client, conversation, SCRIPT[index % len(SCRIPT)], args.max_tokens)
+                after = run.version()
+                turn.update(turn=index + 1, version=before, swapped_before=before != version,
+                            swapped_during=after != before)
+                version = after
+                records.append(turn)
+                logger.warning("%s turn %d: ttft %.2fs total %.2fs, %s of %s prompt tokens cached, version %s%s",
+                               name, index + 1, turn["ttft_s"], turn["total_s"], turn["cached_tokens"],
+                               turn["prompt_tokens"], before, " (after a swap)" if turn["swapped_before"] else "")
+        samples = run.samples()
+    finally:
+        run.stop()
+    return {"turns": records, "samples": samples, "log": str(run.log_path)}
+
+
+def summarize(records: list[dict]) -> dict:
+    measured = records[1:]  # the first turn prefills the conversation's system prompt cold in both phases
+    out = {name: {"p50": round(percentile([r[key] for r in measured], 0.5), 3),
+                  "p95": round(percentile([r[key] for r in measured], 0.95), 3)}
+           for name, key in (("ttft_s", "ttft_s"), ("total_s", "total_s"))}
+    first_prompt = records[0]["prompt_tokens"] or 0
+    cold = [r["turn"] for r in measured if r["cached_tokens"] < first_prompt - WARM_SLACK]
+    out.update(turns=len(records), swaps=sum(r["swapped_before"] for r in records), cold_turns=cold,
+               after_swap=[{k: r[k] for k in ("turn", "version", "ttft_s", "cached_tokens", "prompt_tokens")}
+                           for r in records if r["swapped_before"]])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "openclaw_cpu.yaml"),
+                        help="the live run's config (LIVE_OVERRIDES are applied on top; e.g. configs/live_cpu.yaml)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="more overrides for both phases' live runs (repeatable)")
+    parser.add_argument("--turns", type=int, default=24, help="turns per phase (at least)")
+    parser.add_argument("--min-swaps", type=int, default=3, help="with training on, go on until this many swaps")
+    parser.add_argument("--max-turns", type=int, default=48, help="with training on, at most this many turns")
+    parser.add_argument("--samples-per-step", type=int, default=2, help="with training on: a step every N scored turns")
+    parser.add_argument("--think-s", type=float, default=15.0, help="seconds between a reply and the next message")
+    parser.add_argument("--max-tokens", type=int, default=128, help="OpenClaw's maxTokens for the model")
+    parser.add_argument("--warmup-turns", type=int, default=6, help="turns of the warm-up pass (0: none)")
+    parser.add_argument("--work-dir", default=None, help="run dirs, logs and OpenClaw state (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    if args.turns < 2 or args.max_turns < args.turns:
+        raise SystemExit(f"--turns={args.turns} must be >= 2 and --max-turns={args.max_turns} >= it")
+    from openclaw_jax.envs.openclaw_agent import missing_install
+    if missing_install():
+        raise SystemExit("OpenClaw is not installed: " + "; ".join(missing_install()))
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="openclaw_turns_"))
+    work.mkdir(parents=True, exist_ok=True)
+    off = [f"trainer.samples_per_step={10 * args.max_turns}", *args.set]
+    on = [f"trainer.samples_per_step={args.samples_per_step}", *args.set]
+    started = time.time()
+    if args.warmup_turns:
+        run_phase("warmup", args, off, work, args.warmup_turns, 0)
+    phases = {"off": run_phase("off", args, off, work, args.turns, 0),
+              "on": run_phase("on", args, on, work, args.turns, args.min_swaps)}
+    summary = {name: summarize(p["turns"]) | {"samples": p["samples"]} for name, p in phases.items()}
+    ratio = summary["on"]["ttft_s"]["p95"] / summary["off"]["ttft_s"]["p95"]
+    load = os.getloadavg()
+    print(f"\nTurns through OpenClaw ({args.config} + live overrides), think time {args.think_s:.0f} s, "
+          f"maxTokens {args.max_tokens}; {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f}; {time.time() - started:.0f} s; work dir {work}")
+    print(f"{'training':>8} | {'turns':>5} {'swaps':>5} {'samples':>7} | {'TTFT p50':>8} {'p95':>6} | "
+          f"{'reply p50':>9} {'p95':>6} | cold turns after the first")
+    for name, s in summary.items():
+        print(f"{name:>8} | {s['turns']:>5} {s['swaps']:>5} {s['samples']:>7} | {s['ttft_s']['p50']:>8.2f} "
+              f"{s['ttft_s']['p95']:>6.2f} | {s['total_s']['p50']:>9.2f} {s['total_s']['p95']:>6.2f} | "
+              f"{s['cold_turns'] or 'none'}")
+    print(f"p95 time to first token, training on / off: {ratio:.2f}x (target <= 1.5x)")
+    for r in summary["on"]["after_swap"]:
+        print(f"  after a swap: turn {r['turn']} (version {r['version']}): TTFT {r['ttft_s']:.2f} s, "
+              f"{r['cached_tokens']} of {r['prompt_tokens']} prompt tokens cached")
+    (work / "turns.json").write_text(json.dumps(phases, indent=1))
+    if args.json:
+        print(json.dumps({"ttft_p95_on_over_off": round(ratio, 3), **summary}))
+
+
+if __name__ == "__main__":
+    main()
