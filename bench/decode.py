@@ -26,18 +26,12 @@ states the ISA each side ran with (and the CPU).
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import logging
 import os
-import signal
-import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
-from references import (SGLangServer, add_sglang_arguments, export_hf, interleaved_medians, isa_report, sglang_ready,
-                        transformers_model)
+from references import add_sglang_arguments, interleaved_medians, isa_report, start_sglang, transformers_model
 
 logger = logging.getLogger("bench.decode")
 
@@ -106,17 +100,7 @@ def main() -> None:
         raise SystemExit(f"at most {len(prompts)} prompts are defined; --batches {max_batch} is too large")
 
     # --- SGLang: started first, it loads while the other two are set up
-    server = None
-    sglang_note = ""
-    if args.no_sglang:
-        sglang_note = "SGLang skipped (--no-sglang)"
-    elif not sglang_ready():
-        sglang_note = "SGLang skipped: no CPU venv (bash scripts/sglang_cpu.sh setup)"
-    else:
-        hf_dir = export_hf(pre, Path(args.hf_dir))
-        server = SGLangServer(hf_dir, Path(tempfile.gettempdir()) / "bench_decode_sglang.log", os.cpu_count() or 1)
-        atexit.register(server.stop)  # also when killed with SIGTERM (handler below) or a setup error
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    server, sglang_note = start_sglang(args, pre, "decode")
 
     # --- ours
     engine = Engine(pre.model, tok, context_length=pre.config.max_position_embeddings,

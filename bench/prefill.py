@@ -26,18 +26,13 @@ the implementations timed in turn within each round. The first greedy token of e
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import logging
 import os
-import signal
-import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
-from references import (REPO, SGLangServer, add_sglang_arguments, export_hf, interleaved_medians, isa_report,
-                        median_time, sglang_ready, transformers_model)
+from references import (REPO, add_sglang_arguments, interleaved_medians, isa_report, median_time, start_sglang,
+                        transformers_model)
 
 logger = logging.getLogger("bench.prefill")
 PROMPT_SOURCE = REPO / "tests" / "fixtures" / "openclaw" / "minimal_system_prompt.txt"
@@ -109,20 +104,10 @@ def main() -> None:
     if longest >= cfg.max_position_embeddings:
         raise SystemExit(f"prompts of {longest} tokens do not fit the context ({cfg.max_position_embeddings})")
 
-    server, sglang_note = None, ""
-    if args.no_sglang:
-        sglang_note = "SGLang skipped (--no-sglang)"
-    elif not sglang_ready():
-        sglang_note = "SGLang skipped: no CPU venv (bash scripts/sglang_cpu.sh setup)"
-    else:
-        hf_dir = export_hf(pre, Path(args.hf_dir))
-        pool = max(r * (n + 1) for r, n in shapes) + 256
-        server = SGLangServer(hf_dir, Path(tempfile.gettempdir()) / "bench_prefill_sglang.log", os.cpu_count() or 1,
-                              extra=["--disable-radix-cache", "--max-total-tokens", str(pool),
-                                     "--max-prefill-tokens", str(pool), "--chunked-prefill-size", str(pool),
-                                     "--context-length", str(cfg.max_position_embeddings)])
-        atexit.register(server.stop)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    pool = max(r * (n + 1) for r, n in shapes) + 256
+    server, sglang_note = start_sglang(args, pre, "prefill", [
+        "--disable-radix-cache", "--max-total-tokens", str(pool), "--max-prefill-tokens", str(pool),
+        "--chunked-prefill-size", str(pool), "--context-length", str(cfg.max_position_embeddings)])
 
     engine = Engine(pre.model, pre.tokenizer, context_length=cfg.max_position_embeddings,
                     config=EngineConfig(max_batch_size=most_rows, prefix_cache_bytes=0, batch_wait_s=0.02,

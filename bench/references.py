@@ -8,12 +8,14 @@ transformers from that same state dict, SGLang from an HF directory written by `
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -133,6 +135,21 @@ class SGLangServer:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=30)
+
+
+def start_sglang(args, pre, name: str, extra: Sequence[str] = ()) -> tuple["SGLangServer | None", str]:
+    """The SGLang server on the exported weights (None and a note when --no-sglang or its venv is missing),
+    stopped at exit, also on SIGTERM."""
+    if args.no_sglang:
+        return None, "SGLang skipped (--no-sglang)"
+    if not sglang_ready():
+        return None, "SGLang skipped: no CPU venv (bash scripts/sglang_cpu.sh setup)"
+    hf_dir = export_hf(pre, Path(args.hf_dir))
+    server = SGLangServer(hf_dir, Path(tempfile.gettempdir()) / f"bench_{name}_sglang.log", os.cpu_count() or 1,
+                          extra=extra)
+    atexit.register(server.stop)  # also when killed with SIGTERM (handler below) or a setup error
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return server, ""
 
 
 def sglang_ready() -> bool:
