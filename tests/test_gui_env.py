@@ -224,7 +224,8 @@ def test_the_app_runs_jailed_and_two_episodes_are_isolated(env):
         asyncio.run(env.close(a))
         time.sleep(0.2)
         assert not [p for p in a_pids if _alive(p)]
-        assert not os.path.exists(f"/tmp/.X11-unix/X{a.display}") and not os.path.exists(f"/tmp/.X{a.display}-lock")
+        # the server's socket file lived in the episode's own folder, which is gone; nothing global is left
+        assert not a.jail._host.exists()
         assert all(_alive(p) for p in b.pids())
         tb = _task(env, "copy")
         x, y = center(b.geometry["target"])
@@ -365,11 +366,10 @@ def test_an_episode_dies_with_the_process_that_started_it(require_gui_tools):
         host.kill()
         host.wait()
     assert len(pids) >= 4  # Xvfb (and its shell), unshare, the jail init, the app
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a bound on processes that never end, not on a loaded machine's speed
     while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if _alive(p)], "processes outlived their host"
-    assert not os.path.exists(f"/tmp/.X11-unix/X{display}")
     assert not os.path.exists(directory), "the sandbox directory outlived its host"
 
 
