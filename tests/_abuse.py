@@ -73,6 +73,32 @@ def small_latency_during(send_big, send_small) -> tuple[object, list[float]]:
     return result["value"], latencies
 
 
+def served_during(send_big, send_small) -> tuple[object, float, list[float]]:
+    """``small_latency_during``, also timing ``send_big()`` itself: (big's result, its seconds, small latencies)."""
+    t0 = time.perf_counter()
+    result, latencies = small_latency_during(send_big, send_small)
+    return result, time.perf_counter() - t0, latencies
+
+
+def assert_no_stall(rounds: list[tuple[float, float]], body: bytes) -> None:
+    """Each (big request's seconds, slowest small request's seconds) shows no stall: a server that did the
+    big request's work on its event loop would make a small request sent meanwhile wait about as long as
+    the big one. Both bounds scale with the machine: half the big request's time, or, for big requests
+    that are refused quickly, a few times what decoding `body` as JSON takes in this process right now
+    (a decode holds Python's GIL even on a worker thread, so a server may pause for about that long)."""
+    decode_s = min(_timed(json.loads, body) for _ in range(2))
+    floor = 3 * decode_s + 1.0
+    stalled = [(round(big, 3), round(small, 3)) for big, small in rounds if small >= max(0.5 * big, floor)]
+    assert not stalled, (f"small requests waited for the big one (big s, small s): {stalled} of {rounds}; "
+                         f"bound max(big / 2, {floor:.3f} s)")
+
+
+def _timed(fn, *args) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -266,8 +266,10 @@ def _drop_body(request: web.BaseRequest) -> None:
 
 
 # ----------------------------------------------------------------------------- connections
-GuardStats = counters("GuardStats", "connections_open connections_total connections_refused header_timeouts",
-                      "A server's connection counters (``connections`` in its ``/healthz``).")
+GuardStats = counters("GuardStats",
+                      "connections_open connections_peak connections_total connections_refused header_timeouts",
+                      "A server's connection counters (``connections`` in its ``/healthz``); ``connections_peak`` "
+                      "is the most connections it held open at once.")
 
 
 class _RateLimitedLog:
@@ -408,6 +410,7 @@ class _GuardedProtocol(asyncio.Protocol):
                 guard.error_body))
             return
         guard.stats.connections_open += 1
+        guard.stats.connections_peak = max(guard.stats.connections_peak, guard.stats.connections_open)
         guard.stats.connections_total += 1
         self._counted = True
         self._inner = self._make_handler()
