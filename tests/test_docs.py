@@ -2,7 +2,8 @@
 docs/ points at a file and heading that exist; every repository path they name exists; the commands
 they print name real modules, scripts, subcommands and flags, and the training and planning commands'
 configs and overrides load; every shipped config loads; and no tracked file speaks of work history
-(tracker numbers, sessions of work). Each checker is also run on planted mistakes, so each can fail."""
+(tracker numbers, who worked on what and when). Each checker is also run on planted mistakes, so each
+can fail."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ ROOT_DIRS = ("configs", "scripts", "bench", "tests", "launch", "openclaw_jax", "
 PACKAGE_DIRS = ("models", "envs", "trainer", "inference", "gateway", "losses", "ops", "wire", "samples", "pool",
                 "http", "parallel", "eval", "notebook")
 
-# Work history, not product: tracker numbers and sessions of work. ("session" alone is a product word:
-# OpenClaw sessions, X-Session-Id, a person's session.)
+# Work history, not product: tracker numbers and the working sessions that made the code. ("session"
+# alone is a product word: OpenClaw sessions, X-Session-Id, a person's session.)
 HISTORY_PATTERNS = (
     re.compile(r"\bissues? ?#\d+", re.I),
     re.compile(r"\bissue \d+", re.I),
