@@ -236,7 +236,7 @@ class OptimizerConfig:
 class TrainerConfig:
     """The background trainer (docs/design.md §7)."""
 
-    # Keys that moved (issue 25): the loss is the `loss` section's, tau is the sampling temperature.
+    # Keys that moved: the loss is the `loss` section's, tau is the sampling temperature.
     RENAMED_KEYS: ClassVar[dict[str, str]] = {
         "method": "the loss is chosen by loss.name (e.g. loss.name=rl)",
         "top_k": "K of the top-K sets is loss.top_k",
@@ -356,8 +356,8 @@ def load_experiment_config(config_files=(), overrides=(), gin_files=(), gin_bind
 
 
 def upgrade_run_config(data: dict) -> dict:
-    """A run directory's resolved `config.yaml` written before the loss section and the one temperature
-    (issue 25), in today's keys: trainer.method -> loss.name (the weight `rl` / `opd` fixed was
+    """A run directory's resolved `config.yaml` written before the loss section and the one temperature,
+    in today's keys: trainer.method -> loss.name (the weight `rl` / `opd` fixed was
     rewritten then, so it is left to the loss), trainer.top_k -> loss.top_k, trainer.rollout_batch_size
     -> trainer.samples_per_step, loss.ppo_kl_clamp -> loss.log_ratio_clamp; trainer.temperature and
     trainer.allow_temperature_mismatch are dropped (tau is gateway.temperature). Only for reading old

@@ -226,9 +226,10 @@ def pytest_runtest_teardown(item, nextitem):
 # a group keeps its module's order.
 #
 # xdist's own `xdist_group` marks are not used: with pytest 9.2 they are silently ignored (xdist
-# 3.8 marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads; pytest-xdist
-# issue 1386). Instead each worker writes the groups it collected to the session directory, and the
-# controller's scheduler below (a LoadScopeScheduling whose scope is that group) reads them.
+# 3.8 marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads:
+# https://github.com/pytest-dev/pytest-xdist/issues/1386). Instead each worker writes the groups it
+# collected to the session directory, and the controller's scheduler below (a LoadScopeScheduling
+# whose scope is that group) reads them.
 _SHARED_SESSION_GROUPS = {"tiny_run_dir": "tiny_run"}
 _GROUPS_FILE = "xdist-groups-{}.json"
 

@@ -1,4 +1,4 @@
-"""The gateway under hostile input and a full disk (issue 12).
+"""The gateway under hostile input and a full disk.
 
 Reproducers are 4xx JSON answers; a 7 MB message and a 200 k-character one do not stall a small
 request; the sample store on a really full filesystem (a 512 KiB tmpfs filled to ENOSPC; where

@@ -1,4 +1,4 @@
-"""The inference server under hostile input (issue 12): every reproducer is a 4xx JSON answer, a
+"""The inference server under hostile input: every reproducer is a 4xx JSON answer, a
 20 MB body does not stall a small request, memory does not pile up, slow-header connections hit
 the header timeout and the connection cap, and a seeded fuzz of 320 requests gets no 5xx.
 

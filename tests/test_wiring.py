@@ -1,6 +1,6 @@
 """The wiring between the pieces: each test here fails when one realistic wiring bug is put in.
 
-A mutation review (issue 25) found the suite blind in these places; every test names the bug it
+A mutation review found the suite blind in these places; every test names the bug it
 guards against, and its expected values are derived from the samples or configs directly, not
 from the code under test:
 

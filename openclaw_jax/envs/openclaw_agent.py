@@ -118,7 +118,7 @@ class OpenClawAgentConfig:
 
 def openclaw_config(cfg: OpenClawAgentConfig, plugin_dir: Path = PLUGIN_DIR,
                     daemon_port: int | None = None) -> dict[str, Any]:
-    """The `openclaw.json` for `cfg`: the provider block and our plugin block (README snippet), plus
+    """The `openclaw.json` for `cfg`: the provider block and our plugin block (docs/openclaw.md's snippet), plus
     OpenClaw's own gateway daemon on 127.0.0.1:`daemon_port` (no auth: loopback only) when given, with
     its OpenAI-compatible endpoint on (`/v1/chat/completions`: each request one agent run, the
     request's `user` naming the OpenClaw session)."""
