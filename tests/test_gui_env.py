@@ -18,6 +18,8 @@ import os
 import signal
 import time
 
+from pathlib import Path
+
 import pytest
 
 from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
@@ -208,7 +210,10 @@ def test_the_app_runs_jailed_and_two_episodes_are_isolated(env):
         app = _app_pid(a)
         assert os.readlink(f"/proc/{app}/ns/pid") != os.readlink("/proc/self/ns/pid")
         assert os.readlink(f"/proc/{app}/ns/net") != os.readlink("/proc/self/ns/net")
-        assert os.readlink(f"/proc/{app}/root") != "/"  # chrooted
+        assert os.readlink(f"/proc/{app}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        # its own root (pivot_root, the host's detached): another file system, none of the host's files
+        assert os.stat(f"/proc/{app}/root/").st_dev != os.stat("/").st_dev
+        assert not os.path.exists(f"/proc/{app}/root{Path(__file__).resolve()}")
         uid = int(next(line for line in open(f"/proc/{app}/status") if line.startswith("Uid:")).split()[1])
         assert uid != 0 and uid != os.getuid()
         # input to one display does not reach the other

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from openclaw_jax.envs.agentic.gui_tasks import HEIGHT, WIDTH
 from openclaw_jax.envs.agentic.episode import ToolError
-from openclaw_jax.envs.sandbox import INIT_SCRIPT, Sandbox, SandboxError, _python_prefix
+from openclaw_jax.envs.sandbox import Sandbox, _python_prefix
 
 APP_SOURCE = Path(__file__).with_name("gui_apps.py")
 INSTALL_HINT = "apt-get install -y --no-install-recommends xvfb xdotool"
@@ -147,17 +147,22 @@ def start_xvfb(private_tmp: str | Path, width: int = WIDTH, height: int = HEIGHT
 
 
 class AppJail(Sandbox):
-    """The sandbox jail (same spec and init as `Sandbox.run`) started without waiting for its end."""
+    """The sandbox jail (same spec and init as `Sandbox.run`) started without waiting for its end. One run
+    per jail, so no holder: the area is filled from `directory` when the app starts (a unix socket
+    linked there, the X server's, is bound in)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "persistent": False})
 
     def start(self, code: str, argv_tail: Sequence[str] = ()) -> subprocess.Popen:
-        if self._closed:
-            raise SandboxError("this sandbox is closed")
         argv = [_python_prefix()[0], "-I", "-B", "-c", code, *argv_tail]
-        cmd = ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-        if not self.is_root:
-            cmd += ["--user", "--map-root-user"]
         status_r, status_w = os.pipe()
-        cmd += ["--", _python_prefix()[0], "-I", "-S", INIT_SCRIPT, json.dumps(self._spec(argv, status_w))]
+        try:
+            cmd = self.command(argv, status_w)
+        except BaseException:
+            os.close(status_r)
+            os.close(status_w)
+            raise
         self.stderr_path = self._host / "app.stderr"
         with open(self.stderr_path, "wb") as err:
             try:
