@@ -10,7 +10,7 @@ from the code under test:
 - `rl` still asking the gateway's judge for hint votes (`train._start_gateway`);
 - a wrong LoRA merge in the serving weights the trainer pushes (fast, tiny random model).
 
-(The sandbox's read-only root on the user-namespace path is in tests/test_sandbox.py.)
+(The sandbox's escape probes, as root and as an ordinary user, are in tests/test_sandbox_escape.py.)
 
 Config keys are built in `overrides` only, so a rename of a key changes one place.
 """
