@@ -13,9 +13,10 @@ Two modes, chosen by the spec's "mode":
      from the host's staging folder); then remounts the root read-only;
   3. `pivot_root`s into it and detaches the old root: no path leads back to the host's files, so
      the chroot/chdir('..') climb has nowhere to go;
-  4. forks the code's process, which sets the resource limits, drops to the sandbox's uid (as root),
-     empties every capability set (bounding and ambient included), sets `no_new_privs`, loads the
-     seccomp filter (BPF built on the host by libseccomp) and execs the interpreter;
+  4. forks the code's process, which makes itself the OOM killer's first choice, sets the resource
+     limits, drops to the sandbox's uid (as root), empties every capability set (bounding and
+     ambient included), sets `no_new_privs`, loads the seccomp filter (BPF built on the host by
+     libseccomp) and execs the interpreter;
   5. drops its own privileges the same way and stays PID 1: reaps orphans until the code's process
      ends, writes its status (`{"exit_code": n}`, negative = killed by signal n) to the status pipe
      and exits, which makes the kernel kill every process left in the namespace.
@@ -216,6 +217,8 @@ def child(spec):
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):  # Python's own choices, not the code's
             signal.signal(sig, signal.SIG_DFL)
+        with open("/proc/self/oom_score_adj", "w") as f:  # the first to go when memory runs out, not its init
+            f.write("1000")                               # nor a host process; it cannot lower this again
         limit(spec)
         drop_privileges(spec)
         argv = spec["argv"]
