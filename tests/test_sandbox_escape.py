@@ -301,7 +301,18 @@ def test_one_sandbox_cannot_see_or_kill_another_or_the_host(world, mode):
             box_a["r"] = res(run_code("sleep 4.25; echo survived", "bash", SandboxLimits(timeout_s=30)))
         t = threading.Thread(target=victim)
         t.start()
-        time.sleep(1.5)
+        def victim_sleeping():
+            for p in os.listdir("/proc"):
+                try:
+                    if p.isdigit() and open(f"/proc/{p}/cmdline").read() == "sleep\\x004.25\\x00":
+                        return True
+                except OSError:
+                    pass
+            return False
+        deadline = time.monotonic() + 30
+        while not victim_sleeping() and time.monotonic() < deadline:   # attack while the victim runs
+            time.sleep(0.05)
+        out["victim_seen_from_host"] = victim_sleeping()
         attack = run_code(JAIL, "python", SandboxLimits(timeout_s=30))
         t.join()
         out["attack"] = json.loads(attack.stdout.splitlines()[0])
@@ -309,6 +320,7 @@ def test_one_sandbox_cannot_see_or_kill_another_or_the_host(world, mode):
         out["host_alive"] = host.poll() is None
         host.kill()
     """, LOOK_AND_KILL)
+    assert out["victim_seen_from_host"], out
     assert not out["attack"]["marker"] and out["attack"]["pids"] <= 2, out
     assert out["victim"]["stdout"] == "survived\n" and out["victim"]["exit_code"] == 0, out
     assert out["host_alive"]
