@@ -4,6 +4,7 @@ outside the sandbox (so a test cannot pass because the action was broken to begi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -155,6 +156,13 @@ def test_process_limit_stops_a_fork_bomb():
     lines = r.stdout.split()
     assert lines[0] == "limited", r
     assert int(lines[-1]) < 16
+
+
+def test_multiprocessing_works_and_its_shared_memory_stays_in_tmp():
+    code = ("import multiprocessing as mp\nwith mp.Pool(2) as pool:\n    print(sum(pool.map(abs, [-1, -2, -3])))\n"
+            "try:\n    open('/dev/shm/big', 'wb').write(b'x' * (16 << 20))\nexcept OSError as e:\n    print(e.errno)")
+    r = run_code(code, limits=SandboxLimits(tmp_mb=8, timeout_s=30))
+    assert r.stdout.split() == ["6", str(errno.ENOSPC)], r
 
 
 def test_no_process_outlives_its_run():

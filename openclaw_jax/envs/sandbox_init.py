@@ -8,9 +8,10 @@ Two modes, chosen by the spec's "mode":
   1. joins the sandbox's cgroups (when the host made any);
   2. mounts a small tmpfs as the new root and bind-mounts, read-only (nosuid, nodev), only what the
      interpreters need (`/usr`, the Python prefix, the /bin, /lib... symlinks), plus
-     /dev/{null,zero,random,urandom}, a private /proc, a size- and inode-limited tmpfs /tmp, and the
-     writable area at /sandbox (the holder's tmpfs, or a fresh size- and inode-limited tmpfs filled
-     from the host's staging folder); then remounts the root read-only;
+     /dev/{null,zero,random,urandom} (and /dev/shm, a link to /tmp), a private /proc, a size- and
+     inode-limited tmpfs /tmp, and the writable area at /sandbox (the holder's tmpfs, or a fresh
+     size- and inode-limited tmpfs filled from the host's staging folder); then remounts the root
+     read-only;
   3. `pivot_root`s into it and detaches the old root: no path leads back to the host's files, so
      the chroot/chdir('..') climb has nowhere to go;
   4. forks the code's process, which makes itself the OOM killer's first choice, sets the resource
@@ -139,6 +140,7 @@ def build(spec):
             bind(path, target, readonly=True, extra=MS_NODEV)
     for dev in ("null", "zero", "random", "urandom"):
         bind("/dev/" + dev, root + "/dev/" + dev, readonly=False, extra=MS_NOEXEC)
+    os.symlink("/tmp", root + "/dev/shm")  # POSIX shared memory and semaphores, within /tmp's bounds
     area = spec["area"]
     if "holder_path" in area:  # the holder's tmpfs: what earlier runs left there stays
         bind(area["holder_path"], root + "/sandbox", readonly=False, extra=MS_NODEV)
