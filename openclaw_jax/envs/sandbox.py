@@ -73,7 +73,7 @@ class SandboxLimits:
     memory_mb: int = 512               # address space per process (RLIMIT_AS); the whole sandbox's with a cgroup
     cpu_s: int | None = None           # CPU seconds; None = ceil(timeout_s) + 1
     file_size_mb: int = 16             # largest file it may write
-    max_processes: int = 32            # processes + threads of the sandbox
+    max_processes: int = 32            # processes + threads of the sandbox (its init and holder included)
     max_open_files: int = 256
     tmp_mb: int = 32                   # size of its private /tmp
     work_mb: int = 64                  # size of its writable area /sandbox
@@ -189,8 +189,7 @@ class Sandbox:
         try:
             plan = cgroup_plan()
             if plan is not None:
-                # + 2: the jail's init and, as root, the holder (same uid) count as well
-                self.cgroup = SandboxCgroup(plan, self.limits.memory_mb << 20, self.limits.max_processes + 2)
+                self.cgroup = SandboxCgroup(plan, self.limits.memory_mb << 20, self.limits.max_processes)
             self.write_files(files or {})
             if persistent:
                 self._start_holder()
