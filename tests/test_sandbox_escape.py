@@ -449,7 +449,8 @@ def test_memory_of_the_whole_sandbox_is_bounded(world, mode):
     """, HOLD_MEMORY)
     bound_mb = 64 if out["cgroup"] else 16 * 64
     assert 40 * out["held"] <= bound_mb, out
-    assert out["cgroup"] == (mode == "root" and _cgroups_writable_as_root()), out
+    if mode == "root":   # as root the sandbox takes the cgroup wherever this host offers one
+        assert out["cgroup"] == _cgroups_writable_as_root(), out
 
 
 def _cgroups_writable_as_root() -> bool:
