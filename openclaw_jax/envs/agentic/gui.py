@@ -6,7 +6,7 @@ Per episode:
     private mount namespace whose /tmp is the episode's own folder, `-nolisten tcp`, screen
     `448x336x24` (16 x 12 patches of 28 pixels for the Qwen2.5-VL patcher);
   * **the application** (`gui_apps.py`, Tk) runs **inside the sandbox jail** (`envs/sandbox.py`:
-    own mount / PID / network / IPC namespaces, chroot of read-only system paths, an unprivileged
+    own mount / PID / network / IPC namespaces, a pivot_root into read-only system paths, an unprivileged
     uid of its own, rlimits). The jail's /tmp is private and its network namespace cannot reach
     Xvfb's abstract socket, so the host hard-links Xvfb's filesystem socket
     (`<episode>/xvfb-tmp/.X11-unix/X<N>`, in no shared directory) into the sandbox directory and the app symlinks it to its own
