@@ -82,7 +82,7 @@ def test_weight_updates_swap_the_image_path_with_the_engine(tmp_path):
     engine = Engine(model.language_model, tok, context_length=512, seed=0, weight_version="0",
                     config=EngineConfig(**TINY_ENGINE_KW))
     server = InferenceServer(engine, tok, model_path=str(first), served_model_name="tiny-vl",
-                             vision=VisionGenerator(model, weight_version="0"))
+                             vision=VisionGenerator(model, weight_version="0"), weight_dirs=[tmp_path])
     policy = ServerThread(server.make_app()).start()
     image = png(31)
     msgs = [{"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>Where is OK?"}]
