@@ -41,12 +41,13 @@ class GatewayConfig:
     keys_file: str = ""                     # YAML/JSON mapping key -> person id: one key per person
     admin_key: str | None = None            # the operator's key: admin routes (rollback, ...)
     policy_api_key: str | None = None       # bearer key sent to the policy and judge pools (their --api-key)
-    # Per person (a key of keys_file; with a shared key or none, the X-Person-Id a client sends): beyond
-    # these, a new session ends that person's own least recently active idle one, and connections and
-    # generations get 429.
+    # Per person (a key of keys_file; with a shared key or none, the X-Person-Id a client sends;
+    # gateway/client_limits.py): beyond these, a new session ends that person's own least recently active
+    # idle one, a connection gets 429, a request waits for one of the person's own generation slots (keep
+    # max_inflight_per_person below pool_max_concurrency, so that others always find room in the pool).
     max_sessions_per_person: int = 1000
     max_connections_per_person: int = 64
-    max_inflight_per_person: int = 16
+    max_inflight_per_person: int = 32
     max_pending_judgements_per_person: int = 512   # beyond this the person's newest scored turn is dropped
     max_body_bytes: int = 8 << 20           # larger request bodies get HTTP 413
     max_json_depth: int = 64                # deeper JSON nesting gets HTTP 400

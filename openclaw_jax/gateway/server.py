@@ -332,7 +332,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
             raise bad_request(f"the conversation is too long: {self.budget.conversation_too_long(messages, 0)} "
                               "(gateway.max_prompt_tokens)", param="messages")
         req = await G.parse_off_loop(request, parse_agent_chat_request, body, self.cfg.image_limits)
-        with self.limits.generation(caller.person):
+        async with self.limits.generation(caller.person):
             return await self._serve_chat(request, req, session, caller.person)
 
     async def _next_state(self, messages: list[dict[str, Any]]) -> NextState | None:

@@ -69,7 +69,7 @@ class SessionRoutes:
             dropped = self.sessions.end_session(sid, person=person)
         if job is not None:
             self._submit(job)
-        logger.info("session %s of %s done (%r): %s, %s, %d unscored turn(s) dropped", sid, person,
+        logger.info("session %s of %s done (%s): %s, %s, %d unscored turn(s) dropped", sid, person,
                     reason or "no reason given", "ended" if ended else "not active",
                     "last turn scored" if job else "no turn scored", dropped)
         return web.json_response({"session_id": sid, "ended": ended, "dropped_turns": dropped,
