@@ -73,7 +73,7 @@ class JudgePipeline:
                                  job.turn.turn_index)
             finally:
                 self.limits.judgement_done(job.turn.person)
-                await asyncio.get_running_loop().run_in_executor(None, self._release_images, job.turn)
+                self._release_images(job.turn)   # stored by now, or never to be (a few unlinks at most)
                 self._active_jobs -= 1
                 self._queue.task_done()
 
