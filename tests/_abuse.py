@@ -253,3 +253,25 @@ def peak_rss_growth_mib(pid: int, action):
     with open(f"/proc/{pid}/status") as f:
         peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
     return result, peak - before
+
+
+def scripted_pool():
+    """A scripted policy pool (tests/_scripted_pool.py) serving on 127.0.0.1 from its own loop thread, with
+    ``.url``; a context manager."""
+    import contextlib
+
+    from _scripted_pool import LoopThread, ScriptedPool, serve_app
+    from openclaw_jax.models.tokenizer import tiny_test_tokenizer
+
+    @contextlib.contextmanager
+    def serving():
+        loop = LoopThread()
+        pool = ScriptedPool(tiny_test_tokenizer())
+        runner, pool.url = loop.run(serve_app(pool.app()))
+        try:
+            yield pool
+        finally:
+            loop.run(runner.cleanup())
+            loop.stop()
+
+    return serving()

@@ -10,7 +10,6 @@ probe (its peak, VmHWM, reset before it), and the health checks keep answering w
 
 from __future__ import annotations
 
-import io
 import json
 import struct
 import zlib

@@ -19,12 +19,11 @@ import time
 import pytest
 import requests
 
-from _abuse import GatewayProcess, host_port
-from _scripted_pool import LoopThread, Reply, ScriptedPool, serve_app
+from _abuse import GatewayProcess, host_port, scripted_pool
+from _scripted_pool import Reply
 from openclaw_jax.gateway.auth import GatewayAuth, key_digest
 from openclaw_jax.configlib import ConfigError
 from openclaw_jax.gateway.protocol import GatewayHTTPError
-from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 from openclaw_jax.samples import SampleStore
 from openclaw_jax.samples.sample import Sample, encode_sample
 
@@ -34,13 +33,8 @@ ADMIN = "admin-key-0d9e8f7a6b5c"
 
 @pytest.fixture(scope="module")
 def pool():
-    loop = LoopThread()
-    scripted = ScriptedPool(tiny_test_tokenizer())
-    runner, url = loop.run(serve_app(scripted.app()))
-    scripted.url = url
-    yield scripted
-    loop.run(runner.cleanup())
-    loop.stop()
+    with scripted_pool() as scripted:
+        yield scripted
 
 
 def start_gateway(pool, tmp_path, *settings: str) -> GatewayProcess:

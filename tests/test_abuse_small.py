@@ -11,10 +11,8 @@ import json
 import pytest
 import requests
 
-from _abuse import GatewayProcess
-from _scripted_pool import LoopThread, ScriptedPool, serve_app
+from _abuse import GatewayProcess, scripted_pool
 from openclaw_jax.gateway.judge import NextState, eval_vote_messages, hint_vote_messages
-from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 
 KEY = "shared-key-5a7c9e1b3d"
 
@@ -22,17 +20,13 @@ KEY = "shared-key-5a7c9e1b3d"
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("abuse_small")
-    loop = LoopThread()
-    pool = ScriptedPool(tiny_test_tokenizer())
-    runner, pool_url = loop.run(serve_app(pool.app()))
-    gw = GatewayProcess(["--policy-url", pool_url, "--judge", "rule", "--model", "tiny", "--store",
-                         str(tmp / "store"), "--set", "default_max_tokens=4"], tmp / "gateway.log",
-                        env={"OPENCLAW_GATEWAY_API_KEY": KEY})
-    gw.pool_url, gw.store = pool_url, str(tmp / "store")
-    yield gw
-    gw.stop()
-    loop.run(runner.cleanup())
-    loop.stop()
+    with scripted_pool() as pool:
+        gw = GatewayProcess(["--policy-url", pool.url, "--judge", "rule", "--model", "tiny", "--store",
+                             str(tmp / "store"), "--set", "default_max_tokens=4"], tmp / "gateway.log",
+                            env={"OPENCLAW_GATEWAY_API_KEY": KEY})
+        gw.pool_url, gw.store = pool.url, str(tmp / "store")
+        yield gw
+        gw.stop()
 
 
 def test_health_routes_show_paths_and_urls_only_with_a_key(gateway):

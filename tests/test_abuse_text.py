@@ -19,10 +19,9 @@ import json
 import pytest
 import requests
 
-from _abuse import GatewayProcess, assert_responsive, health_latencies_during
-from _scripted_pool import LoopThread, Reply, ScriptedPool, serve_app
+from _abuse import GatewayProcess, assert_responsive, health_latencies_during, scripted_pool
+from _scripted_pool import Reply
 from _server_utils import ServerProcess
-from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 
 # 8 MB once JSON-escaped (the gateway's body limit is 8 MiB); text after them, or they are merely stripped
 EIGHT_MIB_OF_NEWLINES = "\n" * 4_000_000 + "x"
@@ -33,16 +32,12 @@ TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "par
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("abuse_text")
-    loop = LoopThread()
-    pool = ScriptedPool(tiny_test_tokenizer())
-    runner, pool_url = loop.run(serve_app(pool.app()))
-    gw = GatewayProcess(["--policy-url", pool_url, "--judge", "rule", "--model", "tiny", "--store",
-                         str(tmp / "store"), "--set", "max_tokens_limit=8192"], tmp / "gateway.log")
-    gw.pool = pool
-    yield gw
-    gw.stop()
-    loop.run(runner.cleanup())
-    loop.stop()
+    with scripted_pool() as pool:
+        gw = GatewayProcess(["--policy-url", pool.url, "--judge", "rule", "--model", "tiny", "--store",
+                             str(tmp / "store"), "--set", "max_tokens_limit=8192"], tmp / "gateway.log")
+        gw.pool = pool
+        yield gw
+        gw.stop()
 
 
 def post(url: str, body: dict, headers: dict | None = None, timeout: float = 120) -> requests.Response:
