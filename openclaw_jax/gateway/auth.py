@@ -78,6 +78,8 @@ def check_person_id(person: Any, where: str) -> str:
 
 def load_keys_file(path: str) -> dict[str, str]:
     """``{sha256 hex of the key: person id}`` from a keys file (see the module docstring)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"gateway.keys_file={path!r} does not exist; write a YAML mapping 'key: person id' there")
     data = load_yaml(path)
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"gateway.keys_file={path!r} must be a non-empty mapping 'key: person id' (a key may be "
