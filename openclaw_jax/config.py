@@ -197,6 +197,9 @@ class PolicyConfig:
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
     request_timeout_s: float = 300.0
+    # external mode: the workers' bearer key (their --api-key; empty: the environment's OPENCLAW_POLICY_API_KEY,
+    # else none). The embedded server gets a fresh key per run by itself.
+    api_key: str | None = None
 
     def __post_init__(self):
         if self.mode == "external":

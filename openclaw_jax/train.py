@@ -19,6 +19,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import secrets
 import signal
 import sys
 import time
@@ -35,7 +37,7 @@ from openclaw_jax.config import ExperimentConfig, load_experiment_config
 from openclaw_jax.configlib import ConfigError, dump_yaml
 from openclaw_jax.gateway.server import start_gateway, stop_gateway
 from openclaw_jax.inference.engine import Engine, EngineConfig
-from openclaw_jax.inference.server import InferenceServer
+from openclaw_jax.inference.server import API_KEY_ENV as POLICY_API_KEY_ENV, InferenceServer
 from openclaw_jax.inference.vision import VisionGenerator
 from openclaw_jax.logs import configure_logging
 from openclaw_jax.models.config import ModelConfig, ModelConfigError
@@ -204,6 +206,7 @@ class _Run:
     is_main: bool
     t_start: float
     cleanups: list[Any] = dataclasses.field(default_factory=list)
+    pool_api_key: str | None = None   # the policy servers' bearer key (the embedded one's is made per run)
 
     def record_eval(self, record: dict[str, Any]) -> None:
         record["time_s"] = time.monotonic() - self.t_start
@@ -234,8 +237,12 @@ async def _start_embedded_pool(r: _Run):
         engine = Engine(serving.language_model if vision is not None else serving, base.tokenizer,
                         context_length=cfg.policy.context_length or None, config=engine_config(cfg.policy),
                         weight_version=r.trainer.weight_version, seed=cfg.seed)
+        # A fresh key per run, handed to the gateway and the agentic driver: the control routes (pause,
+        # abort, flush, weight updates) stay closed to anything else that reaches the port, even on loopback.
+        r.pool_api_key = secrets.token_urlsafe(32)
         server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
-                                 served_model_name=Path(base.model_dir).name, vision=vision)
+                                 served_model_name=Path(base.model_dir).name, vision=vision, api_key=r.pool_api_key,
+                                 image_limits=cfg.gateway.image_limits)
         runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
@@ -256,9 +263,10 @@ async def _connect_external_pool(r: _Run, resumed: bool):
     """A client to external SGLang workers and a disk weight push; returns (policy urls, weight push)."""
     cfg, base = r.cfg, r.base
     client = None
+    r.pool_api_key = cfg.policy.api_key or os.environ.get(POLICY_API_KEY_ENV) or None
     if r.is_main:
         client = PoolClient(worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
-                            request_timeout_s=cfg.policy.request_timeout_s)
+                            request_timeout_s=cfg.policy.request_timeout_s, api_key=r.pool_api_key)
         await client.start()
         r.cleanups.append(client.close)
     push = DiskWeightSync(client, cfg.policy.weight_sync_dir or r.run_dir / "weights",
@@ -273,9 +281,10 @@ async def _connect_external_pool(r: _Run, resumed: bool):
 async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
     """The OpenAI-compatible gateway (judge + sample store) in front of the pool; returns its URL."""
     # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
-    gw_cfg = dataclasses.replace(r.cfg.gateway, policy_urls=tuple(policy_urls),
+    gw_cfg = dataclasses.replace(r.cfg.gateway.with_environment(os.environ), policy_urls=tuple(policy_urls),
                                  store_dir=str(r.run_dir / "samples"), model=r.base.model_dir,
-                                 judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints)
+                                 judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints,
+                                 policy_api_key=r.pool_api_key)
     gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=r.base.tokenizer)
     r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
     log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
@@ -288,7 +297,7 @@ async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
     trainer = r.trainer
     agentic = await AgenticDriver(r.cfg, policy_urls, r.base.tokenizer, store_dir=str(r.run_dir / "samples"),
                                   offset_fn=lambda: trainer.sample_offset,
-                                  images=policy_images(r.base)).start()
+                                  images=policy_images(r.base), pool_api_key=r.pool_api_key).start()
     r.cleanups.append(agentic.close)
     r.summary["heldout"] = []
 

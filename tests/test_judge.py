@@ -128,7 +128,7 @@ def test_judge_prompts_carry_reply_next_state_and_format():
     for msgs in (eval_vote_messages("my reply", ns), hint_vote_messages("my reply", ns)):
         assert [m["role"] for m in msgs] == ["system", "user"]
         assert "my reply" in msgs[1]["content"] and "Traceback: KeyError 'x'" in msgs[1]["content"]
-        assert "tool" in msgs[1]["content"] and "`python`" in msgs[1]["content"]
+        assert "tool" in msgs[1]["content"] and 'named "python"' in msgs[1]["content"]
     eval_text = eval_vote_messages("r", ns)[1]["content"]
     assert all(s in eval_text for s in ("\\boxed{1}", "\\boxed{-1}", "\\boxed{0}"))
     hint_text = hint_vote_messages("r", NextState("user", "no"))[1]["content"]

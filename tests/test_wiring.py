@@ -273,11 +273,12 @@ def test_start_gateway_asks_for_hint_votes_only_when_the_loss_uses_hints(loss_na
     monkeypatch.setattr(train, "start_gateway", fake_start, raising=False)   # if imported at module top
     cfg = experiment(loss_name=loss_name, extra=["gateway.judge_hints=true"])
     run = types.SimpleNamespace(cfg=cfg, run_dir=tmp_path, base=types.SimpleNamespace(model_dir="m", tokenizer=None),
-                                cleanups=[], summary={})
+                                cleanups=[], summary={}, pool_api_key="pool-key")
     url = asyncio.run(train._start_gateway(run, ["http://127.0.0.1:2"]))
     assert url == "http://127.0.0.1:1" and len(seen) == 1
     assert seen[0].judge_hints is votes
     assert tuple(seen[0].policy_urls) == ("http://127.0.0.1:2",)
+    assert seen[0].policy_api_key == "pool-key"   # the gateway sends the policy servers' key
 
 
 # ------------------------------------------------------------------ LoRA merge in the pushed serving weights
