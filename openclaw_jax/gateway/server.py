@@ -38,6 +38,7 @@ from aiohttp import web
 from openclaw_jax.counters import counters
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
+from openclaw_jax.gateway.openai_judge import OpenAIJudge, openai_judge_from_config
 from openclaw_jax.gateway.pipeline import JudgePipeline
 from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
 from openclaw_jax.gateway.protocol import (ChatCompletionRequest, GatewayHTTPError, bad_request,
@@ -162,6 +163,10 @@ class Gateway(JudgePipeline, SessionRoutes):
             if cfg.judge == "rule":
                 self.judge = RuleJudge(max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars,
                                        hints=cfg.judge_hints)
+            elif cfg.judge == "openai":
+                self.judge = openai_judge_from_config(cfg)
+                self._owned.append(self.judge)
+                await self.judge.check()
             else:
                 if self.judge_pool is None:
                     # Its own client (own concurrency limit), even on the policy's URLs, so that
@@ -215,7 +220,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         if self.writer is not None:
             await self.writer.close(grace_s)
         for owned in reversed(self._owned):
-            if isinstance(owned, PoolClient):
+            if isinstance(owned, (PoolClient, OpenAIJudge)):
                 await owned.close()
         for owned in self._owned:
             if isinstance(owned, SampleStore):
