@@ -156,8 +156,9 @@ def test_gateway_with_openai_judge_stores_the_judges_verdict(tmp_path, monkeypat
             headers = {"X-Session-Id": "s1", "X-Turn-Type": "main"}
             first = [{"role": "user", "content": "What is 9 + 2?"}]
             r1 = client.chat.completions.create(model="tiny", messages=first, extra_headers=headers)
-            client.chat.completions.create(model="tiny", extra_headers=headers, messages=first + [
-                {"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": NEXT.content}])
+            second = first + [{"role": "assistant", "content": r1.choices[0].message.content},
+                              {"role": "user", "content": NEXT.content}]
+            client.chat.completions.create(model="tiny", extra_headers=headers, messages=second)
             lt.run(gateway.drain(30))
         finally:
             lt.run(stop_gateway(gateway, runner, grace_s=5))
