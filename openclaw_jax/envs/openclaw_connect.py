@@ -330,10 +330,7 @@ def connect(spec: ConnectSpec, cli: OpenClawCLI) -> Report:
     for s in settings:
         key = _dotted(s.path)
         if key not in entries:  # the earliest value wins: disconnect goes back to before the first connect
-            before = get_path(current, s.path)
-            entries[key] = {"path": list(s.path), "kind": s.kind, "absent": before is _ABSENT,
-                            "before": None if before is _ABSENT else before,
-                            "created": list(_highest_absent(current, s.path) or ())}
+            entries[key] = record_entry(current, s)
         entries[key]["ours"] = s.value
     patch = merge_patch(current, desired)
     message = cli.patch(patch) if patch else "nothing to change"
@@ -344,7 +341,16 @@ def connect(spec: ConnectSpec, cli: OpenClawCLI) -> Report:
                   message=message)
 
 
-def _undo(current: dict, entries: dict) -> tuple[dict, list[str], list[str]]:
+def record_entry(current: dict, setting: Setting) -> dict:
+    """What disconnect needs to know of one setting: the value before connect (or that there was none), ours,
+    and the branch connect creates for it (removed again when the undo leaves it empty)."""
+    before = get_path(current, setting.path)
+    return {"path": list(setting.path), "kind": setting.kind, "absent": before is _ABSENT,
+            "before": None if before is _ABSENT else before, "ours": setting.value,
+            "created": list(_highest_absent(current, setting.path) or ())}
+
+
+def undo(current: dict, entries: dict) -> tuple[dict, list[str], list[str]]:
     """`current` without what connect added; (result, undone paths, kept paths)."""
     out = copy.deepcopy(current)
     undone, kept, created = [], [], []
@@ -392,7 +398,7 @@ def disconnect(cli: OpenClawCLI) -> Report:
         return Report(config, "restored", changed=sorted(record["entries"]),
                       message="the config is back to what it was before connect, byte for byte")
     current = cli.read(config)
-    desired, undone, kept = _undo(current, record["entries"])
+    desired, undone, kept = undo(current, record["entries"])
     patch = merge_patch(current, desired)
     message = cli.patch(patch) if patch else "nothing of ours was left"
     cli.validate()
