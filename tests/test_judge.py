@@ -179,6 +179,9 @@ def test_hint_augmented_messages():
     ("user", "What if I use milk instead?", 0, None),  # a question, not an instruction
     ("user", "Where exactly is that setting?", 0, None),
     ("user", "Sounds good, and what about Friday?", 1, None),
+    # an aside gives information for later, no verdict: a hint-only sample
+    ("user", "For future reference: please always use bullet points for lists.", 0,
+     "For future reference: please always use bullet points for lists."),
     ("tool", "Traceback (most recent call last):\nValueError: bad", -1, None),
     ("tool", "process finished, exit code 2", -1, None),
     ("tool", "All 12 tests passed.", 1, None),

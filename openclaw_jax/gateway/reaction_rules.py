@@ -14,9 +14,11 @@ A person's message, in this order:
 3. **acceptance** ("thanks", "perfect", "works", "sounds good", "makes sense", ...) is +1 ("thanks
    anyway" is 0: the need was not met, through no fault the words name);
 4. **moving on** to the next task ("now send it", "next, ...", "another one") is +1;
-5. an **instruction** that is not a question ("Please keep it short.", "We use uv here, not pip.") asks
+5. an **aside** ("for future reference, ...", "FYI ...", "by the way, ...") is 0: information for later,
+   no verdict on the reply (its instruction is still the hint);
+6. an **instruction** that is not a question ("Please keep it short.", "We use uv here, not pip.") asks
    for a change: -1;
-6. anything else is 0.
+7. anything else is 0.
 
 The hint: the sentences that instruct (at most three; questions other than "shouldn't it be ...?"
 are not instructions); failing those, in a correction, what follows the verdict words ("No, that's
@@ -57,6 +59,8 @@ _NEUTRAL_THANKS = re.compile(r"\bthanks?( you)? (anyway|though)\b|^\s*no,? thank
 _CONTRAST = re.compile(r"\b(but|though|although|except|however)\b[,]?\s+(?=\S)", re.IGNORECASE)
 # a bare agreement before a "but" ("ok but shorter") objects as praise does
 _AGREE_BUT = re.compile(r"^\s*(ok(ay)?|yes|yeah|sure|fine|right)\b[,]?\s+but\s+(?=\S)", re.IGNORECASE)
+# "For future reference, ...", "FYI ...": a preference given as information, not as a verdict on this reply
+_ASIDE = re.compile(r"^\s*(fyi|for future reference|by the way|btw|just so you know|for the record)\b", re.IGNORECASE)
 _MOVE_ON = re.compile(
     r"^\s*(?:(?:ok(?:ay)?|great|good|cool|alright|perfect|thanks)[,.!]*\s+)?(?:now|next|then)\b[,:]?\s+\S"
     r"|\b(another one|one more)\b", re.IGNORECASE)
@@ -109,6 +113,8 @@ def user_verdict(text: str) -> tuple[int, str]:
         return -1, "the user corrects a detail"
     if _MOVE_ON.search(text):
         return 1, "the user moves on to the next task"
+    if _ASIDE.match(text):
+        return 0, "the user adds information for later, with no verdict on the reply"
     if instruction_sentences(text):
         return -1, "the user asks for a change"
     return 0, "the user's message is neutral"
