@@ -289,3 +289,15 @@ def test_judge_without_hints_casts_eval_votes_only():
     assert RuleJudge(hints=False).judge_now("r", NextState("user", "Please use tabs instead.")).kind == "rl"
     # a neutral message is no sample
     assert RuleJudge().judge_now("r", NextState("user", "Interesting.")).kind is None
+
+
+def test_rule_judge_reads_a_huge_reaction_in_bounded_time():
+    """A pasted log as the person's next message: the patterns read a bounded prefix, each in linear time,
+    so the judge (on the gateway's event loop) answers at once. Unbounded, these inputs took seconds at
+    20 k characters and grow with the square of the length."""
+    import time
+
+    for text in ("a" * 1_000_000, "ab " * 300_000, "Thanks! " + "x" * 1_000_000, "E" * 1_000_000):
+        start = time.perf_counter()
+        RuleJudge().judge_now("r", NextState("user", text))
+        assert time.perf_counter() - start < 5.0

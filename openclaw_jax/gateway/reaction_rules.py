@@ -43,7 +43,7 @@ _NEGATIVE = re.compile(
     r"too (long|short|formal|informal|verbose|vague|wordy|complicated|complex|technical|much|many)|"
     r"that'?s (off|outdated)|is outdated|doesn'?t exist|make (things|stuff) up|made (that|it|this) up|"
     r"frustrating|annoying|stop (asking|saying|apologi[sz]ing|doing)|shouldn'?t it be|"
-    r"crash(ed|es)?|\w+(Error|Exception)\b|traceback|\b404s?\b)\b"
+    r"crash(ed|es)?|\w{1,60}(Error|Exception)|traceback|404s?)\b"
     r"|^\s*no\b(?!\s+(problem|worries|thanks|thank you|idea|rush|need))"
     r"|^\s*(actually|almost|ugh|seriously)\b|^\s*\?{2,}|\bseriously\?",
     re.IGNORECASE)
@@ -97,12 +97,16 @@ _VERDICT_PREFIX = re.compile(
     r"you made a mistake|doesn'?t work|didn'?t work|still (?:wrong|broken))"
     r"\b\s*[,.!:;\u2014\u2013-]*\s*)+",
     re.IGNORECASE)
-_X_NOT_Y = re.compile(r"[^,.;!?]*\S, not [^,.;!?]+[.!?]?", re.IGNORECASE)
+_X_NOT_Y = re.compile(r"[^,.;!?]{0,200}\S, not [^,.;!?]{1,200}[.!?]?", re.IGNORECASE)
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+# A person's reaction is read up to this many characters: its verdict and instructions come first, and every
+# pattern above then runs in time linear in what is read (a pasted log cannot stall the gateway's loop).
+MAX_READ_CHARS = 4096
 
 
 def user_verdict(text: str) -> tuple[int, str]:
     """(+1 / -1 / 0, why) for a person's message (see the module docstring for the order)."""
+    text = text[:MAX_READ_CHARS]
     if _NEGATIVE.search(text):
         return -1, "the user corrects or rejects the reply"
     if _objection(text) is not None:
@@ -157,6 +161,7 @@ def _after_verdict(text: str) -> str:
 def user_hint(text: str, verdict: int) -> str | None:
     """The hint a person's message carries: its instruction sentences; failing those, in a correction,
     what follows the verdict words, or an "X, not Y" clause. None when there is none."""
+    text = text[:MAX_READ_CHARS]
     picked = instruction_sentences(text)
     if picked:  # "Good start, but we're on Python 3." -> "we're on Python 3."
         return " ".join((_objection(s) or s).strip() for s in picked)
