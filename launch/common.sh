@@ -89,10 +89,12 @@ setting() {
 }
 
 print_settings() {
-    local name
+    local name value
     echo "settings (environment variable = value [source]):"
     for name in "${SETTING_NAMES[@]}"; do
-        printf '  %-22s = %-34s [%s] %s\n' "$name" "${!name}" "${SETTING_SOURCE[$name]}" "${SETTING_HELP[$name]}"
+        value=${!name}
+        if [[ $name == *_KEY && -n $value ]]; then value="***"; fi  # secrets are never printed
+        printf '  %-22s = %-34s [%s] %s\n' "$name" "$value" "${SETTING_SOURCE[$name]}" "${SETTING_HELP[$name]}"
     done
 }
 
@@ -239,7 +241,7 @@ build_sglang_cmd() {
     local devices=$1 model=$2 host=$3 port=$4 tp=$5 mem=$6 extra=$7 extra_words=()
     CMD=("CUDA_VISIBLE_DEVICES=$devices" "$PYTHON" -m sglang.launch_server
         --model-path "$model" --host "$host" --port "$port"
-        --mem-fraction-static "$mem" --tp-size "$tp" --dtype "$SGLANG_DTYPE")
+        --mem-fraction-static "$mem" --tp-size "$tp" --dtype "$SGLANG_DTYPE" --api-key "$POOL_API_KEY")
     if [[ -n $CONTEXT_LENGTH ]]; then CMD+=(--context-length "$CONTEXT_LENGTH"); fi
     read -r -a extra_words <<<"$SGLANG_EXTRA_ARGS $extra"
     CMD+=("${extra_words[@]}")
@@ -250,7 +252,7 @@ build_router_cmd() {
     local host=$1 port=$2 extra_words=()
     shift 2
     CMD=("$PYTHON" -m sglang_router.launch_router --worker-urls "$@"
-        --host "$host" --port "$port" --policy "$ROUTER_POLICY")
+        --host "$host" --port "$port" --policy "$ROUTER_POLICY" --api-key "$POOL_API_KEY")
     read -r -a extra_words <<<"$ROUTER_EXTRA_ARGS"
     CMD+=("${extra_words[@]}")
 }
@@ -268,8 +270,48 @@ build_trainer_cmd() {
         "gateway.judge=model"
         "gateway.judge_urls=$(yaml_list "${JUDGE_URLS[@]}")"
         "mesh.data=$MESH_DATA" "mesh.fsdp=$MESH_FSDP" "mesh.tp=$MESH_TP"
-        "gateway.host=$GATEWAY_HOST" "gateway.port=$GATEWAY_PORT"
-        "${TRAINER_OVERRIDES[@]}")
+        "gateway.host=$GATEWAY_HOST" "gateway.port=$GATEWAY_PORT")
+    if [[ -n $GATEWAY_KEYS_FILE ]]; then CMD+=("gateway.keys_file=$GATEWAY_KEYS_FILE"); fi
+    CMD+=("${TRAINER_OVERRIDES[@]}")
+}
+
+# ------------------------------------------------------------------------------- keys
+
+# The workers' key reaches the trainer through its environment (OPENCLAW_POLICY_API_KEY), not its
+# command line; SGLang and the router only take it as --api-key (redacted in logs and dry runs).
+random_key() { od -An -N32 -tx1 /dev/urandom | tr -d ' \n'; }
+
+# ensure_pool_api_key [SHARED_FILE]: POOL_API_KEY from the environment, else from SHARED_FILE (created
+# once, mode 600, by whichever node gets there first: every node then uses the same key), else a new one.
+ensure_pool_api_key() {
+    local shared=${1:-} tmp
+    if [[ -n $POOL_API_KEY ]]; then
+        :
+    elif ((DRY_RUN)); then
+        printf '[dry-run] key: POOL_API_KEY is generated%s\n' "${shared:+ (shared through $shared)}"
+        POOL_API_KEY=generated
+    elif [[ -n $shared ]]; then
+        mkdir -p "$(dirname "$shared")" || die "could not create $(dirname "$shared") for the pool key"
+        tmp=$(umask 077 && mktemp "$shared.XXXXXX") || die "could not write a pool key next to $shared"
+        random_key >"$tmp"
+        ln "$tmp" "$shared" 2>/dev/null || true  # atomic: the first node's key wins
+        rm -f "$tmp"
+        POOL_API_KEY=$(<"$shared")
+        [[ -n $POOL_API_KEY ]] || die "the pool key file $shared is empty; delete it and start again"
+    else
+        POOL_API_KEY=$(random_key)
+    fi
+    export OPENCLAW_POLICY_API_KEY=$POOL_API_KEY
+}
+
+# The gateway refuses to start beyond loopback without a client key: say so before anything starts.
+check_gateway_exposure() {
+    case $GATEWAY_HOST in
+        127.* | localhost | ::1) return 0 ;;
+    esac
+    [[ -n ${OPENCLAW_GATEWAY_API_KEY:-} || -n $GATEWAY_KEYS_FILE ]] ||
+        die "GATEWAY_HOST=$GATEWAY_HOST is reachable from other machines: set GATEWAY_KEYS_FILE (a key per person) or OPENCLAW_GATEWAY_API_KEY (one shared key), or keep GATEWAY_HOST=127.0.0.1"
+    if [[ -n $GATEWAY_KEYS_FILE && ! -f $GATEWAY_KEYS_FILE ]]; then die "GATEWAY_KEYS_FILE=$GATEWAY_KEYS_FILE does not exist"; fi
 }
 
 # --------------------------------------------------------------------- prerequisite checks
@@ -443,17 +485,29 @@ make_dirs() {  # DIR...
 
 # ---------------------------------------------------------------- starting and stopping
 
+# redacted_words ARGV...: the words, with the value after every --api-key replaced by *** (for printing).
+redacted_words() {
+    local word secret=0
+    REDACTED=()
+    for word in "$@"; do
+        if ((secret)); then REDACTED+=("***"); else REDACTED+=("$word"); fi
+        secret=0
+        if [[ $word == --api-key ]]; then secret=1; fi
+    done
+}
+
 # start_component NAME LOGFILE [VAR=value ...] ARGV...: in its own process group (setsid), output
-# to LOGFILE (which starts with the command line), stdin from /dev/null.
+# to LOGFILE (which starts with the command line, keys redacted), stdin from /dev/null.
 start_component() {
     local name=$1 logfile=$2
     shift 2
+    redacted_words "$@"
     if ((DRY_RUN)); then
-        printf '[dry-run] run %s (log %s): env %s\n' "$name" "$logfile" "$(quote_words "$@")"
+        printf '[dry-run] run %s (log %s): env %s\n' "$name" "$logfile" "$(quote_words "${REDACTED[@]}")"
         return 0
     fi
     log_info "starting $name (log $logfile)"
-    printf '# %s\n' "$(quote_words env "$@")" >"$logfile"
+    printf '# %s\n' "$(quote_words env "${REDACTED[@]}")" >"$logfile"
     setsid env "$@" >>"$logfile" 2>&1 </dev/null &
     STARTED_PIDS+=("$!")
     STARTED_NAMES+=("$name")
@@ -617,7 +671,9 @@ define_common_settings() {
     setting ROUTER_PORT 30000 "policy router port (the trainer's policy.urls)"
     setting POLICY_BASE_PORT 30100 "policy worker i listens on POLICY_BASE_PORT + i"
     setting PRM_BASE_PORT 30200 "PRM worker i listens on PRM_BASE_PORT + i"
-    setting GATEWAY_HOST 127.0.0.1 "agent-facing gateway bind address (0.0.0.0 to expose; set OPENCLAW_GATEWAY_API_KEY)"
+    setting GATEWAY_HOST 127.0.0.1 "agent-facing gateway bind address (beyond loopback: set GATEWAY_KEYS_FILE or OPENCLAW_GATEWAY_API_KEY)"
+    setting GATEWAY_KEYS_FILE "" "gateway.keys_file: YAML key -> person id (docs/security.md)"
+    setting POOL_API_KEY "" "bearer key of every SGLang worker and the router (empty: generated)"
     setting GATEWAY_PORT 8000 "agent-facing gateway port"
     setting MESH_DATA 1 "trainer mesh.data"
     setting MESH_FSDP -1 "trainer mesh.fsdp (-1 = remaining devices)"

@@ -16,12 +16,15 @@ Usage: NODE_RANK=<i> NNODES=<n> NODE_ADDRS=<addr0,addr1,...> launch/multi_node.s
 Run it on every node. Each node gets the same per-node GPU split (TRAINER_GPUS for its trainer
 process, POLICY_GPUS/PRM_GPUS for SGLang workers when the node is in POLICY_NODES/PRM_NODES).
 Node i starts its SGLang workers and waits for their /health. Node 0 then waits for every
-worker on every node, starts the sglang_router in front of all policy workers and waits for it;
-the other nodes wait for that router. Then each node starts its trainer process with
+worker on every node, starts the sglang_router in front of all policy workers (on its loopback:
+only trainer process 0, on node 0, talks to it) and waits for it; the other nodes wait for every
+worker of every node. Then each node starts its trainer process with
 JAX_COORDINATOR_ADDRESS=MASTER_ADDR:JAX_COORDINATOR_PORT, JAX_NUM_PROCESSES=NNODES and
 JAX_PROCESS_ID=NODE_RANK (read by openclaw_jax.parallel.mesh.maybe_initialize_distributed);
 the trainer's process 0 hosts the gateway. RUN_DIR and WEIGHT_SYNC_DIR must be on a filesystem
-every node shares (checkpoints; weights read by every SGLang worker).
+every node shares (checkpoints; weights read by every SGLang worker). The workers require a key
+(POOL_API_KEY; when unset, the first node to start writes one to RUN_DIR/.pool_api_key, mode 600,
+and every node reads it from there).
 
 Under Slurm, NODE_RANK, NNODES and NODE_ADDRS default to SLURM_NODEID, SLURM_NNODES and the
 hosts of SLURM_JOB_NODELIST.
@@ -72,7 +75,7 @@ define_settings() {
     setting PRM_NODES all "ranks that run PRM workers (all, or e.g. 1)"
     define_common_settings
     setting SGLANG_HOST 0.0.0.0 "bind address of SGLang workers (reached from node 0's router)"
-    setting ROUTER_HOST 0.0.0.0 "bind address of the router on node 0"
+    setting ROUTER_HOST 127.0.0.1 "bind address of the router on node 0 (only trainer process 0 uses it)"
     setting RUN_DIR runs/multi_node "trainer run_dir, on a shared filesystem"
     RUN_DIR=$(abspath "$RUN_DIR")
     setting LOG_DIR "$RUN_DIR/logs" "logs go to LOG_DIR/node<rank>/<component>.log"
@@ -130,7 +133,7 @@ build_cluster_plan() {
         POLICY_WORKER_URLS+=("${policy_urls[@]}")
         PRM_WORKER_URLS+=("${prm_urls[@]}")
     done
-    ROUTER_URL="http://$MASTER_ADDR:$ROUTER_PORT"
+    ROUTER_URL="http://127.0.0.1:$ROUTER_PORT"   # node 0's own router, for node 0's trainer process
     if ((${#PRM_WORKER_URLS[@]} > 0)); then
         JUDGE_URLS=("${PRM_WORKER_URLS[@]}")
     else
@@ -231,12 +234,20 @@ node_actions() {
         build_router_cmd "$ROUTER_HOST" "$ROUTER_PORT" "${POLICY_WORKER_URLS[@]}"
         start_component "${prefix}router" "$log_dir/router.log" "${CMD[@]}"
     fi
-    # Every node waits for the router: node 0 starts it only once the whole pool is healthy, so
-    # no trainer process starts (and times out in jax.distributed.initialize) before the others.
+    # Node 0 waits for its router, which it starts only once the whole pool is healthy; every other
+    # node waits for the whole pool too, so no trainer process starts (and times out in
+    # jax.distributed.initialize) long before the others.
     if ((r == 0)); then
         wait_for_health "${prefix}router" "$ROUTER_URL/health"
     else
-        wait_for_health node0/router "$ROUTER_URL/health"
+        local other
+        for ((other = 0; other < NNODES; other++)); do
+            ((other == r)) && continue
+            i=0
+            for url in ${NODE_POLICY_URLS[$other]}; do wait_for_health "node$other/policy$i" "$url/health"; i=$((i + 1)); done
+            i=0
+            for url in ${NODE_PRM_URLS[$other]}; do wait_for_health "node$other/prm$i" "$url/health"; i=$((i + 1)); done
+        done
     fi
 
     TRAINER_ENV=("CUDA_VISIBLE_DEVICES=$TRAINER_DEVICES" "XLA_PYTHON_CLIENT_MEM_FRACTION=$TRAINER_MEM_FRACTION"
@@ -267,6 +278,8 @@ main() {
 
     if ((DRY_RUN)); then
         ((NODE_ADDRS_PLACEHOLDER == 0)) || log_warn "NODE_ADDRS is not set; the dry run uses the placeholder names ${NODE_ADDR_LIST[*]}"
+        check_gateway_exposure
+        ensure_pool_api_key "$RUN_DIR/.pool_api_key"
         for ((r = 0; r < NNODES; r++)); do
             echo "[dry-run] node $r (${NODE_ADDR_LIST[r]}): NODE_RANK=$r launch/multi_node.sh"
             node_prereqs "$r"
@@ -284,7 +297,9 @@ main() {
 
     node_prereqs "$NODE_RANK"
     report_missing
+    check_gateway_exposure
     make_dirs "$RUN_DIR" "$LOG_DIR/node$NODE_RANK" "$WEIGHT_SYNC_DIR"
+    ensure_pool_api_key "$RUN_DIR/.pool_api_key"
     warn_if_no_jax_cuda
     install_traps
 

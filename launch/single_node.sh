@@ -114,8 +114,10 @@ main() {
     prereq "ports free: ${port_specs[*]}" check_ports_free "${port_specs[@]}"
     prereq "RUN_DIR, LOG_DIR and WEIGHT_SYNC_DIR can be created" check_dirs_creatable "$RUN_DIR" "$LOG_DIR" "$WEIGHT_SYNC_DIR"
     report_missing
+    check_gateway_exposure
     ((DRY_RUN)) || make_dirs "$RUN_DIR" "$LOG_DIR" "$WEIGHT_SYNC_DIR"
     ((DRY_RUN)) || { warn_if_no_jax_cuda; install_traps; }
+    ensure_pool_api_key
 
     # SGLang first: in the colocated layout each worker sizes its KV cache from the memory
     # free when it starts, so the trainer's preallocation must come after.

@@ -206,6 +206,9 @@ class PolicyConfig:
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
     request_timeout_s: float = 300.0
+    # external mode: the workers' bearer key (their --api-key; empty: the environment's OPENCLAW_POLICY_API_KEY,
+    # else none). The embedded server gets a fresh key per run by itself.
+    api_key: str | None = None
 
     def __post_init__(self):
         if self.mode == "external":
@@ -251,7 +254,7 @@ class OptimizerConfig:
 class TrainerConfig:
     """The background trainer (docs/design.md §7)."""
 
-    # Keys that moved (issue 25): the loss is the `loss` section's, tau is the sampling temperature.
+    # Keys that moved: the loss is the `loss` section's, tau is the sampling temperature.
     RENAMED_KEYS: ClassVar[dict[str, str]] = {
         "method": "the loss is chosen by loss.name (e.g. loss.name=rl)",
         "top_k": "K of the top-K sets is loss.top_k",
@@ -371,8 +374,8 @@ def load_experiment_config(config_files=(), overrides=(), gin_files=(), gin_bind
 
 
 def upgrade_run_config(data: dict) -> dict:
-    """A run directory's resolved `config.yaml` written before the loss section and the one temperature
-    (issue 25), in today's keys: trainer.method -> loss.name (the weight `rl` / `opd` fixed was
+    """A run directory's resolved `config.yaml` written before the loss section and the one temperature,
+    in today's keys: trainer.method -> loss.name (the weight `rl` / `opd` fixed was
     rewritten then, so it is left to the loss), trainer.top_k -> loss.top_k, trainer.rollout_batch_size
     -> trainer.samples_per_step, loss.ppo_kl_clamp -> loss.log_ratio_clamp; trainer.temperature and
     trainer.allow_temperature_mismatch are dropped (tau is gateway.temperature). Only for reading old

@@ -21,6 +21,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import secrets
 import signal
 import sys
 import time
@@ -35,9 +37,10 @@ from flax import nnx
 from openclaw_jax.compile_cache import enable_compile_cache
 from openclaw_jax.config import ExperimentConfig, load_experiment_config
 from openclaw_jax.configlib import ConfigError, dump_yaml
-from openclaw_jax.gateway.server import start_gateway, stop_gateway
+from openclaw_jax.envs.openclaw_connect import connect_command
+from openclaw_jax.gateway.server import API_KEY_ENV, start_gateway, stop_gateway
 from openclaw_jax.inference.engine import Engine, EngineConfig
-from openclaw_jax.inference.server import InferenceServer
+from openclaw_jax.inference.server import API_KEY_ENV as POLICY_API_KEY_ENV, InferenceServer
 from openclaw_jax.inference.vision import VisionGenerator
 from openclaw_jax.logs import configure_logging
 from openclaw_jax.models.config import ModelConfig, ModelConfigError
@@ -207,6 +210,7 @@ class _Run:
     is_main: bool
     t_start: float
     cleanups: list[Any] = dataclasses.field(default_factory=list)
+    pool_api_key: str | None = None   # the policy servers' bearer key (the embedded one's is made per run)
 
     def record_eval(self, record: dict[str, Any]) -> None:
         record["time_s"] = time.monotonic() - self.t_start
@@ -240,8 +244,12 @@ async def _start_embedded_pool(r: _Run):
         engine = Engine(serving.language_model if vision is not None else serving, base.tokenizer,
                         context_length=cfg.policy.context_length or None, config=engine_config(cfg.policy),
                         weight_version=r.trainer.weight_version, seed=cfg.seed)
+        # A fresh key per run, handed to the gateway and the agentic driver: the control routes (pause,
+        # abort, flush, weight updates) stay closed to anything else that reaches the port, even on loopback.
+        r.pool_api_key = secrets.token_urlsafe(32)
         server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
-                                 served_model_name=Path(base.model_dir).name, vision=vision)
+                                 served_model_name=Path(base.model_dir).name, vision=vision, api_key=r.pool_api_key,
+                                 image_limits=cfg.gateway.image_limits)
         runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
@@ -264,26 +272,31 @@ async def _start_policy_process(r: _Run, resumed: bool):
     if jax.process_count() > 1:
         raise ConfigError("policy.mode=process runs one policy server beside a single-process trainer; with "
                           f"{jax.process_count()} processes use policy.mode=embedded or external")
-    # it starts on the base weights (version 0); a resumed run pushes its own below, as for external workers
-    command = server_command(r.cfg, r.base.model_dir, r.trainer.weight_version if not resumed else "0")
-    server = PolicyProcess(command, r.run_dir / "policy.log")
+    # it starts on the base weights (version 0); a resumed run pushes its own below, as for external workers.
+    # A fresh key per run (as for the embedded server), handed over in its environment, not its command line.
+    key = secrets.token_urlsafe(32)
+    weight_dir = Path(r.cfg.policy.weight_sync_dir or r.run_dir / "weights")
+    weight_dir.mkdir(parents=True, exist_ok=True)
+    command = server_command(r.cfg, r.base.model_dir, r.trainer.weight_version if not resumed else "0", weight_dir)
+    server = PolicyProcess(command, r.run_dir / "policy.log", env={POLICY_API_KEY_ENV: key})
     url = await server.start()
     r.cleanups.append(server.stop)
     if r.cfg.policy.trainer_nice:
         lowered = lower_priority(r.cfg.policy.trainer_nice)
         log.info("this process (trainer, gateway, judge): %d threads at nice %d; the policy server keeps its "
                  "priority", lowered, r.cfg.policy.trainer_nice)
-    return await _connect_external_pool(r, resumed, urls=[url])
+    return await _connect_external_pool(r, resumed, urls=[url], api_key=key)
 
 
-async def _connect_external_pool(r: _Run, resumed: bool, urls: list[str] | None = None):
-    """A client to external SGLang workers (`urls`, else the config's) and a disk weight push; returns
-    (policy urls, weight push)."""
+async def _connect_external_pool(r: _Run, resumed: bool, urls: list[str] | None = None, api_key: str | None = None):
+    """A client to external SGLang workers (`urls` and `api_key`, else the config's) and a disk weight push;
+    returns (policy urls, weight push)."""
     cfg, base = r.cfg, r.base
     client = None
+    r.pool_api_key = api_key or cfg.policy.api_key or os.environ.get(POLICY_API_KEY_ENV) or None
     if r.is_main:
         client = PoolClient(urls or worker_urls(cfg.policy.urls, cfg.policy.worker_urls),
-                            request_timeout_s=cfg.policy.request_timeout_s)
+                            request_timeout_s=cfg.policy.request_timeout_s, api_key=r.pool_api_key)
         await client.start()
         r.cleanups.append(client.close)
     push = DiskWeightSync(client, cfg.policy.weight_sync_dir or r.run_dir / "weights",
@@ -298,14 +311,33 @@ async def _connect_external_pool(r: _Run, resumed: bool, urls: list[str] | None 
 async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
     """The OpenAI-compatible gateway (judge + sample store) in front of the pool; returns its URL."""
     # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
-    gw_cfg = dataclasses.replace(r.cfg.gateway, policy_urls=tuple(policy_urls),
+    gw_cfg = dataclasses.replace(r.cfg.gateway.with_environment(os.environ), policy_urls=tuple(policy_urls),
                                  store_dir=str(r.run_dir / "samples"), model=r.base.model_dir,
-                                 judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints)
+                                 judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints,
+                                 policy_api_key=r.pool_api_key)
     gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=r.base.tokenizer)
-    r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
+    # on a stop, turns whose next state already arrived are judged and stored first (the next run trains them)
+    r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=gw_cfg.shutdown_grace_s))
     log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
     r.summary["gateway_url"] = gateway_url
+    if not r.cfg.env.enabled:
+        _announce_live(r, gateway_url, gw_cfg)
     return gateway_url
+
+
+def _announce_live(r: _Run, gateway_url: str, gw_cfg) -> None:
+    """Live mode (no simulated users): where the person's OpenClaw connects, and how the run continues."""
+    command = connect_command(gateway_url, gw_cfg.served_model_name, gw_cfg.max_prompt_tokens,
+                              gw_cfg.default_max_tokens, api_key_env=API_KEY_ENV if gw_cfg.api_key else None)
+    log.info("live mode: no simulated users; your OpenClaw is the only client of %s/v1 (model %r)", gateway_url,
+             gw_cfg.served_model_name)
+    log.info("connect your OpenClaw once (keeps your other providers, plugins and settings; `disconnect` undoes "
+             "it):\n    %s", command)
+    if gw_cfg.api_key:
+        log.info("(--api-key: the gateway.api_key this run was given; put it in $%s first, or write it in place)",
+                 API_KEY_ENV)
+    log.info("serving weight version %s, trained on samples [0, %d); Ctrl-C saves and stops, the same command "
+             "continues", r.trainer.weight_version, r.trainer.sample_offset)
 
 
 async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
@@ -313,7 +345,7 @@ async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
     trainer = r.trainer
     agentic = await AgenticDriver(r.cfg, policy_urls, r.base.tokenizer, store_dir=str(r.run_dir / "samples"),
                                   offset_fn=lambda: trainer.sample_offset,
-                                  images=policy_images(r.base)).start()
+                                  images=policy_images(r.base), pool_api_key=r.pool_api_key).start()
     r.cleanups.append(agentic.close)
     r.summary["heldout"] = []
 
@@ -475,8 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m openclaw_jax.train",
         description="Train a model from live conversations (hybrid GRPO + top-K OPD), serving it meanwhile.",
-        epilog="Example: python -m openclaw_jax.train --config configs/tiny_cpu.yaml trainer.max_steps=5 "
-               "run_dir=runs/try")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  # live: your own OpenClaw is the user; serves on http://127.0.0.1:8000 and prints the command\n"
+               "  # that connects OpenClaw (docs/live.md); Ctrl-C saves, the same command continues\n"
+               "  python -m openclaw_jax.train --config configs/live_cpu.yaml\n"
+               "  # a simulated person, the whole loop on a tiny random model in minutes\n"
+               "  python -m openclaw_jax.train --config configs/tiny_cpu.yaml trainer.max_steps=5 run_dir=runs/try")
     parser.add_argument("--config", action="append", default=[], metavar="YAML",
                         help="YAML config file (repeatable; later files override earlier ones)")
     parser.add_argument("--gin-file", action="append", default=[], metavar="GIN",

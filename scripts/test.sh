@@ -19,6 +19,14 @@ if ! command -v Xvfb >/dev/null || ! command -v xdotool >/dev/null; then
     { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends xvfb xdotool; } \
         || echo "warning: could not install xvfb/xdotool; tests/test_gui_env.py will fail under CI, skip elsewhere" >&2
 fi
+# The sandbox's system parts (docs/sandbox.md): util-linux (unshare, nsenter, setpriv), libseccomp
+# (its filter) and a system python3 that an ordinary user can run (the escape probes' second mode).
+if ! command -v nsenter >/dev/null || ! command -v setpriv >/dev/null || ! [ -x /usr/bin/python3 ] \
+        || ! ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends util-linux libseccomp2 python3; } \
+        || echo "warning: could not install util-linux/libseccomp2/python3; the sandbox tests will fail" >&2
+fi
 # Two workers (pytest-xdist): much of the suite is single-threaded XLA compilation, process start-up
 # and waits on servers, which overlap well on 2 cores. tests/conftest.py keeps tests that share an
 # expensive fixture on one worker and starts the heaviest first (--dist loadgroup), and gives the

@@ -3,7 +3,7 @@
 Records, with `sys.setprofile`, every call into a file of the `openclaw_jax` package that receives
 the config or one of its sections (any nested config dataclass) as an argument, in order, and prints
 the sequence of files as *stays* (consecutive calls in one file), how often each file is entered,
-and how many stays return to a file already left (issue 25: `trainer/loop.py` entered at most
+and how many stays return to a file already left (the bar: `trainer/loop.py` entered at most
 twice, at most 4 returns).
 
   python scripts/trace_cfg_walk.py [--verbose] [--derived]

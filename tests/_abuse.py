@@ -73,6 +73,32 @@ def small_latency_during(send_big, send_small) -> tuple[object, list[float]]:
     return result["value"], latencies
 
 
+def served_during(send_big, send_small) -> tuple[object, float, list[float]]:
+    """``small_latency_during``, also timing ``send_big()`` itself: (big's result, its seconds, small latencies)."""
+    t0 = time.perf_counter()
+    result, latencies = small_latency_during(send_big, send_small)
+    return result, time.perf_counter() - t0, latencies
+
+
+def assert_no_stall(rounds: list[tuple[float, float]], body: bytes) -> None:
+    """Each (big request's seconds, slowest small request's seconds) shows no stall: a server that did the
+    big request's work on its event loop would make a small request sent meanwhile wait about as long as
+    the big one. Both bounds scale with the machine: half the big request's time, or, for big requests
+    that are refused quickly, a few times what decoding `body` as JSON takes in this process right now
+    (a decode holds Python's GIL even on a worker thread, so a server may pause for about that long)."""
+    decode_s = min(_timed(json.loads, body) for _ in range(2))
+    floor = 3 * decode_s + 1.0
+    stalled = [(round(big, 3), round(small, 3)) for big, small in rounds if small >= max(0.5 * big, floor)]
+    assert not stalled, (f"small requests waited for the big one (big s, small s): {stalled} of {rounds}; "
+                         f"bound max(big / 2, {floor:.3f} s)")
+
+
+def _timed(fn, *args) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -155,3 +181,123 @@ def error_json(text: str) -> dict:
     body = json.loads(text)
     assert isinstance(body, dict), text
     return body
+
+
+# ----------------------------------------------------------------------------- real processes for the probes
+
+class GatewayProcess:
+    """`python -m openclaw_jax.gateway` on 127.0.0.1 (an ephemeral port) with the given flags; its stderr
+    (the gateway's log) goes to ``log_path``. ``env`` adds environment variables."""
+
+    def __init__(self, args: list[str], log_path, env: dict[str, str] | None = None) -> None:
+        import subprocess
+        import sys
+
+        from _server_utils import REPO, server_env
+
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "openclaw_jax.gateway", "--port", "0", "--log-level",
+                                      "INFO", *args], stdout=subprocess.PIPE, stderr=self._log,
+                                     env={**server_env(None), **(env or {})}, cwd=str(REPO))
+        line = self.proc.stdout.readline().decode()
+        if "listening on" not in line:
+            self.stop()
+            raise RuntimeError(f"the gateway did not start: {line!r}; log:\n{self.log()[-3000:]}")
+        self.url = line.rsplit(" ", 1)[-1].strip()
+
+    def log(self) -> str:
+        self._log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - a stuck gateway is killed
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self._log.close()
+
+
+def health_latencies_during(send_big, health_url: str, rounds: int = 3, headers: dict | None = None):
+    """``send_big()`` ``rounds`` times (in a thread), each while ``GET health_url`` is timed back to back;
+    returns (the replies, the slowest health answer of each round). A failed health check fails the test."""
+    session = requests.Session()
+
+    def probe() -> None:
+        session.get(health_url, timeout=30, headers=headers).raise_for_status()
+
+    replies, worst = [], []
+    for _ in range(rounds):
+        reply, latencies = small_latency_during(send_big, probe)
+        replies.append(reply)
+        worst.append(max(latencies))
+    session.close()
+    return replies, worst
+
+
+def assert_responsive(worst: list[float], what: str) -> None:
+    """The slowest health answers of the rounds of `health_latencies_during`: under 1 s. A stall would hit
+    every round; one round slowed by a busy shared machine (still under 5 s) is tolerated."""
+    print(f"\n{what}: slowest health answer per round {[round(x, 3) for x in worst]} s")
+    assert sum(x >= 1.0 for x in worst) <= 1 and max(worst) < 5.0, (what, worst)
+
+
+def bomb_png(side: int) -> bytes:
+    """A valid 1-bit grey PNG of ``side`` x ``side`` pixels, all black: a few kilobytes that decode to
+    side^2 / 8 bytes, and to 3 * side^2 as RGB (13,000: 21 MB, 507 MB)."""
+    import struct
+    import zlib
+
+    row = b"\x00" + bytes((side + 7) // 8)
+    comp = zlib.compressobj(9)
+    data = b"".join(comp.compress(row) for _ in range(side)) + comp.flush()
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    ihdr = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    import base64
+
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def peak_rss_growth_mib(pid: int, action):
+    """(``action()``'s result, how far the resident memory of process ``pid`` rose above where it was
+    when ``action`` started, in MiB): its peak (VmHWM) is reset first through /proc/<pid>/clear_refs."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")   # VmHWM := VmRSS
+    before = rss_mib(pid)
+    result = action()
+    with open(f"/proc/{pid}/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    return result, peak - before
+
+
+def scripted_pool():
+    """A scripted policy pool (tests/_scripted_pool.py) serving on 127.0.0.1 from its own loop thread, with
+    ``.url``; a context manager."""
+    import contextlib
+
+    from _scripted_pool import LoopThread, ScriptedPool, serve_app
+    from openclaw_jax.models.tokenizer import tiny_test_tokenizer
+
+    @contextlib.contextmanager
+    def serving():
+        loop = LoopThread()
+        pool = ScriptedPool(tiny_test_tokenizer())
+        runner, pool.url = loop.run(serve_app(pool.app()))
+        try:
+            yield pool
+        finally:
+            loop.run(runner.cleanup())
+            loop.stop()
+
+    return serving()

@@ -124,7 +124,7 @@ class ScriptedPool:
         return web.json_response({}, status=200 if self.healthy else 503)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=64 << 20)   # requests with images
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/health", self.health)
         return app
@@ -207,7 +207,7 @@ class RecordingProxy:
             await self._session.close()
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=64 << 20)   # requests with images
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/health", self.health)
         return app

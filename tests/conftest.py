@@ -122,6 +122,20 @@ def make_tiny_smollm2_checkpoint(out_dir, *, seed: int = 0, max_positions: int =
 
 
 @pytest.fixture(scope="session")
+def require_gui_tools():
+    """The GUI environment's programs (Debian's xvfb and xdotool; scripts/test.sh installs them): under CI
+    (env CI set) a test that needs them FAILS without them, elsewhere it skips with the install command."""
+    from openclaw_jax.envs.agentic.gui_desktop import INSTALL_HINT, missing_tools
+
+    missing = missing_tools()
+    if missing:
+        message = f"the GUI environment needs {', '.join(missing)}; install with `{INSTALL_HINT}` (or run scripts/test.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory):
     """A tiny random Qwen3 HF checkpoint directory (seed 0) with tokenizer files."""
     return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("tiny_qwen3") / "model", seed=0)
@@ -226,9 +240,10 @@ def pytest_runtest_teardown(item, nextitem):
 # a group keeps its module's order.
 #
 # xdist's own `xdist_group` marks are not used: with pytest 9.2 they are silently ignored (xdist
-# 3.8 marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads; pytest-xdist
-# issue 1386). Instead each worker writes the groups it collected to the session directory, and the
-# controller's scheduler below (a LoadScopeScheduling whose scope is that group) reads them.
+# 3.8 marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads:
+# https://github.com/pytest-dev/pytest-xdist/issues/1386). Instead each worker writes the groups it
+# collected to the session directory, and the controller's scheduler below (a LoadScopeScheduling
+# whose scope is that group) reads them.
 _SHARED_SESSION_GROUPS = {"tiny_run_dir": "tiny_run"}
 _GROUPS_FILE = "xdist-groups-{}.json"
 

@@ -259,3 +259,31 @@ def test_run_wiring_builds_the_driver_and_demonstrations_from_the_experiment_con
     assert driver.backlog > 0
     pairs = asyncio.run(demonstrations(episode_runner(cfg.agentic, driver.env, tok), driver.train_tasks[:3]))
     assert len(pairs) == 3 and all(tok.decode(turn).startswith("apple") and images == [] for _, turn, images in pairs)
+
+
+class _StopsOnEndOfText(ScriptedPolicy):
+    """Ends each turn on <|endoftext|>, the tokenizer's other end-of-sequence token, where the chat
+    template closes assistant turns with <|im_end|> (a sampled policy may stop on either)."""
+
+    def __init__(self, tokenizer, turns):
+        super().__init__(tokenizer, turns)
+        self.eos = tokenizer.encode("<|endoftext|>")[0]
+
+
+def test_a_turn_ending_on_another_end_of_sequence_token_keeps_the_episode_token_exact():
+    from openclaw_jax.models.tokenizer import tokenizer_by_name
+
+    tiny = tokenizer_by_name("tiny")   # Qwen3's template (an empty think block on a final assistant turn)
+    end_of_text, im_end = tiny.encode("<|endoftext|>"), tiny.encode("<|im_end|>")
+    assert len(end_of_text) == len(im_end) == 1 and set(end_of_text + im_end) <= set(tiny.eos_token_ids)
+    env = make_env(AgenticConfig(env="toolcall"))
+    task = env.tasks("train", 1, seed=3)[0]
+    ep = asyncio.run(EpisodeRunner(env, tiny, EpisodeLimits()).run(
+        task, _StopsOnEndOfText(tiny, env.demonstration(task)), temperature=0.0))
+    assert ep.success and ep.end_reason == "answer" and ep.tool_calls == 1, ep.observations
+    # Every turn is the policy's tokens as sampled, ending on <|endoftext|>; what follows each turn is
+    # exactly what the template writes after that turn's own end marker (<|im_end|>) in the whole conversation.
+    full = tiny.apply_chat_template(ep.messages, tools=env.tools, add_generation_prompt=False, tokenize=False)
+    got = tiny.decode(ep.prompt_ids + ep.response_ids, skip_special_tokens=False)
+    assert [ep.response_ids[e - 1] for _, e in ep.turns] == end_of_text * len(ep.turns)
+    assert got.replace("<|endoftext|>", "<|im_end|>") + "\n" == full.replace("<think>\n\n</think>\n\n", ""), (got, full)

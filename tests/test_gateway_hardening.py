@@ -1,4 +1,4 @@
-"""The gateway under hostile input and a full disk (issue 12).
+"""The gateway under hostile input and a full disk.
 
 Reproducers are 4xx JSON answers; a 7 MB message and a 200 k-character one do not stall a small
 request; the sample store on a really full filesystem (a 512 KiB tmpfs filled to ENOSPC; where
@@ -24,7 +24,7 @@ import httpx
 import pytest
 import requests
 
-from _abuse import SlowClients, error_json, post_raw, rss_mib, run_fuzz, small_latency_during
+from _abuse import SlowClients, assert_no_stall, error_json, post_raw, rss_mib, run_fuzz, served_during
 from _fuzz_bodies import fuzz_requests
 from _scripted_pool import LoopThread
 from _server_utils import REPO, server_env
@@ -104,15 +104,15 @@ def test_reproducers_are_4xx_json_and_big_messages_do_not_stall(make_env):
             # 200 k characters could fit in principle: rendered and tokenized off the loop, then refused.
             (long, "at most 32768 are accepted", "200 k-char message")]:
         raw = json.dumps(body).encode()  # serialized up front: the client shares this process's GIL
-        worst = []
+        rounds = []
         for _ in range(3):
-            reply, latencies = small_latency_during(
+            reply, big_s, latencies = served_during(
                 lambda: requests.post(url, data=raw, headers={"Content-Type": "application/json"}, timeout=60), small)
             assert needle in openai_error(reply), reply.text
-            worst.append(max(latencies))
-        print(f"\ngateway: small-request latency max per round during a {what}: {[round(x, 3) for x in worst]} s")
-        # A stall would hit every round; one round slowed by a busy shared machine is tolerated.
-        assert sum(x >= 1.0 for x in worst) <= 1 and max(worst) < 5.0, worst
+            rounds.append((big_s, max(latencies)))
+        print(f"\ngateway: (big s, slowest small s) per round during a {what}: "
+              f"{[(round(b, 3), round(s, 3)) for b, s in rounds]}")
+        assert_no_stall(rounds, raw)
     assert env.pool.requests and all(len(r["input_ids"]) < 100 for r in env.pool.requests)
 
 
@@ -238,16 +238,19 @@ def test_slow_header_connections_hit_the_timeout_and_the_cap(make_env, caplog):
     caplog.set_level(logging.WARNING, logger="openclaw_jax.http.http_guard")
     slow = SlowClients(env.url, 50, interval_s=0.1).open()
     try:
-        time.sleep(0.3)
-        r = requests.post(env.url + "/v1/chat/completions", json=HI, timeout=30)
-        assert r.status_code == 503 and "too many open connections" in r.json()["error"]["message"]
-        slow.dribble_until_closed(5.0)
-        statuses = slow.statuses()
+        slow.dribble_until_closed(60.0)  # a bound on connections never answered, not on speed
+        statuses, replies = slow.statuses(), dict(slow.replies)
     finally:
         slow.close()
-    assert statuses.count(503) == 30 and statuses.count(408) == 20, statuses
+    # Refused at once (503) or held until the header timeout (408), never hung or served; the split depends
+    # on how fast the machine accepts 50 connections, so it is checked against the gateway's own counters
+    # and the cap against the most connections it ever held at once (see tests/test_server_hardening.py).
+    assert statuses.count(503) + statuses.count(408) == 50 and statuses.count(503) and statuses.count(408), statuses
+    refused = next(replies[i] for i, s in enumerate(statuses) if s == 503)
+    assert b"too many open connections" in refused, refused
     conns = env.http.get("/healthz").json()["connections"]
-    assert conns["header_timeouts"] == 20 and conns["connections_refused"] >= 31, conns
+    assert conns["connections_peak"] <= 20, conns
+    assert conns["header_timeouts"] == statuses.count(408) and conns["connections_refused"] >= statuses.count(503), conns
     text = caplog.text
     assert "connection limit reached" in text and "gateway.max_connections=20" in text
     assert "no complete request headers within 1 s (gateway.header_timeout_s" in text

@@ -19,7 +19,7 @@ from openclaw_jax.envs.simulated_user import FirstAnswer, score_first_answers
 
 @pytest.mark.parametrize("answer, reference, expected", [
     ("6 + 4 = 10.", "10", True),                 # the final number is the result
-    ("The answer: 12.", "10", False),            # the case: short, complete, wrong
+    ("The answer: 12.", "10", False),            # short, complete, wrong
     ("The answer is 10.0", "10", True),          # same number, other spelling
     ("It earns 28,080 pounds a year.", "28080", True),
     ("3 - 7 = -4", "-4", True),                  # a sign touching the digits is kept

@@ -18,27 +18,18 @@ import os
 import signal
 import time
 
+from pathlib import Path
+
 import pytest
 
 from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
 from openclaw_jax.envs.agentic.episode import ToolError
 from openclaw_jax.envs.agentic.gui import (GuiEnv, checker_step_vote, demonstration_conversations,
                                            observation_content)
-from openclaw_jax.envs.agentic.gui_desktop import INSTALL_HINT, descendants, missing_tools
+from openclaw_jax.envs.agentic.gui_desktop import descendants
 from openclaw_jax.envs.agentic.gui_tasks import FAMILIES, HEIGHT, WIDTH, center, check
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def require_gui_tools():
-    missing = missing_tools()
-    if not missing:
-        return
-    message = f"the GUI environment needs {', '.join(missing)}; install with `{INSTALL_HINT}` (or run scripts/test.sh)"
-    if os.environ.get("CI"):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +199,10 @@ def test_the_app_runs_jailed_and_two_episodes_are_isolated(env):
         app = _app_pid(a)
         assert os.readlink(f"/proc/{app}/ns/pid") != os.readlink("/proc/self/ns/pid")
         assert os.readlink(f"/proc/{app}/ns/net") != os.readlink("/proc/self/ns/net")
-        assert os.readlink(f"/proc/{app}/root") != "/"  # chrooted
+        assert os.readlink(f"/proc/{app}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        # its own root (pivot_root, the host's detached): another file system, none of the host's files
+        assert os.stat(f"/proc/{app}/root/").st_dev != os.stat("/").st_dev
+        assert not os.path.exists(f"/proc/{app}/root{Path(__file__).resolve()}")
         uid = int(next(line for line in open(f"/proc/{app}/status") if line.startswith("Uid:")).split()[1])
         assert uid != 0 and uid != os.getuid()
         # input to one display does not reach the other
@@ -224,7 +218,8 @@ def test_the_app_runs_jailed_and_two_episodes_are_isolated(env):
         asyncio.run(env.close(a))
         time.sleep(0.2)
         assert not [p for p in a_pids if _alive(p)]
-        assert not os.path.exists(f"/tmp/.X11-unix/X{a.display}") and not os.path.exists(f"/tmp/.X{a.display}-lock")
+        # the server's socket file lived in the episode's own folder, which is gone; nothing global is left
+        assert not a.jail._host.exists()
         assert all(_alive(p) for p in b.pids())
         tb = _task(env, "copy")
         x, y = center(b.geometry["target"])
@@ -365,11 +360,10 @@ def test_an_episode_dies_with_the_process_that_started_it(require_gui_tools):
         host.kill()
         host.wait()
     assert len(pids) >= 4  # Xvfb (and its shell), unshare, the jail init, the app
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a bound on processes that never end, not on a loaded machine's speed
     while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if _alive(p)], "processes outlived their host"
-    assert not os.path.exists(f"/tmp/.X11-unix/X{display}")
     assert not os.path.exists(directory), "the sandbox directory outlived its host"
 
 

@@ -61,7 +61,7 @@ def test_one_image_through_gateway_server_store_and_trainer(tmp_path):
     model, vl = load_qwen_vl_checkpoint(ckpt)
     proc = ImageProcessorConfig.for_vision(vl.vision)
     engine = Engine(model.language_model, tok, context_length=1024, seed=0, config=EngineConfig(**TINY_ENGINE_KW))
-    server = InferenceServer(engine, tok, model_path=str(ckpt), served_model_name="tiny-vl")
+    server = InferenceServer(engine, tok, model_path=str(ckpt), served_model_name="tiny-vl", weight_dirs=[ckpt.parent])
     server.vision = VisionGenerator(model)
     policy = ServerThread(server.make_app()).start()
     lt = LoopThread()

@@ -133,6 +133,7 @@ def check_single_node_plan(actions: list[Action], *, n_policy: int, n_prm: int, 
         assert argv[1:3] == ["-m", "sglang.launch_server"]
         assert int(flag(argv, "--tp-size")) == tp == len(devices(worker))
         assert flag(argv, "--host") == "127.0.0.1"
+        assert flag(argv, "--api-key") == "***"   # required, and never printed
     worker_devs = [d for w in policy + prm for d in devices(w)]
     assert len(worker_devs) == len(set(worker_devs)), "two SGLang workers share a GPU"
     ports = [int(flag(w.argv, "--port")) for w in policy + prm] + [int(flag(router.argv, "--port"))]
@@ -347,6 +348,7 @@ def check_multi_node_plan(stdout: str, *, addrs: list[str], master: str, coord_p
         assert len(devices(runs["trainer"])) == trainer_gpus
         for w in workers:
             assert flag(w.argv, "--host") == "0.0.0.0"
+            assert flag(w.argv, "--api-key") == "***"   # required, and never printed
         all_policy += [f"http://{addrs[r]}:{flag(runs[f'policy{i}'].argv, '--port')}"
                        for i in range(n_policy) if r in policy_nodes]
         all_prm += [f"http://{addrs[r]}:{flag(runs[f'prm{i}'].argv, '--port')}"
@@ -359,7 +361,9 @@ def check_multi_node_plan(stdout: str, *, addrs: list[str], master: str, coord_p
         assert all(a.log.rsplit("/", 2)[1] == f"node{r}" for a in runs.values())
     router = nodes[0]["router"]
     assert sorted(flag_list(router.argv, "--worker-urls")) == sorted(all_policy)
-    router_url = f"http://{master}:{flag(router.argv, '--port')}"
+    # on node 0's loopback: only trainer process 0 talks to it (the router can add and remove workers)
+    assert flag(router.argv, "--host") == "127.0.0.1" and flag(router.argv, "--api-key") == "***"
+    router_url = f"http://127.0.0.1:{flag(router.argv, '--port')}"
     overrides = [trainer_overrides(nodes[r]["trainer"].argv) for r in nodes]
     assert all(ov == overrides[0] for ov in overrides), "trainer processes disagree on their config"
     ov = overrides[0]
@@ -367,7 +371,7 @@ def check_multi_node_plan(stdout: str, *, addrs: list[str], master: str, coord_p
     assert sorted(ov["policy.worker_urls"]) == sorted(all_policy)
     assert sorted(ov["gateway.judge_urls"]) == sorted(all_prm or [router_url])
     # node 0 waits for every worker of every node before starting the router; the others wait
-    # for the router before starting their trainer
+    # for every worker of every node before starting their trainer
     lines = stdout.splitlines()
     sections = [i for i, line in enumerate(lines) if re.match(r"^\[dry-run\] node \d+ ", line)] + [len(lines)]
     node0 = parse_dry_run("\n".join(lines[sections[0]:sections[1]]))
@@ -376,7 +380,8 @@ def check_multi_node_plan(stdout: str, *, addrs: list[str], master: str, coord_p
     for r in range(1, len(addrs)):
         section = parse_dry_run("\n".join(lines[sections[r]:sections[r + 1]]))
         kinds = [(a.kind, getattr(a, "url", a.name)) for a in section if a.kind in ("run", "wait")]
-        assert kinds.index(("wait", router_url + "/health")) < len(kinds) - 1
+        assert {("wait", u + "/health") for u in all_policy + all_prm} <= set(kinds[:-1])
+        assert ("wait", router_url + "/health") not in kinds
         assert kinds[-1][0] == "run" and section[-1].name == f"node{r}/trainer"
     return nodes
 
@@ -550,7 +555,7 @@ def healthy(url):
 overrides = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
 urls = {k: yaml.safe_load(overrides[k]) for k in ("policy.urls", "policy.worker_urls", "gateway.judge_urls")}
 every = urls["policy.urls"] + urls["policy.worker_urls"] + urls["gateway.judge_urls"]
-record = {"argv": sys.argv, "pid": os.getpid(), "urls": urls,
+record = {"argv": sys.argv, "pid": os.getpid(), "urls": urls, "pool_key": os.environ.get("OPENCLAW_POLICY_API_KEY"),
           "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION",
                   "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if k in os.environ},
           "healthy_at_start": {u: healthy(u) for u in every}}
@@ -713,10 +718,16 @@ def test_real_run_with_stand_ins_starts_in_order_and_stops_what_it_started(tmp_p
     assert trainer["urls"]["policy.worker_urls"] == [f"http://127.0.0.1:{base + 100}"]
     assert trainer["urls"]["gateway.judge_urls"] == [f"http://127.0.0.1:{base + 200}"]
     assert all(trainer["healthy_at_start"].values()), trainer["healthy_at_start"]
-    # logs per component, each opening with its command line
+    # one generated key: every worker and the router require it, the trainer has it in its environment
+    key = trainer["pool_key"]
+    assert re.fullmatch(r"[0-9a-f]{64}", key), key
+    assert all(flag(r["argv"], "--api-key") == key for r in (policy, prm, router))
+    assert "--api-key" not in trainer["argv"] and key not in " ".join(trainer["argv"])
+    # logs per component, each opening with its command line (the key redacted)
     logs = tmp_path / "run" / "logs"
     assert sorted(p.name for p in logs.iterdir()) == ["policy0.log", "prm0.log", "router.log", "trainer.log"]
     assert (logs / "policy0.log").read_text().startswith("# env CUDA_VISIBLE_DEVICES=2 ")
+    assert all(key not in p.read_text() for p in logs.iterdir()) and key not in res.stdout + res.stderr
     assert "fake trainer started" in (logs / "trainer.log").read_text()
     # on exit every started process group is gone (children too); the bystander is untouched
     started = [r[k] for r in (policy, prm, router) for k in ("pid", "child_pid")]
@@ -833,11 +844,18 @@ def test_multi_node_real_run_two_nodes_on_loopback_addresses(tmp_path, bystander
                                   "JAX_PROCESS_ID": str(rank)}
         assert trainer["urls"] == {"policy.urls": [f"http://127.0.0.1:{base}"], "policy.worker_urls": policy_urls,
                                    "gateway.judge_urls": prm_urls}
-        # every worker of both nodes and the router were up before either trainer process started
-        assert all(trainer["healthy_at_start"].values()), trainer["healthy_at_start"]
+        # every worker of both nodes (and, for process 0, the router) was up before a trainer process started
+        up = trainer["healthy_at_start"]
+        assert all(ok for u, ok in up.items() if rank == 0 or u in policy_urls + prm_urls), up
         logs = tmp_path / "run" / "logs" / f"node{rank}"
         expected = {"policy0.log", "prm0.log", "trainer.log"} | ({"router.log"} if rank == 0 else set())
         assert {p.name for p in logs.iterdir()} == expected
+    # both nodes use the one key the first of them wrote to the shared RUN_DIR (mode 600)
+    key_file = tmp_path / "run" / ".pool_api_key"
+    key = key_file.read_text()
+    assert key_file.stat().st_mode & 0o777 == 0o600 and re.fullmatch(r"[0-9a-f]{64}", key)
+    assert {records[f"trainer-{rank}"]["pool_key"] for rank in (0, 1)} == {key}
+    assert all(flag(r["argv"], "--api-key") == key for name, r in records.items() if not name.startswith("trainer"))
     started = [r[k] for name, r in records.items() if not name.startswith("trainer") for k in ("pid", "child_pid")]
     assert wait_gone(started) == []
     assert bystander.poll() is None

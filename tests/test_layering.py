@@ -1,4 +1,4 @@
-"""The package's import layering (issue 25), checked by `scripts/check_layering.py`: no import cycle
+"""The package's import layering, checked by `scripts/check_layering.py`: no import cycle
 between files or packages (`__main__` blocks and imports inside functions included), `envs/` imports
 neither `trainer/`, `gateway/` nor the experiment config, `trainer/` neither `gateway/` nor `pool/`;
 and, a separate check of the same script, no function longer than 80 lines."""

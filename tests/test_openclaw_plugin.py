@@ -81,3 +81,25 @@ console.log(JSON.stringify(out));
 """)
     assert 'sessionIdHeader="X Session"' in got[0] and 'gatewayUrl="127.0.0.1:8000"' in got[1]
     assert 'sideSessionPrefixes=[""]' in got[2]
+
+
+def test_plain_http_only_to_this_machine_and_the_person_header():
+    """The key and the person's conversation never cross the network in clear text; the configured person
+    id goes with every request and every session-done notice."""
+    got = node_eval("""
+const out = [];
+for (const url of ["http://10.0.0.5:8000", "http://gw.example.com", "http://127.0.0.1.example.com:8000",
+                   "http://127.0.0.1:8000", "http://127.9.9.9", "http://[::1]:8000", "http://localhost:8000",
+                   "https://gw.example.com"]) {
+  try { P.resolveConfig({gatewayUrl: url}); out.push("accepted"); } catch (e) { out.push(String(e.message)); }
+}
+const cfg = P.resolveConfig({personId: "alice"});
+out.push(P.requestHeaders(cfg, new Map([["s1", {trigger: "user"}]]), "s1"));
+try { P.resolveConfig({personId: "two words"}); out.push("accepted"); } catch (e) { out.push(String(e.message)); }
+console.log(JSON.stringify(out));
+""")
+    refused, accepted = got[:3], got[3:8]
+    assert all("plain http:// to another host" in message for message in refused), refused
+    assert accepted == ["accepted"] * 5
+    assert got[8] == {"X-Session-Id": "s1", "X-Turn-Type": "main", "X-Person-Id": "alice"}
+    assert 'personId="two words"' in got[9]

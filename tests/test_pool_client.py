@@ -26,16 +26,17 @@ from openclaw_jax.pool.client import (
 
 
 @pytest.fixture(scope="module")
-def workers(tiny_qwen3_dir, tmp_path_factory):
+def workers(tiny_qwen3_dir, tiny_qwen3_dir_b, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pool")
     cache = tmp / "jax_cache"
-    a = ServerProcess(tiny_qwen3_dir, cache_dir=cache, log_path=tmp / "a.log").start()
+    weights = ["--weight-dir", str(tiny_qwen3_dir.parent), "--weight-dir", str(tiny_qwen3_dir_b.parent)]
+    a = ServerProcess(tiny_qwen3_dir, cache_dir=cache, log_path=tmp / "a.log", extra_args=weights).start()
     # Warm A so that B (and a restarted B) load the compiled steps from the shared cache.
     for body in ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
                  {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}, "return_logprob": True,
                   "top_logprobs_num": 2, "logprob_start_len": 0}):
         assert requests.post(a.url + "/generate", json=body, timeout=300).status_code == 200
-    b = ServerProcess(tiny_qwen3_dir, cache_dir=cache, log_path=tmp / "b.log").start()
+    b = ServerProcess(tiny_qwen3_dir, cache_dir=cache, log_path=tmp / "b.log", extra_args=weights).start()
     yield a, b, tmp
     for w in (a, b):
         w.kill()
@@ -101,9 +102,10 @@ def test_client_drives_every_call(workers, tiny_qwen3_dir, tiny_qwen3_dir_b):
             after = await asyncio.gather(*(pool.generate([5, 6, 7], sampling_params=greedy) for _ in range(4)))
             assert {r.weight_version for r in after} == {"v2"} and {r.worker_url for r in after} == {a.url, b.url}
             assert all(r.output_ids != res.output_ids for r in after)
-            bad = await pool.update_weights_from_disk("/no/such/checkpoint", weight_version="v3")
+            bad = await pool.update_weights_from_disk(str(tiny_qwen3_dir.parent / "no-such-checkpoint"),
+                                                      weight_version="v3")
             assert [r.success for r in bad] == [False, False]
-            assert all("/no/such/checkpoint" in r.message for r in bad)
+            assert all("no-such-checkpoint" in r.message for r in bad)
             back = await pool.update_weights_from_disk(str(tiny_qwen3_dir), weight_version="default")
             assert all(r.success for r in back)
             again = await pool.generate([5, 6, 7], sampling_params=greedy)

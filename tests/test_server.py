@@ -93,11 +93,12 @@ def assert_same_shape(ours, rec, path="$"):
 
 
 @pytest.fixture(scope="module")
-def srv(tiny_qwen3_dir):
+def srv(tiny_qwen3_dir, tiny_qwen3_dir_b):
     model, _ = load_hf_checkpoint(tiny_qwen3_dir)
     tok = load_tokenizer(tiny_qwen3_dir)
     engine = Engine(model, tok, context_length=CONTEXT, seed=0, config=EngineConfig(**TINY_ENGINE_KW))
-    server = InferenceServer(engine, tok, model_path=str(tiny_qwen3_dir), served_model_name="tiny")
+    server = InferenceServer(engine, tok, model_path=str(tiny_qwen3_dir), served_model_name="tiny",
+                             weight_dirs=[tiny_qwen3_dir.parent, tiny_qwen3_dir_b.parent])
     thread = ServerThread(server.make_app()).start()
     thread.engine, thread.tok, thread.server = engine, tok, server
     yield thread
@@ -424,7 +425,7 @@ def test_malformed_and_openai_bad_requests(srv):
     r = post(srv, "/update_weights_from_disk", {"model_path": "/does/not/exist", "weight_version": "x"})
     assert r.status_code == 400
     assert_same_shape(r.json(), recorded("update_weights_from_disk_error.json")["response"])
-    assert "/does/not/exist" in r.json()["message"]
+    assert "not inside a weight directory" in r.json()["message"]
     assert requests.get(srv.url + "/get_model_info").json()["weight_version"] == "default"
 
 

@@ -1,4 +1,4 @@
-"""The inference server under hostile input (issue 12): every reproducer is a 4xx JSON answer, a
+"""The inference server under hostile input: every reproducer is a 4xx JSON answer, a
 20 MB body does not stall a small request, memory does not pile up, slow-header connections hit
 the header timeout and the connection cap, and a seeded fuzz of 320 requests gets no 5xx.
 
@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 
 import pytest
 import requests
 
-from _abuse import SlowClients, error_json, post_raw, rss_mib, run_fuzz, small_latency_during
+from _abuse import SlowClients, assert_no_stall, error_json, post_raw, rss_mib, run_fuzz, served_during
 from _fuzz_bodies import fuzz_requests
 from _server_utils import ServerProcess, ServerThread
 from openclaw_jax.inference.server import InferenceServer
@@ -58,22 +57,22 @@ def test_20mb_body_is_refused_without_stalling_others_and_memory_stays_bounded(h
     big = json.dumps({"text": "a " * 10_485_760, "sampling_params": {"max_new_tokens": 1}}).encode()
     assert len(big) > 20_000_000
     session = requests.Session()
-    worst = []
+    rounds = []
     for _ in range(7):
-        reply, latencies = small_latency_during(
+        reply, big_s, latencies = served_during(
             lambda: requests.post(hard_srv.url + "/generate", data=big, timeout=120),
             lambda: session.post(hard_srv.url + "/generate", json=SMALL, timeout=30).raise_for_status())
         message = native_error(reply.status_code, reply.text)
         assert "cannot fit 256 tokens" in message, message
-        worst.append(max(latencies))
+        rounds.append((big_s, max(latencies)))
         rss.append(rss_mib(pid))
-    print(f"\n20 MB /generate x7: small-request latency max per round {[round(x, 3) for x in worst]} s; "
+    print(f"\n20 MB /generate x7: (big s, slowest small s) per round {[(round(b, 3), round(s, 3)) for b, s in rounds]}; "
           f"RSS MiB {[round(x) for x in rss]}")
-    # A stall would hit every round; one round slowed by a busy shared machine is tolerated.
-    assert sum(x >= 1.0 for x in worst) <= 1 and max(worst) < 5.0, worst
-    # Large blocks go back to the OS when freed (serving.offload): no high-water mark stays resident and
-    # nothing accumulates per request; at most two copies of one body's size may remain.
-    assert max(rss) - rss[0] < 2 * len(big) / 2 ** 20, rss
+    assert_no_stall(rounds, big)
+    # Large blocks go back to the OS when freed (serving.offload): nothing accumulates per request (a copy
+    # kept per request would add 20 MB a round) and the high-water mark stays within a few copies of one body.
+    body_mib = len(big) / 2 ** 20
+    assert rss[-1] - rss[1] < 0.5 * body_mib and max(rss) - rss[0] < 4 * body_mib, rss
     # A body over the limit is refused from its Content-Length alone (413), before it is read.
     status, _, body = post_raw(hard_srv.url, "/generate", b"", {"Content-Length": str(65 << 20)})
     assert "exceeds the limit" in native_error(status, body.decode(), 413)
@@ -89,14 +88,15 @@ def test_huge_id_lists_are_refused_without_stalling_others(hard_srv):
     for path, raw, needle in [("/generate", one, "longer than the model's context length"),
                               ("/generate", many, "--max-request-tokens"),
                               ("/v1/chat/completions", messages, "200000 messages cannot fit 256 tokens")]:
-        worst = []
+        rounds = []
         for _ in range(2):
-            reply, latencies = small_latency_during(
+            reply, big_s, latencies = served_during(
                 lambda: requests.post(hard_srv.url + path, data=raw, timeout=120), small)
             assert reply.status_code == 400 and needle in reply.text, reply.text[:300]
-            worst.append(max(latencies))
-        print(f"\n{path} {len(raw) / 1e6:.1f} MB: small-request latency max per round {[round(x, 3) for x in worst]} s")
-        assert min(worst) < 1.0 and max(worst) < 5.0, worst
+            rounds.append((big_s, max(latencies)))
+        print(f"\n{path} {len(raw) / 1e6:.1f} MB: (big s, slowest small s) per round "
+              f"{[(round(b, 3), round(s, 3)) for b, s in rounds]}")
+        assert_no_stall(rounds, raw)
 
 
 @pytest.mark.parametrize("path,raw,headers,needle,code", [
@@ -137,20 +137,26 @@ def test_openai_reproducers_are_4xx_json(hard_srv):
 
 
 def test_slow_header_connections_hit_the_timeout_and_the_cap(hard_srv):
+    before = requests.get(hard_srv.url + "/get_server_info", timeout=30).json()["connections"]
     slow = SlowClients(hard_srv.url, 50, interval_s=0.1).open()
     try:
-        time.sleep(0.3)
-        # Every slot is taken by a slow client: a normal request is refused with a JSON 503, at once.
-        r = post(hard_srv, "/generate", SMALL)
-        assert r.status_code == 503 and "too many open connections" in r.json()["error"]["message"]
-        slow.dribble_until_closed(HEADER_TIMEOUT + 4.0)
-        statuses = slow.statuses()
+        # a bound on connections that are never answered, not on speed: every one must end
+        slow.dribble_until_closed(HEADER_TIMEOUT + 60.0)
+        statuses, replies = slow.statuses(), dict(slow.replies)
     finally:
         slow.close()
-    assert statuses.count(503) == 50 - CAP and statuses.count(408) == CAP, statuses
-    assert post(hard_srv, "/generate", SMALL).status_code == 200
+    # Each slow client was either refused at once for want of a slot (503) or held until the header
+    # timeout (408); none hung and none was served. How many of each depends on how fast this machine
+    # accepts 50 connections (a slot freed by a timeout takes a later client), so the counts are checked
+    # against the server's own counters, and the cap against the most connections it ever held at once.
+    assert statuses.count(503) + statuses.count(408) == 50 and statuses.count(503) and statuses.count(408), statuses
+    refused = next(replies[i] for i, s in enumerate(statuses) if s == 503)
+    assert b"too many open connections" in refused, refused
     info = requests.get(hard_srv.url + "/get_server_info", timeout=30).json()["connections"]
-    assert info["connections_refused"] >= 50 - CAP + 1 and info["header_timeouts"] == CAP, info
+    assert info["connections_peak"] <= CAP, info
+    assert info["header_timeouts"] - before["header_timeouts"] == statuses.count(408), (before, info)
+    assert info["connections_refused"] - before["connections_refused"] >= statuses.count(503), (before, info)
+    assert post(hard_srv, "/generate", SMALL).status_code == 200
     log = hard_srv.log.read_text()
     assert "connection limit reached" in log and "--max-connections=20" in log
     assert "no complete request headers within 1.5 s (--header-timeout" in log

@@ -42,11 +42,12 @@ def _checkpoint(root, seed: int):
     return out
 
 
-def _image_request(url, ids, image):
+def _image_request(url, ids, image, key=None):
     body = {"input_ids": ids, "image_data": ["data:image/png;base64," + base64.b64encode(image).decode()],
             "return_logprob": True, "sampling_params": {"max_new_tokens": 5, "temperature": 1.0, "sampling_seed": 7,
                                                          "ignore_eos": True}}
-    r = requests.post(url + "/generate", json=body, timeout=120)
+    r = requests.post(url + "/generate", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {key}"} if key else None)
     assert r.status_code == 200, r.text
     meta = r.json()["meta_info"]
     return [t for _, t, *_ in meta["output_token_logprobs"]], [lp for lp, *_ in meta["output_token_logprobs"]], meta
@@ -82,7 +83,7 @@ def test_weight_updates_swap_the_image_path_with_the_engine(tmp_path):
     engine = Engine(model.language_model, tok, context_length=512, seed=0, weight_version="0",
                     config=EngineConfig(**TINY_ENGINE_KW))
     server = InferenceServer(engine, tok, model_path=str(first), served_model_name="tiny-vl",
-                             vision=VisionGenerator(model, weight_version="0"))
+                             vision=VisionGenerator(model, weight_version="0"), weight_dirs=[tmp_path])
     policy = ServerThread(server.make_app()).start()
     image = png(31)
     msgs = [{"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>Where is OK?"}]
@@ -159,14 +160,15 @@ def test_train_embedded_pool_serves_images_and_takes_the_trainers_pushes(tmp_pat
     async def scenario():
         run = SimpleNamespace(cfg=cfg, base=base, trainer=trainer, is_main=True, cleanups=[])
         (url,), push = await T._start_embedded_pool(run)
-        try:
-            tokens, lps, meta = await asyncio.to_thread(_image_request, url, ids, image)
+        try:   # the run's own key (made per run); without it the server serves nothing
+            assert (await asyncio.to_thread(requests.post, url + "/generate", json={"input_ids": [1]})).status_code == 401
+            tokens, lps, meta = await asyncio.to_thread(_image_request, url, ids, image, run.pool_api_key)
             assert meta["weight_version"] == trainer.weight_version
             _expect_image(trainer.serving_model(), ids, image, tokens, lps)
             graphdef, state = nnx.split(trainer.serving_model())
             state = jax.tree.map(lambda x: x * 1.25, state)
             await push(graphdef, state, "9")
-            tokens, lps, meta = await asyncio.to_thread(_image_request, url, ids, image)
+            tokens, lps, meta = await asyncio.to_thread(_image_request, url, ids, image, run.pool_api_key)
             assert meta["weight_version"] == "9"
             _expect_image(nnx.merge(graphdef, state), ids, image, tokens, lps)
         finally:

@@ -1,4 +1,4 @@
-"""The weight-sync hand-off: the jitted step writes the serving weights itself (issue 13).
+"""The weight-sync hand-off: the jitted step writes the serving weights itself.
 
 `Trainer.train_on(packed, serve=True)` returns, as an extra output of the same program, the model
 that `serving_model()` builds outside jit (LoRA merged, compute dtype). The trainer hands those

@@ -1,6 +1,6 @@
 """The wiring between the pieces: each test here fails when one realistic wiring bug is put in.
 
-A mutation review (issue 25) found the suite blind in these places; every test names the bug it
+A mutation review found the suite blind in these places; every test names the bug it
 guards against, and its expected values are derived from the samples or configs directly, not
 from the code under test:
 
@@ -10,7 +10,7 @@ from the code under test:
 - `rl` still asking the gateway's judge for hint votes (`train._start_gateway`);
 - a wrong LoRA merge in the serving weights the trainer pushes (fast, tiny random model).
 
-(The sandbox's read-only root on the user-namespace path is in tests/test_sandbox.py.)
+(The sandbox's escape probes, as root and as an ordinary user, are in tests/test_sandbox_escape.py.)
 
 Config keys are built in `overrides` only, so a rename of a key changes one place.
 """
@@ -273,11 +273,12 @@ def test_start_gateway_asks_for_hint_votes_only_when_the_loss_uses_hints(loss_na
     monkeypatch.setattr(train, "start_gateway", fake_start, raising=False)   # if imported at module top
     cfg = experiment(loss_name=loss_name, extra=["gateway.judge_hints=true"])
     run = types.SimpleNamespace(cfg=cfg, run_dir=tmp_path, base=types.SimpleNamespace(model_dir="m", tokenizer=None),
-                                cleanups=[], summary={})
+                                cleanups=[], summary={}, pool_api_key="pool-key")
     url = asyncio.run(train._start_gateway(run, ["http://127.0.0.1:2"]))
     assert url == "http://127.0.0.1:1" and len(seen) == 1
     assert seen[0].judge_hints is votes
     assert tuple(seen[0].policy_urls) == ("http://127.0.0.1:2",)
+    assert seen[0].policy_api_key == "pool-key"   # the gateway sends the policy servers' key
 
 
 # ------------------------------------------------------------------ LoRA merge in the pushed serving weights

@@ -14,6 +14,8 @@ const PROVIDER_ID = "openclaw-jax";
 const DEFAULTS = Object.freeze({
   gatewayUrl: "",
   apiKey: "",
+  personId: "",
+  personIdHeader: "X-Person-Id",
   sessionDonePath: "/v1/sessions/{sessionId}/done",
   sessionIdHeader: "X-Session-Id",
   turnTypeHeader: "X-Turn-Type",
@@ -23,6 +25,21 @@ const DEFAULTS = Object.freeze({
   sideSessionPrefixes: [],
 });
 
+// The gateway's person ids (openclaw_jax/gateway/auth.py PERSON_ID).
+const PERSON_ID = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$/;
+
+/** Whether an http(s) URL names this machine: 127.0.0.0/8, ::1 or localhost. */
+export function isLoopbackUrl(url) {
+  let host;
+  try {
+    host = new URL(url).hostname.toLowerCase();
+  } catch {
+    return false;
+  }
+  if (host.startsWith("[") && host.endsWith("]")) host = host.slice(1, -1);
+  return host === "localhost" || host === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}
+
 // Input that did not come from the person (another session, a system event) never trains.
 const SIDE_PROVENANCE = new Set(["inter_session", "internal_system"]);
 const NOTICE_TIMEOUT_MS = 5000;
@@ -30,13 +47,21 @@ const NOTIFIED_MAX = 1024; // remembered session ids, so before_reset + session_
 
 export function resolveConfig(raw) {
   const cfg = { ...DEFAULTS, ...(raw ?? {}) };
-  for (const key of ["sessionIdHeader", "turnTypeHeader", "sessionDoneHeader"]) {
+  for (const key of ["sessionIdHeader", "turnTypeHeader", "sessionDoneHeader", "personIdHeader"]) {
     if (typeof cfg[key] !== "string" || !/^[A-Za-z0-9-]+$/.test(cfg[key])) {
       throw new Error(`openclaw-jax: config ${key}=${JSON.stringify(cfg[key])} is not an HTTP header name (letters, digits, '-')`);
     }
   }
   if (cfg.gatewayUrl && !/^https?:\/\//.test(cfg.gatewayUrl)) {
     throw new Error(`openclaw-jax: config gatewayUrl=${JSON.stringify(cfg.gatewayUrl)} must start with http:// or https://`);
+  }
+  if (cfg.gatewayUrl && !cfg.gatewayUrl.startsWith("https://") && !isLoopbackUrl(cfg.gatewayUrl)) {
+    // the key and the person's conversation would cross the network in clear text
+    throw new Error(`openclaw-jax: config gatewayUrl=${JSON.stringify(cfg.gatewayUrl)} is plain http:// to another host; ` +
+      "use https:// (e.g. behind a TLS proxy), or http:// only to 127.0.0.1, ::1 or localhost");
+  }
+  if (typeof cfg.personId !== "string" || (cfg.personId && !PERSON_ID.test(cfg.personId))) {
+    throw new Error(`openclaw-jax: config personId=${JSON.stringify(cfg.personId)} must be 1 to 64 letters, digits and . _ @ + -, starting with a letter or digit`);
   }
   cfg.gatewayUrl = cfg.gatewayUrl.replace(/\/+$/, "");
   cfg.mainTriggers = new Set(cfg.mainTriggers);
@@ -65,10 +90,11 @@ export function turnType(cfg, run) {
   return "main";
 }
 
-/** The per-request headers for one attempt of session `sessionId`. */
+/** The per-request headers for one attempt of session `sessionId` (with the configured person, if any). */
 export function requestHeaders(cfg, runs, sessionId) {
-  if (!sessionId) return { [cfg.turnTypeHeader]: "side" };
-  return { [cfg.sessionIdHeader]: sessionId, [cfg.turnTypeHeader]: turnType(cfg, runs.get(sessionId)) };
+  const person = cfg.personId ? { [cfg.personIdHeader]: cfg.personId } : {};
+  if (!sessionId) return { [cfg.turnTypeHeader]: "side", ...person };
+  return { [cfg.sessionIdHeader]: sessionId, [cfg.turnTypeHeader]: turnType(cfg, runs.get(sessionId)), ...person };
 }
 
 async function postSessionDone(cfg, logger, notified, sessionId, reason) {
@@ -82,6 +108,7 @@ async function postSessionDone(cfg, logger, notified, sessionId, reason) {
     [cfg.turnTypeHeader]: "side",
   };
   if (cfg.apiKey) headers.Authorization = `Bearer ${cfg.apiKey}`;
+  if (cfg.personId) headers[cfg.personIdHeader] = cfg.personId;
   const url = cfg.gatewayUrl + cfg.sessionDonePath.replace("{sessionId}", encodeURIComponent(sessionId));
   try {
     const res = await fetch(url, {

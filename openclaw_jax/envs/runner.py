@@ -107,7 +107,7 @@ class EnvRunner:
 
     async def heldout_eval(self, *, writer: Any = None, step: int | None = None) -> dict[str, float]:
         """Greedy held-out first answers graded two ways: `preference_score`, the fraction that
-        satisfy the persona (issue 6's score), and `accuracy`, the fraction whose final number is
+        satisfy the persona, and `accuracy`, the fraction whose final number is
         the question's answer (NaN when the questions carry no numeric answers).
 
         Logged as `eval/preference_score`, `eval/accuracy` and the mean rubric grade as

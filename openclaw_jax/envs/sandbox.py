@@ -1,25 +1,35 @@
 """Run untrusted code (Python or bash) in a throw-away jail; the CLI prints one JSON result.
 
-    python -m openclaw_jax.envs.sandbox [--lang python|bash] [--timeout S] [--memory-mb M] -- CODE
+    python -m openclaw_jax.envs.sandbox [--lang python|bash] [--timeout S] [--memory-mb M] ... -- CODE
     -> {"stdout": ..., "stderr": ..., "exit_code": ..., "timed_out": ...}
 
-Every run gets (Linux, via util-linux `unshare`; the jail itself is built by `sandbox_init.py`):
+The jail holds whether this process runs as root or as an ordinary user (docs/sandbox.md has the
+whole story and its stated gaps). Every run gets (Linux, util-linux `unshare`/`nsenter`; the jail
+itself is built by `sandbox_init.py`):
 
 * its own **network namespace** with no interface up: no network at all, not even the host's
   127.0.0.1;
-* its own **mount namespace** with a chroot-style root: a tmpfs holding read-only bind mounts of
-  `/usr` (and the /bin, /lib symlinks into it) and of the Python prefix, private /proc, /tmp and
-  /dev/{null,zero,random,urandom}, and the sandbox directory at /sandbox (the only writable host
-  path); the host's other files (home, /etc, /work, other sandboxes) are not in its view;
-* its own **PID namespace** (it is PID 1; when it exits or is killed, the kernel kills every
-  process it started: nothing outlives the run) and its own process group; the wall timeout
-  kills the group;
-* **limits**: CPU seconds, address space, file size, number of processes (the limit is per user,
-  and each `Sandbox` runs as its own unprivileged uid when started as root), open files;
+* its own **mount namespace** and a new root entered with `pivot_root`, the old root detached: a
+  read-only tmpfs holding read-only bind mounts of `/usr` (and the /bin, /lib symlinks into it) and
+  of the Python prefix, a private /proc, /dev/{null,zero,random,urandom}, a private /tmp and the
+  writable area at /sandbox; the host's other files (home, /etc, /work, other sandboxes) are not in
+  its view, and no path leads back to them;
+* a **bounded writable area**: /sandbox and /tmp are tmpfs mounts limited in bytes and in files,
+  in memory, never a folder on the host's disk;
+* its own **PID namespace** (its init is PID 1; when that exits or is killed, the kernel kills every
+  process it started: nothing outlives the run) and its own IPC namespace; the wall timeout kills it;
+* **no privilege**: as root, an unprivileged uid of its own per `Sandbox`; as an ordinary user, the
+  user's own uid inside a user namespace; either way every capability set empty (bounding set
+  included), `no_new_privs`, and a seccomp filter (`sandbox_seccomp.py`) refusing mount, namespace,
+  ptrace, keyring, eBPF and similar calls;
+* **limits**: a cgroup (memory and process count for the whole sandbox) where the host can make one
+  (`sandbox_cgroup.py`), and always the rlimits: CPU seconds, address space per process, file size,
+  processes, open files;
 * output capped at `max_output_bytes` per stream (the rest is read and discarded).
 
-`Sandbox` keeps one directory for several runs (a terminal or SWE episode); `run_code` is a single
-run in a fresh directory. Both block; call them from asyncio with `asyncio.to_thread`.
+`Sandbox` keeps its area for several runs (a terminal or SWE episode): a small holder process owns
+the area's mount namespace, and runs enter it. `run_code` is a single run in a fresh area. Both
+block; call them from asyncio with `asyncio.to_thread`.
 """
 
 from __future__ import annotations
@@ -28,9 +38,12 @@ import argparse
 import json
 import math
 import os
+import posixpath
 import random
+import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,7 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping
 
+from openclaw_jax.envs.sandbox_cgroup import SandboxCgroup, plan as cgroup_plan
 from openclaw_jax.envs.sandbox_init import INIT_ERROR
+from openclaw_jax.envs.sandbox_seccomp import SeccompUnavailable, filter_bpf
 
 Lang = Literal["python", "bash"]
 LANGS = ("python", "bash")
@@ -55,12 +70,14 @@ class SandboxError(RuntimeError):
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout_s: float = 10.0            # wall clock
-    memory_mb: int = 512               # address space (RLIMIT_AS)
+    memory_mb: int = 512               # address space per process (RLIMIT_AS); the whole sandbox's with a cgroup
     cpu_s: int | None = None           # CPU seconds; None = ceil(timeout_s) + 1
     file_size_mb: int = 16             # largest file it may write
-    max_processes: int = 32            # processes + threads of its uid
+    max_processes: int = 32            # processes + threads of the sandbox (its init and holder included)
     max_open_files: int = 256
     tmp_mb: int = 32                   # size of its private /tmp
+    work_mb: int = 64                  # size of its writable area /sandbox
+    max_files: int = 4096              # files + folders + links in /sandbox, and again in /tmp
     max_output_bytes: int = 65536      # per stream; the rest is discarded
 
     def __post_init__(self):
@@ -68,9 +85,11 @@ class SandboxLimits:
             raise ValueError(f"sandbox timeout_s={self.timeout_s} must be > 0")
         if self.memory_mb < 16:
             raise ValueError(f"sandbox memory_mb={self.memory_mb} must be >= 16 (an interpreter needs some)")
-        for name in ("file_size_mb", "max_processes", "max_open_files", "tmp_mb", "max_output_bytes"):
+        for name in ("file_size_mb", "max_processes", "max_open_files", "tmp_mb", "work_mb", "max_output_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox {name}={getattr(self, name)} must be > 0")
+        if self.max_files < 16:
+            raise ValueError(f"sandbox max_files={self.max_files} must be >= 16")
         if self.cpu_s is not None and self.cpu_s <= 0:
             raise ValueError(f"sandbox cpu_s={self.cpu_s} must be > 0")
 
@@ -133,62 +152,156 @@ class _Drain(threading.Thread):
         self.stream.close()
 
 
+_HOST_CMDS = ("unshare", "nsenter")
+_HOLDER_START_S = 30.0   # a holder reports ready in milliseconds; this only catches a wedged one
+
+
 class Sandbox:
-    """A sandbox directory that runs code; `with Sandbox() as sb: sb.run("print(1)")`."""
+    """A sandbox whose writable area outlives each run; `with Sandbox() as sb: sb.run("print(1)")`.
+
+    `files` are placed in the area before the first run. With `persistent=False` there is no holder
+    process: each run starts from a fresh area filled from `directory` (the host's staging folder),
+    and what it writes is dropped with it (`run_code`, and the GUI's application jail)."""
 
     def __init__(self, limits: SandboxLimits | None = None, *, files: Mapping[str, str | bytes] | None = None,
-                 base_dir: str | None = None):
-        if sys.platform != "linux" or shutil.which("unshare") is None:
-            raise SandboxError("the sandbox needs Linux with util-linux `unshare` (apt-get install util-linux)")
+                 base_dir: str | None = None, persistent: bool = True):
+        missing = [c for c in _HOST_CMDS if shutil.which(c) is None]
+        if sys.platform != "linux" or missing:
+            raise SandboxError("the sandbox needs Linux with util-linux `unshare` and `nsenter` "
+                               "(apt-get install util-linux)")
+        try:
+            self._seccomp = filter_bpf().hex()
+        except SeccompUnavailable as err:
+            raise SandboxError(str(err)) from err
         self.limits = limits or SandboxLimits()
-        self._host = Path(tempfile.mkdtemp(prefix="openclaw-sandbox-", dir=base_dir))
-        self.directory = self._host / "work"
-        self.directory.mkdir()
-        (self._host / "root").mkdir()
+        self.persistent = persistent
         self.is_root = os.geteuid() == 0
         # A uid of its own: RLIMIT_NPROC counts per user, and no other process runs as it.
         self.uid = random.randint(200_000, 2_000_000_000) if self.is_root else None
+        self._host = Path(tempfile.mkdtemp(prefix="openclaw-sandbox-", dir=base_dir))
+        self.directory = self._host / "work"   # the staging folder (host side)
+        self.directory.mkdir()
+        (self._host / "root").mkdir()
         self._closed = False
-        self.write_files(files or {})
+        self._holder: subprocess.Popen | None = None
+        self._files_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.cgroup: SandboxCgroup | None = None
+        try:
+            plan = cgroup_plan()
+            if plan is not None:
+                self.cgroup = SandboxCgroup(plan, self.limits.memory_mb << 20, self.limits.max_processes)
+            self.write_files(files or {})
+            if persistent:
+                self._start_holder()
+        except BaseException:
+            self.close()
+            raise
 
-    # -- files (host side; used by environments to prepare and inspect the directory)
-    def _path(self, name: str) -> Path:
-        path = (self.directory / name).resolve()
-        if path != self.directory.resolve() and self.directory.resolve() not in path.parents:
+    # -- the holder: owns the area's mount namespace between runs
+    def _area_spec(self) -> dict:
+        lim = self.limits
+        area = {"staging": str(self.directory), "bytes": lim.work_mb << 20, "files": lim.max_files}
+        if self._holder is not None:
+            area["holder_path"] = str(self._host / "area")
+        return area
+
+    def _start_holder(self) -> None:
+        (self._host / "area").mkdir()
+        spec = {"mode": "hold", "area": {**self._area_spec(), "holder_path": str(self._host / "area")},
+                "uid": self.uid, "seccomp_bpf": self._seccomp}
+        cmd = ["unshare", "--mount", "--net"] + ([] if self.is_root else ["--user", "--map-root-user"])
+        cmd += ["--", _python_prefix()[0], "-I", "-S", INIT_SCRIPT, json.dumps(spec)]
+        with open(self._host / "holder.stderr", "wb") as err:
+            self._holder = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                            start_new_session=True, close_fds=True)
+        fd = self._holder.stdout.fileno()
+        ready = select.select([fd], [], [], _HOLDER_START_S)[0] and os.read(fd, 64) == b"ready\n"
+        if not ready:
+            detail = (self._host / "holder.stderr").read_bytes()[-500:].decode(errors="replace").strip()
+            raise SandboxError(f"could not build the sandbox's area: {detail or 'the holder did not start'}")
+        area = f"/proc/{self._holder.pid}/root{self._host / 'area'}"
+        new_fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        os.close(self._files_fd)
+        self._files_fd = new_fd
+        shutil.rmtree(self.directory)   # copied in; the host's disk keeps nothing
+        self.directory.mkdir()
+
+    # -- files (host side; used by environments to prepare and inspect the area between runs)
+    @staticmethod
+    def _parts(name: str) -> list[str]:
+        norm = posixpath.normpath(name) if name else ""
+        if not norm or norm == "." or name.startswith("/") or norm == ".." or norm.startswith("../") \
+                or "\x00" in name:
             raise ValueError(f"path {name!r} leaves the sandbox directory")
-        return path
+        return norm.split("/")
+
+    def _parent_fd(self, parts: list[str], create: bool) -> int:
+        """A descriptor of the folder holding parts[-1], reached without following any link."""
+        fd = os.dup(self._files_fd)
+        try:
+            for part in parts[:-1]:
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                try:
+                    sub = os.open(part, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    if self.uid is not None:
+                        os.chown(part, self.uid, self.uid, dir_fd=fd, follow_symlinks=False)
+                    sub = os.open(part, flags, dir_fd=fd)
+                os.close(fd)
+                fd = sub
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
 
     def write_files(self, files: Mapping[str, str | bytes]) -> None:
+        self._check_open()
         for name, content in files.items():
-            path = self._path(name)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, bytes):
-                path.write_bytes(content)
-            else:
-                path.write_text(content)
-        self._chown()
+            parts = self._parts(name)
+            data = content if isinstance(content, bytes) else content.encode()
+            parent = self._parent_fd(parts, create=True)
+            try:
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o644, dir_fd=parent)
+            finally:
+                os.close(parent)
+            with os.fdopen(fd, "wb") as f:
+                if self.uid is not None:
+                    os.fchown(fd, self.uid, self.uid)
+                f.write(data)
 
     def read_file(self, name: str, max_bytes: int = 1 << 20) -> bytes:
-        """A file of the directory, read by the host without following links out of it."""
-        path = self._path(name)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        """A file of the area, read by the host without following any link."""
+        self._check_open()
+        parts = self._parts(name)
+        parent = self._parent_fd(parts, create=False)
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent)
+        finally:
+            os.close(parent)
         with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError(f"{name!r} is not a regular file")
             return f.read(max_bytes)
 
-    def _chown(self) -> None:
-        if self.uid is None:
-            return
-        for dirpath, dirnames, filenames in os.walk(self.directory):
-            for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-                os.lchown(name, self.uid, self.uid)
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("this sandbox is closed")
+        if self._holder is not None and self._holder.poll() is not None:
+            raise SandboxError(f"the sandbox's holder process ended (exit {self._holder.returncode}); its area is gone")
 
     # -- running
     def _spec(self, argv: list[str], status_fd: int) -> dict:
         lim = self.limits
         cpu = lim.cpu_s if lim.cpu_s is not None else math.ceil(lim.timeout_s) + 1
         return {
-            "root": str(self._host / "root"), "workdir": str(self.directory), "ro_paths": _ro_paths(),
-            "tmp_mb": lim.tmp_mb, "uid": self.uid, "argv": argv, "status_fd": status_fd,
+            "mode": "run", "root": str(self._host / "root"), "ro_paths": _ro_paths(), "area": self._area_spec(),
+            "tmp": {"bytes": lim.tmp_mb << 20, "files": lim.max_files}, "uid": self.uid, "argv": argv,
+            "status_fd": status_fd, "seccomp_bpf": self._seccomp,
+            "cgroup_procs": self.cgroup.procs_files if self.cgroup else [],
             "env": {"PATH": os.path.dirname(_python_prefix()[0]) + ":/usr/local/bin:/usr/bin:/bin", "HOME": "/sandbox",
                     "TMPDIR": "/tmp",
                     "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"},
@@ -196,25 +309,35 @@ class Sandbox:
                        "max_processes": lim.max_processes, "max_open_files": lim.max_open_files},
         }
 
+    def command(self, argv: list[str], status_fd: int) -> list[str]:
+        """The host command that runs `argv` in this sandbox's jail; `status_fd` (inherited) gets its status."""
+        self._check_open()
+        inner = ["unshare", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
+        if self._holder is not None:   # into the holder's mount (its area) and network namespaces
+            outer = ["nsenter", f"--target={self._holder.pid}", "--mount", "--net"]
+            outer += [] if self.is_root else ["--user", "--preserve-credentials"]
+            cmd = outer + ["--"] + inner
+        else:
+            cmd = inner + ["--net"] + ([] if self.is_root else ["--user", "--map-root-user"])
+        return cmd + ["--", _python_prefix()[0], "-I", "-S", INIT_SCRIPT, json.dumps(self._spec(argv, status_fd))]
+
     def run(self, code: str, lang: Lang = "python") -> SandboxResult:
-        """Run `code` with /sandbox (this directory) as its working directory."""
-        if self._closed:
-            raise SandboxError("this sandbox is closed")
+        """Run `code` with /sandbox (the area) as its working directory."""
+        self._check_open()
         if len(code.encode()) > MAX_CODE_BYTES:
             return SandboxResult("", f"code of {len(code.encode())} bytes exceeds the {MAX_CODE_BYTES}-byte limit",
                                  exit_code=2, timed_out=False)
         if "\x00" in code:
             return SandboxResult("", "code contains a NUL byte", exit_code=2, timed_out=False)
-        argv = _interpreter(lang) + [code]
-        cmd = ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-        if not self.is_root:
-            cmd += ["--user", "--map-root-user"]
         status_r, status_w = os.pipe()
-        cmd += ["--", _python_prefix()[0], "-I", "-S", INIT_SCRIPT, json.dumps(self._spec(argv, status_w))]
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True, pass_fds=(status_w,))
+            proc = subprocess.Popen(self.command(_interpreter(lang) + [code], status_w), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    close_fds=True, pass_fds=(status_w,))
+        except BaseException:
+            os.close(status_r)
+            raise
         finally:
             os.close(status_w)
         drains = [_Drain(proc.stdout, self.limits.max_output_bytes), _Drain(proc.stderr, self.limits.max_output_bytes)]
@@ -239,10 +362,9 @@ class Sandbox:
             exit_code = int(json.loads(status)["exit_code"])
         except (ValueError, KeyError, TypeError):
             if not timed_out:
-                raise SandboxError(f"the sandbox ended without a status (unshare exit {proc.returncode}): "
+                raise SandboxError(f"the sandbox ended without a status (exit {proc.returncode}): "
                                    f"{stderr.strip()[-500:]}") from None
             exit_code = -signal.SIGKILL
-        self._chown()  # files the code created stay editable by the next run (same uid anyway)
         return SandboxResult(stdout, stderr, exit_code, timed_out, wall,
                              truncated=any(d.dropped for d in drains))
 
@@ -256,9 +378,19 @@ class Sandbox:
         proc.wait()
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            shutil.rmtree(self._host, ignore_errors=True)
+        if self._closed:
+            return
+        self._closed = True
+        if getattr(self, "_holder", None) is not None:
+            self._kill(self._holder)   # its mount namespace, and the area with it, go away
+            for stream in (self._holder.stdin, self._holder.stdout):
+                stream.close()
+        if getattr(self, "_files_fd", None) is not None:
+            os.close(self._files_fd)
+            self._files_fd = None
+        if getattr(self, "cgroup", None) is not None:
+            self.cgroup.close()
+        shutil.rmtree(self._host, ignore_errors=True)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -275,22 +407,34 @@ class Sandbox:
 
 def run_code(code: str, lang: Lang = "python", limits: SandboxLimits | None = None,
              files: Mapping[str, str | bytes] | None = None) -> SandboxResult:
-    """One run in a fresh directory (optionally prepared with `files`), removed afterwards."""
-    with Sandbox(limits, files=files) as sandbox:
+    """One run in a fresh area (optionally prepared with `files`), removed afterwards."""
+    with Sandbox(limits, files=files, persistent=False) as sandbox:
         return sandbox.run(code, lang)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m openclaw_jax.envs.sandbox",
-        description="Run CODE in a fresh sandbox (no network, no host files, CPU/memory/process limits) and print "
-                    "one JSON object {stdout, stderr, exit_code, timed_out}.",
+        description="Run CODE in a fresh sandbox (no network, no host files, no privilege; CPU, memory, process "
+                    "and disk limits) and print one JSON object {stdout, stderr, exit_code, timed_out}.",
         epilog="Example: python -m openclaw_jax.envs.sandbox --lang python --timeout 5 -- 'print(2**100)'")
+    d = SandboxLimits()
     parser.add_argument("--lang", choices=LANGS, default="python", help="interpreter (default python)")
-    parser.add_argument("--timeout", type=float, default=SandboxLimits.timeout_s, metavar="S",
-                        help=f"wall-clock limit in seconds (default {SandboxLimits.timeout_s})")
-    parser.add_argument("--memory-mb", type=int, default=SandboxLimits.memory_mb, metavar="M",
-                        help=f"address-space limit in MiB (default {SandboxLimits.memory_mb})")
+    parser.add_argument("--timeout", type=float, default=d.timeout_s, metavar="S",
+                        help=f"wall-clock limit in seconds (default {d.timeout_s})")
+    parser.add_argument("--memory-mb", type=int, default=d.memory_mb, metavar="M",
+                        help=f"address-space limit per process in MiB, and the whole sandbox's where a cgroup "
+                             f"is available (default {d.memory_mb})")
+    parser.add_argument("--max-processes", type=int, default=d.max_processes, metavar="N",
+                        help=f"processes and threads (default {d.max_processes})")
+    parser.add_argument("--work-mb", type=int, default=d.work_mb, metavar="M",
+                        help=f"size of the writable area /sandbox in MiB (default {d.work_mb})")
+    parser.add_argument("--tmp-mb", type=int, default=d.tmp_mb, metavar="M",
+                        help=f"size of the private /tmp in MiB (default {d.tmp_mb})")
+    parser.add_argument("--max-files", type=int, default=d.max_files, metavar="N",
+                        help=f"files, folders and links in /sandbox, and again in /tmp (default {d.max_files})")
+    parser.add_argument("--file-size-mb", type=int, default=d.file_size_mb, metavar="M",
+                        help=f"largest file it may write in MiB (default {d.file_size_mb})")
     parser.add_argument("code", nargs=argparse.REMAINDER, metavar="-- CODE", help="the program text")
     return parser
 
@@ -304,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     if not code:
         parser.error("no CODE given; put it after `--`")
     try:
-        limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb)
+        limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb, max_processes=args.max_processes,
+                               work_mb=args.work_mb, tmp_mb=args.tmp_mb, max_files=args.max_files,
+                               file_size_mb=args.file_size_mb)
     except ValueError as err:
         parser.error(str(err))
     try:

@@ -5,8 +5,10 @@
 
 Every flag is also a key of `GatewayConfig`, settable from YAML (`--config gw.yaml`, flat keys
 or under a top-level `gateway:` section) or as a dotted override (`--set judge_votes=5`).
-Precedence: YAML < --set < explicit flags. The API key may also come from the environment
-variable OPENCLAW_GATEWAY_API_KEY (so it need not appear in the process list).
+Precedence: YAML < --set < explicit flags. Keys left unset come from the environment
+(OPENCLAW_GATEWAY_API_KEY, OPENCLAW_GATEWAY_ADMIN_KEY, OPENCLAW_POLICY_API_KEY), so they need not
+appear in the process list. A gateway bound beyond loopback needs a client key (--keys-file or
+--api-key); it refuses to start otherwise.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 import sys
 
 from openclaw_jax.configlib import ConfigError, from_dict, load_yaml, parse_override, to_dict
-from openclaw_jax.gateway.config import GatewayConfig
+from openclaw_jax.gateway.config import KEY_ENVIRONMENT, GatewayConfig
 from openclaw_jax.gateway.server import API_KEY_ENV, start_gateway, stop_gateway
 from openclaw_jax.logs import configure_logging
 
@@ -34,13 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     judge = p.add_mutually_exclusive_group()
     judge.add_argument("--judge-url", action="append", dest="judge_urls",
                        help="judge (PRM) pool URL (repeatable); implies --judge model")
-    judge.add_argument("--judge", choices=["model", "rule"], help="'model' (PRM votes on the judge pool, "
-                       "default: the policy pool) or 'rule' (pattern rules, no model)")
+    judge.add_argument("--judge", choices=["model", "rule", "openai"], help="'model' (PRM votes on the judge "
+                       "pool, default: the policy pool), 'openai' (the same votes on an OpenAI-compatible endpoint: "
+                       "--set judge_base_url=URL --set judge_model=ID, key in $OPENCLAW_JUDGE_API_KEY) or 'rule' "
+                       "(pattern rules, no model)")
     p.add_argument("--model", help="tokenizer + chat template: an HF model directory or 'smollm2'")
     p.add_argument("--store", dest="store_dir", help="sample store directory")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (0 = ephemeral)")
-    p.add_argument("--api-key", dest="api_key", help=f"bearer key clients must send (or set ${API_KEY_ENV})")
+    p.add_argument("--api-key", dest="api_key", help=f"one bearer key for every client (or set ${API_KEY_ENV}; "
+                   f"the admin key: ${KEY_ENVIRONMENT['admin_key']}, the policy pool's: ${KEY_ENVIRONMENT['policy_api_key']})")
+    p.add_argument("--keys-file", dest="keys_file", help="YAML mapping 'key: person id', one key per person "
+                   "(a key may be written sha256:<hex digest>); see docs/security.md")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -55,9 +62,7 @@ def config_from_args(args: argparse.Namespace, environ=os.environ) -> GatewayCon
     for text in args.set:
         key, value = parse_override(text)
         data[key] = value
-    if environ.get(API_KEY_ENV) and not data.get("api_key"):
-        data["api_key"] = environ[API_KEY_ENV]
-    for name in ("policy_urls", "store_dir", "model", "host", "port", "api_key"):
+    for name in ("policy_urls", "store_dir", "model", "host", "port", "api_key", "keys_file"):
         value = getattr(args, name)
         if value is not None:
             data[name] = value
@@ -66,7 +71,7 @@ def config_from_args(args: argparse.Namespace, environ=os.environ) -> GatewayCon
         data["judge"] = "model"
     elif args.judge:
         data["judge"] = args.judge
-    return from_dict(GatewayConfig, data, prefix="gateway")
+    return from_dict(GatewayConfig, data, prefix="gateway").with_environment(environ)
 
 
 async def serve(cfg: GatewayConfig) -> None:
@@ -90,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    safe = {k: ("***" if k == "api_key" and v else v) for k, v in to_dict(cfg).items()}
+    safe = {k: ("***" if k in KEY_ENVIRONMENT and v else v) for k, v in to_dict(cfg).items()}
     logger.info("gateway config: %s", safe)
     try:
         asyncio.run(serve(cfg))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, OSError) as err:
         logger.error("gateway failed to start: %s", err)
         return 1

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 from urllib.parse import urlparse
 
 from openclaw_jax.configlib import ConfigError, require
-from openclaw_jax.http.http_guard import GuardConfig
+from openclaw_jax.http.http_guard import GuardConfig, is_loopback_host
+from openclaw_jax.wire.images import ImageLimits
+
+# Environment variables that supply keys a config leaves unset (`GatewayConfig.with_environment`).
+KEY_ENVIRONMENT = {"api_key": "OPENCLAW_GATEWAY_API_KEY", "admin_key": "OPENCLAW_GATEWAY_ADMIN_KEY",
+                   "policy_api_key": "OPENCLAW_POLICY_API_KEY"}
 
 
 def _check_url(key: str, url: str) -> None:
@@ -29,9 +34,21 @@ class GatewayConfig:
     # --- serving
     host: str = "127.0.0.1"                 # bind address; 127.0.0.1 unless told otherwise
     port: int = 8000                        # 0 = an ephemeral port (printed at start-up)
-    # Bearer key the agent must send ("" or null = no auth). Also read from the environment
-    # variable OPENCLAW_GATEWAY_API_KEY by the CLI, so it need not appear on a command line.
-    api_key: str | None = None
+    # Who may call the gateway (docs/security.md; gateway/auth.py). A gateway bound beyond loopback needs
+    # api_key or keys_file. The keys also come from the environment (`with_environment`): OPENCLAW_GATEWAY_API_KEY,
+    # OPENCLAW_GATEWAY_ADMIN_KEY, OPENCLAW_POLICY_API_KEY, so they need not appear on a command line.
+    api_key: str | None = None              # one key shared by every client ("" or null = none)
+    keys_file: str = ""                     # YAML/JSON mapping key -> person id: one key per person
+    admin_key: str | None = None            # the operator's key: admin routes (rollback, ...)
+    policy_api_key: str | None = None       # bearer key sent to the policy and judge pools (their --api-key)
+    # Per person (a key of keys_file; with a shared key or none, the X-Person-Id a client sends;
+    # gateway/client_limits.py): beyond these, a new session ends that person's own least recently active
+    # idle one, a connection gets 429, a request waits for one of the person's own generation slots (keep
+    # max_inflight_per_person below pool_max_concurrency, so that others always find room in the pool).
+    max_sessions_per_person: int = 1000
+    max_connections_per_person: int = 64
+    max_inflight_per_person: int = 32
+    max_pending_judgements_per_person: int = 512   # beyond this the person's newest scored turn is dropped
     max_body_bytes: int = 8 << 20           # larger request bodies get HTTP 413
     max_json_depth: int = 64                # deeper JSON nesting gets HTTP 400
     body_timeout_s: float = 60.0            # the whole body must arrive within this (else 408)
@@ -62,9 +79,15 @@ class GatewayConfig:
     honor_client_sampling: bool = False
 
     # --- judge (PRM)
-    judge: Literal["model", "rule"] = "model"
+    # model: PRM votes on an SGLang judge pool (`judge_urls`, else the policy pool); openai: the same votes
+    # on any OpenAI-compatible chat endpoint (`judge_base_url`, `judge_model`); rule: no model (offline)
+    judge: Literal["model", "rule", "openai"] = "model"
     judge_urls: tuple[str, ...] = ()        # empty = judge on the policy pool
-    judge_model: str = ""                   # judge's tokenizer/chat template ("" = same as `model`)
+    # model: the judge's tokenizer/chat template ("" = same as `model`); openai: the model id to ask
+    judge_model: str = ""
+    judge_base_url: str = ""                # openai: the endpoint's base URL, e.g. https://api.openai.com/v1
+    # openai: the environment variable holding the endpoint's key (the key itself never goes in a config)
+    judge_api_key_env: str = "OPENCLAW_JUDGE_API_KEY"
     judge_votes: int = 3                    # m: eval votes and hint votes per scored turn
     judge_temperature: float = 0.6
     judge_max_new_tokens: int = 1024
@@ -74,6 +97,17 @@ class GatewayConfig:
     max_candidates: int = 3                 # hint candidates kept per sample
     hint_min_chars: int = 10                # an accepted hint is longer than this (stripped)
     judge_hints: bool = True                # False: eval votes only, no hint votes (RL-only training)
+    # The judge reads at most this many characters of a next state (the head and the tail of a longer one).
+    judge_max_next_state_chars: int = 32768
+
+    # --- images (wire/images.py ImageLimits; the pixel count is read from the header, before decoding)
+    max_image_pixels: int = 16_777_216      # width x height of one image (4096 x 4096)
+    max_images_per_request: int = 32
+    max_request_image_pixels: int = 67_108_864   # summed over a request's images
+    # Encoded images of turns waiting for their next state wait on disk (<store_dir>/image-spool), not in
+    # memory; beyond these bounds a new turn's images are not kept (the turn is answered, never trained).
+    image_spool_bytes: int = 1 << 30
+    image_spool_bytes_per_person: int = 256 << 20
 
     # --- sessions and store
     store_dir: str = "runs/samples"
@@ -122,7 +156,14 @@ class GatewayConfig:
         require(0 <= self.temperature <= 2, f"gateway.temperature={self.temperature} must be in [0, 2]")
         require(0 < self.top_p <= 1, f"gateway.top_p={self.top_p} must be in (0, 1]")
         require(self.top_k == -1 or self.top_k > 0, f"gateway.top_k={self.top_k} must be -1 (all) or > 0")
-        require(self.judge in ("model", "rule"), f"gateway.judge={self.judge!r} must be 'model' or 'rule'")
+        require(self.judge in ("model", "rule", "openai"),
+                 f"gateway.judge={self.judge!r} must be 'model', 'rule' or 'openai'")
+        if self.judge == "openai":
+            require(bool(self.judge_base_url), "gateway.judge=openai needs gateway.judge_base_url, the endpoint's "
+                                               "base URL such as https://api.openai.com/v1 or http://127.0.0.1:8080/v1")
+            _check_url("gateway.judge_base_url", self.judge_base_url)
+            require(bool(self.judge_model), "gateway.judge=openai needs gateway.judge_model, the model id the "
+                                            "endpoint serves (e.g. gpt-4.1-mini, or a local server's model name)")
         require(self.judge_votes > 0, f"gateway.judge_votes={self.judge_votes} must be > 0")
         require(0 <= self.judge_temperature <= 2,
                  f"gateway.judge_temperature={self.judge_temperature} must be in [0, 2]")
@@ -141,6 +182,15 @@ class GatewayConfig:
         require(self.shutdown_grace_s >= 0, f"gateway.shutdown_grace_s={self.shutdown_grace_s} must be >= 0")
         require(self.segment_max_bytes >= 1 << 16,
                  f"gateway.segment_max_bytes={self.segment_max_bytes} must be >= 65536")
+        for name in ("max_sessions_per_person", "max_connections_per_person", "max_inflight_per_person",
+                     "max_pending_judgements_per_person", "max_images_per_request", "max_image_pixels",
+                     "max_request_image_pixels", "image_spool_bytes", "image_spool_bytes_per_person"):
+            require(getattr(self, name) >= 1, f"gateway.{name}={getattr(self, name)} must be >= 1")
+        require(self.judge_max_next_state_chars >= 256,
+                 f"gateway.judge_max_next_state_chars={self.judge_max_next_state_chars} must be >= 256")
+        require(self.max_request_image_pixels >= self.max_image_pixels,
+                 f"gateway.max_request_image_pixels={self.max_request_image_pixels} must be >= "
+                 f"gateway.max_image_pixels={self.max_image_pixels}")
 
     @property
     def guard(self) -> GuardConfig:
@@ -149,6 +199,25 @@ class GatewayConfig:
                            max_json_depth=self.max_json_depth, header_timeout_s=self.header_timeout_s,
                            keepalive_timeout_s=self.keepalive_timeout_s, max_connections=self.max_connections,
                            prefix="gateway")
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_image_pixels=self.max_image_pixels, max_images=self.max_images_per_request,
+                           max_total_pixels=self.max_request_image_pixels, max_total_bytes=self.max_body_bytes,
+                           prefix="gateway")
+
+    def with_environment(self, environ: Mapping[str, str]) -> "GatewayConfig":
+        """The keys left unset here taken from the environment (see ``KEY_ENVIRONMENT``)."""
+        changes = {field: environ[var] for field, var in KEY_ENVIRONMENT.items()
+                   if not getattr(self, field) and environ.get(var)}
+        return self.replace(**changes) if changes else self
+
+    def check_exposure(self) -> None:
+        """A gateway reachable from other machines must check keys: ConfigError otherwise."""
+        if not is_loopback_host(self.host) and not (self.api_key or self.keys_file):
+            raise ConfigError(f"gateway.host={self.host!r} is reachable from other machines, and the gateway has no "
+                              "client key: set gateway.keys_file (one key per person) or gateway.api_key (or "
+                              f"{KEY_ENVIRONMENT['api_key']}), or bind 127.0.0.1")
 
     @property
     def judge_pool_urls(self) -> tuple[str, ...]:

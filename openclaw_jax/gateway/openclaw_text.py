@@ -19,6 +19,11 @@ OpenClaw (2026.9.6) wraps what the person typed before it reaches the model:
 `person_words` removes exactly these, following OpenClaw's own ``stripInboundMetadata``
 (``dist/strip-inbound-meta-*.mjs``), so that the judge scores what the person said, not the
 wrapper. It is for the judge only: the training prompt keeps the tokens as they were sent.
+
+Every step is linear in the text (plain string searches and one pass over its lines; the regular
+expressions left are anchored and cannot backtrack across lines): a request carries up to the
+gateway's body limit of text, and `person_words` of 8 MiB of newlines must take milliseconds, not
+minutes. For texts above `OFFLOAD_CHARS` the gateway calls it on a worker thread.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ INBOUND_CONTEXT_MARKER = "\u27e6openclaw:ctx\u27e7"  # ⟦openclaw:ctx⟧
 # OpenClaw's LEADING_TIMESTAMP_PREFIX_RE.
 TIMESTAMP_PREFIX = re.compile(r"^\[[A-Za-z]{3} \d{4}-\d{2}-\d{2} \d{2}:\d{2}[^\]]*\] *")
 # The relocated runtime facts: the last paragraph, one line, ``Runtime: key=value | key=value ...``.
-RUNTIME_LINE = re.compile(r"(?:\A|\n\s*\n)Runtime: (?:[a-z_]+=[^\n]*)\s*\Z")
-SYSTEM_EVENT_LINE = re.compile(r"^System: .*$")
+RUNTIME_LINE_START = re.compile(r"Runtime: [a-z_]+=")
+SYSTEM_EVENT_PREFIX = "System: "
+# Texts longer than this are cleaned on a worker thread (the cleaning is linear, but 8 MiB still takes
+# a few hundred milliseconds of pure Python).
+OFFLOAD_CHARS = 65_536
 DELIVERY_HINTS = (
     "Delivery: to send a message, use the `message` tool.",
     "Delivery: Final assistant text is not automatically delivered in this run. Use the `message` tool to send "
@@ -42,10 +50,70 @@ DELIVERY_HINTS = (
     "visible reply is genuinely warranted, send it with the `message` tool; anything else you produce stays "
     "private.",
 )
-INTERNAL_CONTEXT = re.compile(r"<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>.*?(?:<<<END_OPENCLAW_INTERNAL_CONTEXT>>>|\Z)",
-                              re.DOTALL)
-_ACTIVE_MEMORY = re.compile(r"^[ \t]*Context:[ \t]*\n[ \t]*<active_memory_plugin>[ \t]*\n.*?^[ \t]*"
-                            r"</active_memory_plugin>[ \t]*(?:\n|\Z)", re.MULTILINE | re.DOTALL)
+INTERNAL_CONTEXT_BEGIN = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
+INTERNAL_CONTEXT_END = "<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"
+# The active-memory block: a line ``Context:``, a line ``<active_memory_plugin>``, anything, and a line
+# ``</active_memory_plugin>`` (each line may carry spaces and tabs around its word).
+_AM_OPEN = re.compile(r"[ \t]*Context:[ \t]*")
+_AM_TAG = re.compile(r"[ \t]*<active_memory_plugin>[ \t]*")
+_AM_CLOSE = re.compile(r"[ \t]*</active_memory_plugin>[ \t]*")
+
+
+def _drop_internal_context(text: str) -> str:
+    """Every ``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` up to its end marker (or the end of the text) removed."""
+    if INTERNAL_CONTEXT_BEGIN not in text:
+        return text
+    out, pos = [], 0
+    while True:
+        begin = text.find(INTERNAL_CONTEXT_BEGIN, pos)
+        if begin < 0:
+            out.append(text[pos:])
+            break
+        out.append(text[pos:begin])
+        end = text.find(INTERNAL_CONTEXT_END, begin + len(INTERNAL_CONTEXT_BEGIN))
+        if end < 0:
+            break
+        pos = end + len(INTERNAL_CONTEXT_END)
+    return "".join(out)
+
+
+def _drop_runtime_line(body: str) -> str:
+    """``body`` (right-stripped) without a last line ``Runtime: key=...`` that is its own paragraph: the
+    whole text, or preceded by a blank line (what is cut starts at the newline that ends the text before)."""
+    start = body.rfind("\n") + 1
+    if not RUNTIME_LINE_START.match(body, start):
+        return body
+    if start == 0:
+        return ""
+    before = body[:start - 1]
+    kept = len(before.rstrip())
+    gap = before.find("\n", kept)   # a blank line between the text and the runtime line
+    return body if gap < 0 else body[:gap]
+
+
+def _drop_active_memory(body: str) -> str:
+    """Every active-memory block (its lines and the newline after its closing line) removed."""
+    lines = body.split("\n")
+    n = len(lines)
+    closing = [n] * (n + 1)   # closing[k]: the first closing line at or after line k (n: none)
+    for k in range(n - 1, -1, -1):
+        closing[k] = k if _AM_CLOSE.fullmatch(lines[k]) else closing[k + 1]
+    kept: list[str] = []
+    i = 0
+    while i < n:
+        # an opening pair of lines, each ended by a newline (so not the last line), then a closing line
+        if i + 2 < n and _AM_OPEN.fullmatch(lines[i]) and _AM_TAG.fullmatch(lines[i + 1]):
+            j = closing[i + 2]
+            if j == n:   # no closing line anywhere after: no later block can close either
+                kept.extend(lines[i:])
+                break
+            if j == n - 1:   # the block runs to the end of the text: the newline before it stays
+                kept.append("")
+            i = j + 1
+            continue
+        kept.append(lines[i])
+        i += 1
+    return "\n".join(kept)
 
 
 def _drop_context_blocks(lines: list[str]) -> list[str]:
@@ -78,7 +146,7 @@ def _drop_context_blocks(lines: list[str]) -> list[str]:
 def _drop_system_events(lines: list[str]) -> list[str]:
     """Leading ``System: ...`` event lines (and the blank lines after them)."""
     i = 0
-    while i < len(lines) and SYSTEM_EVENT_LINE.match(lines[i]):
+    while i < len(lines) and lines[i].startswith(SYSTEM_EVENT_PREFIX):
         i += 1
     if i == 0:
         return lines
@@ -93,11 +161,11 @@ def person_words(text: str) -> str:
     Text without any OpenClaw wrapping comes back unchanged but for surrounding whitespace, so
     this is safe on messages from any client. Pure; never raises on any string.
     """
-    body = RUNTIME_LINE.sub("", INTERNAL_CONTEXT.sub("", text).rstrip())
-    body = TIMESTAMP_PREFIX.sub("", body)
+    body = _drop_runtime_line(_drop_internal_context(text).rstrip())
+    body = TIMESTAMP_PREFIX.sub("", body, count=1)
     if INBOUND_CONTEXT_MARKER in body or "Delivery: " in body or "<active_memory_plugin>" in body:
-        body = _ACTIVE_MEMORY.sub("", body)
+        body = _drop_active_memory(body)
         body = "\n".join(_drop_context_blocks(body.split("\n")))
     body = "\n".join(_drop_system_events(body.strip("\n").split("\n")))
     # The timestamp follows any context prefix OpenClaw put first, and may be on the text itself.
-    return TIMESTAMP_PREFIX.sub("", body.strip()).strip()
+    return TIMESTAMP_PREFIX.sub("", body.strip(), count=1).strip()

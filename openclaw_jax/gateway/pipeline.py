@@ -4,6 +4,8 @@ A mixin of :class:`~openclaw_jax.gateway.server.Gateway` (which owns the queue, 
 budget, the writer and the stats): ``cfg.judge_concurrency`` workers take scoring jobs off the
 bounded queue, ask the judge, apply the three-case rule, render the hint-augmented prompts
 and submit the sample; the store writer calls back once it is durable. Never on the request path.
+Each person holds at most ``gateway.max_pending_judgements_per_person`` places of the queue, so one
+client cannot crowd out the others' turns. A sample records its person beside its session.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Any
 from openclaw_jax.gateway.judge import hint_augmented_messages
 from openclaw_jax.samples import Sample
 from openclaw_jax.gateway.sessions import ScoringJob, TurnRecord
-from openclaw_jax.models.vision_prompt import render_image_prompt
 
 logger = logging.getLogger("openclaw_jax.gateway.server")
 
@@ -27,23 +28,35 @@ class JudgePipeline:
     cfg: Any
     stats: Any
     judge: Any
-    tokenizer: Any
-    image_processor: Any
     budget: Any
     writer: Any
     sessions: Any
+    limits: Any
     _queue: "asyncio.Queue[ScoringJob] | None"
     _active_jobs: int
+    _release_images: Any   # ImageTurns
+    _store_images_now: Any
+    _hint_prompt_with_images: Any
 
     def _submit(self, job: ScoringJob) -> None:
         assert self._queue is not None
+        person = job.turn.person
+        if not self.limits.queue_judgement(person):
+            self.stats.jobs_dropped_queue_full += 1
+            logger.warning("person %s has %d turns waiting for the judge (gateway.max_pending_judgements_per_person): "
+                           "session %s turn %d is dropped unscored", person, self.cfg.max_pending_judgements_per_person,
+                           job.turn.session_id, job.turn.turn_index)
+            self._release_images(job.turn)
+            return
         try:
             self._queue.put_nowait(job)
             self.stats.jobs_queued += 1
         except asyncio.QueueFull:
+            self.limits.judgement_done(person)
             self.stats.jobs_dropped_queue_full += 1
             logger.warning("judge queue full (%d): session %s turn %d is dropped unscored",
                            self.cfg.max_pending_judgements, job.turn.session_id, job.turn.turn_index)
+            self._release_images(job.turn)
 
     async def _judge_worker(self, worker_index: int) -> None:
         assert self._queue is not None
@@ -59,6 +72,8 @@ class JudgePipeline:
                 logger.exception("judging session %s turn %d failed; no sample", job.turn.session_id,
                                  job.turn.turn_index)
             finally:
+                self.limits.judgement_done(job.turn.person)
+                self._release_images(job.turn)   # stored by now, or never to be (a few unlinks at most)
                 self._active_jobs -= 1
                 self._queue.task_done()
 
@@ -80,28 +95,25 @@ class JudgePipeline:
             # One candidate at a time, yielding in between; inline when small (a thread would only add
             # GIL hand-offs), on a worker thread when large (the budget decides).
             messages = hint_augmented_messages(turn.prompt_messages, hint)
-            if turn.images:   # the same images, each placeholder widened as in the prompt
-                hint_prompts.append(render_image_prompt(self.tokenizer, messages, [im.data for im in turn.images],
-                                                        self.image_processor, tools=turn.tools,
-                                                        **turn.chat_template_kwargs)[0])
+            if turn.images:   # the same images, each placeholder widened as in the prompt (from its grid)
+                hint_prompts.append(await self._hint_prompt_with_images(turn, messages))
             else:
                 hint_prompts.append(await self.budget.render(messages, tools=turn.tools, **turn.chat_template_kwargs))
             await asyncio.sleep(0)
         sample = Sample(
             session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
             reward=judgement.eval_score if kind != "opd" else 0,
-            prompt_ids=turn.prompt_ids, response_ids=turn.response_ids, rollout_logprobs=turn.response_logprobs,
+            prompt_ids=list(turn.prompt_ids), response_ids=turn.response_ids, rollout_logprobs=turn.response_logprobs,
             hints=list(judgement.hints), hint_prompt_ids=hint_prompts, weight_version=turn.weight_version,
             last_weight_version=turn.last_weight_version,
             temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),
             hint_votes=list(judgement.hint_votes), judge_raw=judgement.raw, judge=judgement.judge,
             next_state=job.next_state.to_dict(), response_text=turn.response_text,
-            finish_reason=turn.finish_reason, image_sha256=[im.sha256 for im in turn.images])
+            finish_reason=turn.finish_reason, image_sha256=[im.sha256 for im in turn.images], person=turn.person)
         if turn.images:
-            # The blobs first, durably (fsynced): the store refuses a record naming an image it lacks.
+            # The blobs first, durably (fsynced), from the spool: the store refuses a record naming an image it lacks.
             try:
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: [self.writer.store.put_image(im.data) for im in turn.images])
+                await asyncio.get_running_loop().run_in_executor(None, self._store_images_now, turn)
             except OSError as err:
                 logger.warning("session %s turn %d: image blobs not written (%s); sample dropped", turn.session_id,
                                turn.turn_index, err)

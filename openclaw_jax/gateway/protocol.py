@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import WireError
-from openclaw_jax.wire.images import ImageInput, extract_images
+from openclaw_jax.wire.images import DEFAULT_LIMITS, ImageInput, ImageLimits, extract_images
 from openclaw_jax.wire.openai import short as _short
 from openclaw_jax.wire.fields import optional_bool
 
@@ -34,7 +34,7 @@ class GatewayHTTPError(Exception):
     """An error answered to the client as an OpenAI-shaped JSON body with HTTP ``status``."""
 
     def __init__(self, status: int, message: str, *, err_type: str | None = None, param: str | None = None,
-                 code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+                 code: str | None = None, headers: Mapping[str, str] | None = None, close: bool = False) -> None:
         super().__init__(message)
         self.status = int(status)
         self.message = message
@@ -42,6 +42,7 @@ class GatewayHTTPError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+        self.close = close   # also end the connection after answering
 
     def body(self) -> dict[str, Any]:
         return O.error_body(self.message, err_type=self.err_type, param=self.param, code=self.code)
@@ -236,7 +237,7 @@ def _check_no_effect_fields(body: Mapping[str, Any]) -> None:
     optional_bool(body, "tool_stream", False)
 
 
-def parse_agent_chat_request(body: Any) -> ChatCompletionRequest:
+def parse_agent_chat_request(body: Any, image_limits: ImageLimits = DEFAULT_LIMITS) -> ChatCompletionRequest:
     """Validate an agent's OpenAI chat-completions body, strictly (fields without effect and the
     policy's own settings are refused; unlike the inference server's lenient
     `inference.protocol.parse_chat_request`); raises GatewayHTTPError(400) naming the bad field."""
@@ -245,7 +246,7 @@ def parse_agent_chat_request(body: Any) -> ChatCompletionRequest:
     _check_fields(body)
     try:
         _check_no_effect_fields(body)
-        raw_messages, images = extract_images(body.get("messages"))
+        raw_messages, images = extract_images(body.get("messages"), image_limits)
         msgs = O.parse_messages({"messages": raw_messages}, strict=True)
         model = body.get("model")
         if model is not None and not isinstance(model, str):

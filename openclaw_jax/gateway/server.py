@@ -18,39 +18,52 @@ What is durable and what is not:
     half-way). A graceful stop (SIGTERM/SIGINT) stops taking requests and waits up to
     ``shutdown_grace_s`` for queued judgements to finish and be stored.
 
-Errors: bad input -> 400/401/404/405/408/413/415 with an OpenAI-shaped JSON body (one error
+Errors: bad input -> 400/401/403/404/405/408/413/415/429 with an OpenAI-shaped JSON body (one error
 boundary, openclaw_jax.http.http_guard); pool trouble -> 502 (worker error), 503 (no healthy
 worker), 504 (timed out), with no turn recorded; a judge failure is no vote. A 500 would be a
 bug (logged with its traceback and a trace id that the response carries). Bodies are size-
-checked before reading, conversations before rendering; large ones are decoded and rendered on
-worker threads. Connections are capped and must send their headers within a timeout.
+checked before reading, conversations before rendering; large ones are decoded, cleaned and rendered
+on worker threads, and every step over request text is linear. Connections are capped and must send
+their headers within a timeout.
+
+Clients (docs/security.md): each request's person comes from its key (gateway/auth.py); sessions are
+kept per person (sessions.py), so only the person who opened one can continue it, give its next state
+or end it; each person's connections, generations and queued judgements are capped (client_limits.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict
-from typing import Any, Callable
+import os
+from array import array
+from typing import Any
 
 from aiohttp import web
 
 from openclaw_jax.counters import counters
-from openclaw_jax.gateway.config import GatewayConfig
-from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
+from openclaw_jax.gateway.auth import AUTH_KEY, Caller, GatewayAuth, request_caller
+from openclaw_jax.gateway.chat_stream import ChatStream, ClientGone, finish_reason
+from openclaw_jax.gateway.client_limits import ClientLimits
+from openclaw_jax.gateway.config import KEY_ENVIRONMENT, GatewayConfig
+from openclaw_jax.gateway.health_routes import HealthRoutes
+from openclaw_jax.gateway.image_spool import ImageSpool, SpooledImage
+from openclaw_jax.gateway.image_turns import ImageTurns
+from openclaw_jax.gateway.judge import Judge, ModelJudge, NextState, RuleJudge
+from openclaw_jax.gateway.openai_judge import OpenAIJudge, openai_judge_from_config
+from openclaw_jax.gateway.openclaw_text import OFFLOAD_CHARS
 from openclaw_jax.gateway.pipeline import JudgePipeline
 from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
 from openclaw_jax.gateway.protocol import (ChatCompletionRequest, GatewayHTTPError, bad_request,
                                            parse_agent_chat_request, parse_session_info)
 from openclaw_jax.samples import SampleStore
 from openclaw_jax.gateway.store_writer import StoreWriter
-from openclaw_jax.gateway.sessions import ScoringJob, SessionTracker, TurnRecord, TurnTicket
+from openclaw_jax.gateway.sessions import ScoringJob, SessionLimitError, SessionTracker, TurnRecord, TurnTicket
 from openclaw_jax.http import http_guard as G
-from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
+from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os, run_heavy
 from openclaw_jax.http.text_budget import TextBudget, message_chars
 from openclaw_jax.models.tokenizer import tokenizer_by_name
 from openclaw_jax.models.image_processing import processor_for_model_dir
-from openclaw_jax.models.vision_prompt import render_image_prompt
 from openclaw_jax.pool.client import (
     NoHealthyWorkerError,
     PoolClient,
@@ -63,12 +76,12 @@ from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import with_context_advice
 from openclaw_jax.wire.images import image_data_url
 from openclaw_jax.wire.sglang import SamplingParams
-from openclaw_jax.wire.sglang_results import GenerateResult, openai_finish
-from openclaw_jax.wire.tool_calls import safe_stream_prefix, split_tool_calls
+from openclaw_jax.wire.sglang_results import GenerateResult
+from openclaw_jax.wire.tool_calls import split_tool_calls
 
 logger = logging.getLogger(__name__)
 
-API_KEY_ENV = "OPENCLAW_GATEWAY_API_KEY"
+API_KEY_ENV = KEY_ENVIRONMENT["api_key"]
 
 
 def pool_error_to_http(err: BaseException, what: str = "policy pool") -> GatewayHTTPError:
@@ -104,11 +117,7 @@ GatewayStats = counters(
     """)
 
 
-class _ClientGone(Exception):
-    """The agent closed the connection mid-response."""
-
-
-class Gateway(JudgePipeline, SessionRoutes):
+class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
     """The gateway's state and handlers; ``make_app()`` gives the aiohttp application.
 
     Pass ready-made ``tokenizer``/``policy``/``judge``/``store`` to embed it (tests, the
@@ -127,17 +136,22 @@ class Gateway(JudgePipeline, SessionRoutes):
         self.judge_pool = judge_pool
         self.store = store
         self._owned: list[Any] = []
-        self.sessions = SessionTracker(idle_timeout_s=cfg.session_idle_timeout_s, max_sessions=cfg.max_sessions)
+        self.auth = GatewayAuth.from_config(cfg)
+        self.sessions = SessionTracker(idle_timeout_s=cfg.session_idle_timeout_s, max_sessions=cfg.max_sessions,
+                                       max_sessions_per_person=cfg.max_sessions_per_person,
+                                       max_next_state_chars=cfg.judge_max_next_state_chars,
+                                       on_drop=self._release_images)
+        self.spool: ImageSpool | None = None
         self.stats = GatewayStats()
         self.started_at = O.now_s()
         self._queue: asyncio.Queue[ScoringJob] | None = None
         self._workers: list[asyncio.Task] = []
         self._housekeeping: asyncio.Task | None = None
         self._active_jobs = 0
-        self._api_key = cfg.api_key.encode("utf-8") if cfg.api_key else None
         self.guard = cfg.guard
         self.connections = G.ConnectionGuard(self.guard, "gateway",
                                              error_body=lambda status, message: GatewayHTTPError(status, message).body())
+        self.limits = ClientLimits(cfg, self.connections)
         self.budget: TextBudget | None = None
         self.writer: StoreWriter | None = None
         self._stop_ids: list[int] = []
@@ -155,13 +169,18 @@ class Gateway(JudgePipeline, SessionRoutes):
                 raise ValueError("gateway.policy_urls is empty: give at least one --policy-url (an SGLang worker, "
                                  "a router, or the embedded server)")
             self.policy = PoolClient(list(cfg.policy_urls), max_concurrency=cfg.pool_max_concurrency,
-                                     request_timeout_s=cfg.request_timeout_s, max_retries=cfg.pool_max_retries)
+                                     request_timeout_s=cfg.request_timeout_s, max_retries=cfg.pool_max_retries,
+                                     api_key=cfg.policy_api_key)
             self._owned.append(self.policy)
             await self.policy.start()
         if self.judge is None:
             if cfg.judge == "rule":
                 self.judge = RuleJudge(max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars,
                                        hints=cfg.judge_hints)
+            elif cfg.judge == "openai":
+                self.judge = openai_judge_from_config(cfg)
+                self._owned.append(self.judge)
+                await self.judge.check()
             else:
                 if self.judge_pool is None:
                     # Its own client (own concurrency limit), even on the policy's URLs, so that
@@ -169,7 +188,7 @@ class Gateway(JudgePipeline, SessionRoutes):
                     self.judge_pool = PoolClient(list(cfg.judge_pool_urls),
                                                  max_concurrency=max(1, cfg.judge_concurrency * cfg.judge_votes * 2),
                                                  request_timeout_s=cfg.judge_timeout_s,
-                                                 max_retries=cfg.pool_max_retries)
+                                                 max_retries=cfg.pool_max_retries, api_key=cfg.policy_api_key)
                     self._owned.append(self.judge_pool)
                     await self.judge_pool.start()
                 judge_tokenizer = self.tokenizer
@@ -185,6 +204,8 @@ class Gateway(JudgePipeline, SessionRoutes):
             self.store = SampleStore(cfg.store_dir, segment_max_bytes=cfg.segment_max_bytes)
             self._owned.append(self.store)
         self.budget = TextBudget(self.tokenizer, max_tokens=cfg.max_prompt_tokens)
+        self.spool = ImageSpool(os.path.join(self.store.directory, "image-spool"), max_bytes=cfg.image_spool_bytes,
+                                max_bytes_per_person=cfg.image_spool_bytes_per_person)
         self.writer = StoreWriter(self.store, cfg, on_written=self._sample_written, on_error=self._store_error)
         self.writer.start()
         self._queue = asyncio.Queue(maxsize=cfg.max_pending_judgements)
@@ -215,7 +236,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         if self.writer is not None:
             await self.writer.close(grace_s)
         for owned in reversed(self._owned):
-            if isinstance(owned, PoolClient):
+            if isinstance(owned, (PoolClient, OpenAIJudge)):
                 await owned.close()
         for owned in self._owned:
             if isinstance(owned, SampleStore):
@@ -227,6 +248,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[
             G.error_boundary(self._render_error, name="gateway"), self.connections.middleware(),
             self._error_middleware])
+        app[AUTH_KEY] = self.auth
         app.router.add_post("/v1/chat/completions", self.handle_chat)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/healthz", self.handle_healthz)
@@ -247,17 +269,19 @@ class Gateway(JudgePipeline, SessionRoutes):
         except GatewayHTTPError as err:
             if err.status < 500:
                 self.stats.client_errors += 1
-            return web.json_response(err.body(), status=err.status, headers=err.headers)
-        except (ConnectionResetError, _ClientGone):
+            response = web.json_response(err.body(), status=err.status, headers=err.headers)
+            if err.close:
+                response.force_close()
+            return response
+        except (ConnectionResetError, ClientGone):
             # Nobody is listening any more; 499 = "client closed request" (never actually sent).
             return web.Response(status=499)
 
-    def _check_auth(self, request: web.Request) -> None:
-        if self._api_key is None:
-            return
-        if not G.bearer_matches(request.headers, self._api_key):
-            raise GatewayHTTPError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
-                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    def _check_auth(self, request: web.Request) -> Caller:
+        """The request's caller (401/403 without a valid key); its connection counts as that person's."""
+        caller = request_caller(request)
+        self.limits.admit_connection(request, caller.person)
+        return caller
 
     # ----------------------------------------------------------------- small handlers
     async def handle_models(self, request: web.Request) -> web.Response:
@@ -265,53 +289,11 @@ class Gateway(JudgePipeline, SessionRoutes):
         return web.json_response(O.model_list(O.model_card(self.cfg.served_model_name, self.started_at,
                                                            owned_by="openclaw_jax")))
 
-    def _problems(self) -> list[str]:
-        """Why the gateway is not fully working right now (empty = ok)."""
-        problems = []
-        if self.policy is None or not self.policy.healthy_urls():
-            problems.append("no healthy policy worker")
-        if self.store is None or self.writer is None:
-            problems.append("the sample store is not open")
-        elif self.writer.degraded:
-            problems.append(f"the sample store {self.store.directory} cannot be written ({self.writer.last_error}) "
-                            f"for {self.writer.failing_for_s:.1f} s: {self.writer.pending} sample(s) wait in memory, "
-                            f"{self.writer.stats.dropped} dropped")
-        return problems
-
-    async def handle_readyz(self, request: web.Request) -> web.Response:
-        """200 when the gateway serves and records samples; 503 (with the reasons) otherwise."""
-        problems = self._problems()
-        return web.json_response({"ready": not problems, "problems": problems}, status=503 if problems else 200)
-
-    async def handle_healthz(self, request: web.Request) -> web.Response:
-        policy_healthy = self.policy.healthy_urls() if self.policy is not None else []
-        problems = self._problems()
-        store: dict[str, Any] = {"directory": self.store.directory if self.store is not None else None,
-                                 "samples": len(self.store) if self.store is not None else 0}
-        if self.writer is not None:
-            store.update(self.writer.status())
-        body = {
-            "status": "degraded" if problems else "ok",
-            "problems": problems,
-            "policy": {"urls": self.policy.urls if self.policy else [], "healthy": policy_healthy},
-            "judge": getattr(self.judge, "name", None),
-            "store": store,
-            "connections": asdict(self.connections.stats),
-            "sessions": len(self.sessions),
-            "pending_turns": self.sessions.pending_turns(),
-            "queued_judgements": self._queue.qsize() if self._queue else 0,
-            "running_judgements": self._active_jobs,
-            "stats": asdict(self.stats),
-        }
-        return web.json_response(body)
-
     # ----------------------------------------------------------------- chat completions
     async def _render_prompt(self, req: ChatCompletionRequest) -> list[int]:
         # Typical prompts render inline (a thread hand-off would cost more than the rendering); a
         # large conversation renders and tokenizes on a worker thread; one that could not fit
         # gateway.max_prompt_tokens in any tokenization is refused before any work.
-        if req.images:
-            return self._render_image_prompt(req)
         chars = message_chars(req.messages, req.tools)
         why = self.budget.conversation_too_long(req.messages, chars)
         if why is not None:
@@ -332,26 +314,6 @@ class Gateway(JudgePipeline, SessionRoutes):
                               param="messages")
         return ids
 
-    def _render_image_prompt(self, req: ChatCompletionRequest) -> list[int]:
-        """A prompt with images (a vision-language policy only): the template, each image's placeholder
-        widened to its token count (models/vision_prompt.py)."""
-        if self.image_processor is None:
-            raise bad_request("this gateway's policy reads text only: image_url parts are not served; send text "
-                              "content", param="messages")
-        if req.stream:
-            raise bad_request("a request with images is not streamed yet; send stream=false", param="stream")
-        try:
-            ids = render_image_prompt(self.tokenizer, req.messages, [im.data for im in req.images],
-                                      self.image_processor, tools=req.tools, **req.chat_template_kwargs)[0]
-        except Exception as err:  # noqa: BLE001 - an image that does not decode, a template error
-            raise bad_request(f"the images or messages could not be rendered: {type(err).__name__}: {err}",
-                              param="messages") from None
-        if len(ids) > self.cfg.max_prompt_tokens:
-            raise bad_request(with_context_advice(f"the prompt has {len(ids)} tokens; at most "
-                                                  f"{self.cfg.max_prompt_tokens} are accepted (gateway.max_prompt_tokens)."),
-                              param="messages")
-        return ids
-
     def _sampling_params(self, req: ChatCompletionRequest, main: bool) -> SamplingParams:
         cfg = self.cfg
         use_client = cfg.honor_client_sampling or not main
@@ -364,7 +326,7 @@ class Gateway(JudgePipeline, SessionRoutes):
 
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
-        self._check_auth(request)
+        caller = self._check_auth(request)
         body = await G.read_json(request, self.guard,
                                  empty_message="the request body is empty; send a JSON object with 'messages'")
         if not isinstance(body, dict):
@@ -374,8 +336,36 @@ class Gateway(JudgePipeline, SessionRoutes):
         if isinstance(messages, list) and len(messages) > self.cfg.max_prompt_tokens:  # before validating each
             raise bad_request(f"the conversation is too long: {self.budget.conversation_too_long(messages, 0)} "
                               "(gateway.max_prompt_tokens)", param="messages")
-        req = await G.parse_off_loop(request, parse_agent_chat_request, body)
-        prompt_ids = await self._render_prompt(req)
+        req = await G.parse_off_loop(request, parse_agent_chat_request, body, self.cfg.image_limits)
+        async with self.limits.generation(caller.person):
+            return await self._serve_chat(request, req, session, caller.person)
+
+    async def _next_state(self, messages: list[dict[str, Any]]) -> NextState | None:
+        """What a request carries for the previous main turn (`SessionTracker.next_state`): the person's words
+        are cleaned of OpenClaw's wrapper in linear time, on a worker thread when the text is long."""
+        if message_chars(messages) < OFFLOAD_CHARS:
+            return self.sessions.next_state(messages)
+        return await run_heavy(self.sessions.next_state, messages)
+
+    async def _open_main_turn(self, session_id: str, messages: list[dict[str, Any]], person: str) -> TurnTicket:
+        known = (person, session_id) in self.sessions   # a new session has no previous turn to score
+        next_state = await self._next_state(messages) if known else None
+        try:
+            ticket, job = self.sessions.open_main_turn(session_id, messages, person=person, next_state=next_state)
+        except SessionLimitError as err:
+            raise GatewayHTTPError(429, f"{err} (gateway.max_sessions_per_person, gateway.max_sessions); end a "
+                                        "session or retry when a turn is done", headers={"Retry-After": "1"}) from None
+        if job is not None:
+            self._submit(job)
+        return ticket
+
+    async def _serve_chat(self, request: web.Request, req: ChatCompletionRequest, session: Any,
+                          person: str) -> web.StreamResponse:
+        grids: list[tuple[int, int, int]] = []
+        if req.images:
+            prompt_ids, grids = await self._render_image_prompt(req)
+        else:
+            prompt_ids = await self._render_prompt(req)
         main = session.turn_type == "main"
         params = self._sampling_params(req, main)
         if main and not session.done:  # a closing request's own reply is never trained: any budget is fine
@@ -385,19 +375,17 @@ class Gateway(JudgePipeline, SessionRoutes):
         ticket: TurnTicket | None = None
         if main:
             self.stats.main_turns += 1
-            ticket, job = self.sessions.open_main_turn(session.session_id, req.messages)
-            if job is not None:
-                self._submit(job)
+            ticket = await self._open_main_turn(session.session_id, req.messages, person)
         else:
             self.stats.side_turns += 1
         if session.done:
             # The previous turn was scored above; this request's own turn never gets a next state.
-            self.sessions.end_session(session.session_id)
+            self.sessions.end_session(session.session_id, person=person)
 
         try:
             if req.stream:
                 return await self._stream_chat(request, req, prompt_ids, params, ticket)
-            return await self._complete_chat(request, req, prompt_ids, params, ticket)
+            return await self._complete_chat(request, req, prompt_ids, params, ticket, grids)
         except BaseException:
             if ticket is not None:
                 self.sessions.fail_turn(ticket)  # no-op if the turn was recorded
@@ -415,22 +403,26 @@ class Gateway(JudgePipeline, SessionRoutes):
             raise pool_error_to_http(err) from None
 
     def _record_turn(self, ticket: TurnTicket | None, req: ChatCompletionRequest, prompt_ids: list[int],
-                     result: GenerateResult, params: SamplingParams) -> None:
+                     result: GenerateResult, params: SamplingParams, images: tuple[SpooledImage, ...] = ()) -> None:
         if ticket is None:
             return
         if not result.output_ids or len(result.output_logprobs) != len(result.output_ids):
             logger.warning("session %s turn %d not recorded: %d output ids with %d log-probs", ticket.session_id,
                            ticket.turn_index, len(result.output_ids), len(result.output_logprobs))
             self.sessions.fail_turn(ticket)
+            if images:
+                self.spool.release(ticket.person, images)
             return
         record = TurnRecord(
             session_id=ticket.session_id, turn_index=ticket.turn_index, prompt_messages=req.messages,
-            tools=req.tools, chat_template_kwargs=req.chat_template_kwargs, prompt_ids=prompt_ids,
+            tools=req.tools, chat_template_kwargs=req.chat_template_kwargs,
+            prompt_ids=array("i", prompt_ids),   # 4 bytes a token while it waits (a list takes 36)
             response_ids=list(result.output_ids), response_logprobs=list(result.output_logprobs),
             response_text=result.text, weight_version=result.weight_version,
             last_weight_version=result.last_weight_version,
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            finish_reason=result.finish_reason.type if result.finish_reason else "", images=tuple(req.images))
+            finish_reason=result.finish_reason.type if result.finish_reason else "", images=images,
+            person=ticket.person)
         self.stats.turns_recorded += 1
         job = self.sessions.complete_turn(ticket, record)
         if job is not None:
@@ -441,10 +433,6 @@ class Gateway(JudgePipeline, SessionRoutes):
                                  result.output_top_logprobs[start:stop] if top else None,
                                  lambda t: self.tokenizer.decode([t]), top_n=top)
 
-    @staticmethod
-    def _finish_reason(result: GenerateResult, has_calls: bool) -> str:
-        return openai_finish(result.finish_reason, has_tool_calls=has_calls)[0] or "stop"
-
     def _metadata(self, result: GenerateResult, ticket: TurnTicket | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"weight_version": result.weight_version}
         if ticket is not None:
@@ -452,19 +440,26 @@ class Gateway(JudgePipeline, SessionRoutes):
         return meta
 
     async def _complete_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
-                             params: SamplingParams, ticket: TurnTicket | None) -> web.Response:
+                             params: SamplingParams, ticket: TurnTicket | None,
+                             grids: list[tuple[int, int, int]]) -> web.Response:
         result = await self._generate(prompt_ids, params, req.top_logprobs, req.images)
         transport = request.transport
         if transport is None or transport.is_closing():
             # The agent hung up: it never saw this reply, so the turn must not be trained on.
             if ticket is not None:
                 self.sessions.fail_turn(ticket)
-            raise _ClientGone()
-        self._record_turn(ticket, req, prompt_ids, result, params)
+            raise ClientGone()
+        images: tuple[SpooledImage, ...] | None = ()
+        if ticket is not None and req.images:
+            images = await self._spool_images(ticket.person, req, grids)
+            if images is None:   # over the spool's bounds: answered, not trained
+                self.sessions.fail_turn(ticket)
+                ticket, images = None, ()
+        self._record_turn(ticket, req, prompt_ids, result, params, images)
         content, calls = split_tool_calls(result.text, req.tools)
         choice = O.chat_choice(
             0, O.chat_message((content or None) if calls else content, calls),
-            finish_reason=self._finish_reason(result, bool(calls)),
+            finish_reason=finish_reason(result, bool(calls)),
             logprobs=self._logprobs_block(result, 0, len(result.output_ids), req.top_logprobs) if req.logprobs else None)
         body = O.chat_completion(completion_id=O.new_id("chatcmpl-"), created=O.now_s(),
                                  model=req.model or self.cfg.served_model_name, choices=[choice],
@@ -481,14 +476,14 @@ class Gateway(JudgePipeline, SessionRoutes):
         response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no",
                                                            **request.get(GATEWAY_HEADERS, {})})
         await response.prepare(request)
-        out = _ChatStream(response, req, model=req.model or self.cfg.served_model_name,
+        out = ChatStream(response, req, model=req.model or self.cfg.served_model_name,
                           logprobs_block=self._logprobs_block)
         try:
             result = await self._relay(stream, first, out)
             # Record before the last chunk: once the client has the finish reason it may send the next turn.
             await out.finish(result, len(prompt_ids),
                              record=lambda: self._record_turn(ticket, req, prompt_ids, result, params))
-        except _ClientGone:
+        except ClientGone:
             logger.info("client closed the stream early; turn not recorded")
             if ticket is not None:
                 self.sessions.fail_turn(ticket)
@@ -515,7 +510,7 @@ class Gateway(JudgePipeline, SessionRoutes):
             raise pool_error_to_http(err) from None
 
     @staticmethod
-    async def _relay(stream, first: GenerateResult, out: "_ChatStream") -> GenerateResult:
+    async def _relay(stream, first: GenerateResult, out: "ChatStream") -> GenerateResult:
         """Send the opening chunk and each update's final-so-far text; returns the final result."""
         result = first
         await out.chunk(delta={"role": "assistant", "content": ""})
@@ -535,86 +530,10 @@ class Gateway(JudgePipeline, SessionRoutes):
         return result
 
 
-class _ChatStream:
-    """The SSE side of one streamed chat completion: what the client has been sent so far."""
-
-    def __init__(self, response: web.StreamResponse, req: ChatCompletionRequest, *, model: str,
-                 logprobs_block: Callable[[GenerateResult, int, int, int], dict[str, Any]]):
-        self.response, self.req, self.model = response, req, model
-        self.logprobs_block = logprobs_block
-        self.completion_id, self.created = O.new_id("chatcmpl-"), O.now_s()
-        # Text held back until it is final: a possible tool-call start, or a possible stop string
-        # that the server will trim from the final text.
-        self.holdback = max((len(s) for s in req.stop), default=1) - 1
-        self.emitted = ""
-        self.sent_tokens = 0
-
-    async def send(self, obj: Any) -> None:
-        try:
-            await self.response.write(O.sse_event(obj))
-        except (ConnectionResetError, RuntimeError) as err:
-            raise _ClientGone() from err
-
-    async def chunk(self, **fields: Any) -> None:
-        await self.send(O.chat_chunk(completion_id=self.completion_id, created=self.created, model=self.model,
-                                     **fields))
-
-    def _logprobs(self, result: GenerateResult, upto: int) -> dict[str, Any] | None:
-        if not self.req.logprobs or upto <= self.sent_tokens:
-            return None
-        return self.logprobs_block(result, self.sent_tokens, upto, self.req.top_logprobs)
-
-    async def progress(self, result: GenerateResult) -> None:
-        """The text of an unfinished result that can no longer change, and the new tokens' log-probs."""
-        text = result.text
-        safe = safe_stream_prefix(text) if self.req.tools else len(text)
-        safe = min(safe, max(len(text) - self.holdback, 0))
-        while safe > 0 and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 character so far
-            safe -= 1
-        emitted = self.emitted
-        delta_text = text[len(emitted):safe] if text.startswith(emitted) and safe > len(emitted) else ""
-        new_tokens = len(result.output_ids)
-        lp = self._logprobs(result, new_tokens)
-        if delta_text or lp:
-            await self.chunk(delta={"content": delta_text} if delta_text else {}, logprobs=lp)
-            self.emitted += delta_text
-            if lp:
-                self.sent_tokens = new_tokens
-
-    async def finish(self, result: GenerateResult, prompt_tokens: int, *, record: Callable[[], None]) -> None:
-        """The rest of the content, any tool calls, `record()`, the finish reason, usage, [DONE]."""
-        text = result.text
-        content, calls = split_tool_calls(text, self.req.tools)
-        final_content = content if calls else text
-        if not final_content.startswith(self.emitted):
-            logger.warning("streamed content %r is not a prefix of the final text %r", self.emitted[-40:],
-                           final_content[-40:])
-        rest = final_content[len(self.emitted):] if final_content.startswith(self.emitted) else ""
-        lp = self._logprobs(result, len(result.output_ids))
-        if rest or lp:
-            await self.chunk(delta={"content": rest} if rest else {}, logprobs=lp)
-        if calls:
-            await self.chunk(delta={"tool_calls": calls})
-        record()
-        await self.chunk(delta={}, finish_reason=Gateway._finish_reason(result, bool(calls)))
-        if self.req.include_usage:
-            await self.chunk(delta=None, usage=O.usage(prompt_tokens, len(result.output_ids),
-                                                           cached_tokens=result.cached_tokens), no_choices=True)
-        await self.send("[DONE]")
-        await self.response.write_eof()
-
-    async def error(self, http: GatewayHTTPError) -> None:
-        """An in-band error event (the status line is long sent), then [DONE]."""
-        try:
-            await self.send({"error": http.body()["error"] | {"code": http.status}})
-            await self.send("[DONE]")
-            await self.response.write_eof()
-        except _ClientGone:
-            pass
-
-
 async def start_gateway(cfg: GatewayConfig, **components: Any) -> tuple[Gateway, web.AppRunner, str]:
-    """Start a gateway on cfg.host:cfg.port; returns (gateway, runner, base URL). Stop with ``stop_gateway``."""
+    """Start a gateway on cfg.host:cfg.port; returns (gateway, runner, base URL). Stop with ``stop_gateway``.
+    ConfigError when it would be reachable from other machines without a client key."""
+    cfg.check_exposure()
     return_large_blocks_to_the_os()
     gateway = Gateway(cfg, **components)
     await gateway.start()

@@ -45,11 +45,12 @@ class SessionRoutes:
     cfg: Any
     sessions: Any
     guard: Any
-    _check_auth: Any  # the Gateway's bearer-key check
+    _check_auth: Any  # the Gateway's key check: the request's caller
     _submit: Any  # the Gateway's hand-off of a scoring job to the judge
+    _next_state: Any  # the Gateway's next state of a conversation (off the loop when long)
 
     async def handle_session_done(self, request: web.Request) -> web.Response:
-        self._check_auth(request)
+        person = self._check_auth(request).person
         raw = request.match_info.get("session_id", "")
         try:
             info = parse_session_info({"X-Session-Id": raw, "X-Session-Done": "1"}, {})
@@ -58,16 +59,19 @@ class SessionRoutes:
                                    param="session_id") from None
         sid = info.session_id
         reason, messages = await self._done_body(request)
-        ended = sid in self.sessions
+        # Only the caller's own session: another person's session of the same id is another session.
+        ended = (person, sid) in self.sessions
         job, dropped = None, 0
         if ended and messages is not None:
-            job, dropped = self.sessions.end_with_next_state(sid, messages)
+            job, dropped = self.sessions.end_with_next_state(sid, messages, person=person,
+                                                             next_state=await self._next_state(messages))
         elif ended:
-            dropped = self.sessions.end_session(sid)
+            dropped = self.sessions.end_session(sid, person=person)
         if job is not None:
             self._submit(job)
-        logger.info("session %s done (%s): %s, %s, %d unscored turn(s) dropped", sid, reason or "no reason given",
-                    "ended" if ended else "not active", "last turn scored" if job else "no turn scored", dropped)
+        logger.info("session %s of %s done (%s): %s, %s, %d unscored turn(s) dropped", sid, person,
+                    reason or "no reason given", "ended" if ended else "not active",
+                    "last turn scored" if job else "no turn scored", dropped)
         return web.json_response({"session_id": sid, "ended": ended, "dropped_turns": dropped,
                                   "scored_turn": job is not None})
 
@@ -76,6 +80,7 @@ class SessionRoutes:
         reset, idle, ...) and the conversation whose trailing user / tool messages are the last turn's
         next state."""
         raw = await G.read_body(request, self.guard)
+        request[G.BODY_BYTES_KEY] = len(raw)
         if not raw.strip():
             return None, None
         body = await G.decode_json(raw, self.guard)
@@ -88,7 +93,8 @@ class SessionRoutes:
         messages = None
         if "messages" in body:
             try:
-                messages = O.parse_messages({"messages": body["messages"]}, strict=True)
+                messages = await G.parse_off_loop(request, O.parse_messages, {"messages": body["messages"]},
+                                                  strict=True)
             except ValueError as err:
                 raise bad_request(str(err), param="messages") from None
         return reason, messages

@@ -36,9 +36,19 @@ Rules:
   request for longer than the timeout is ended as above, so its **last turn is dropped** (it
   has no next state), and the session's memory (its turn records, prompt ids included) is
   freed. A session with a turn in flight is not idle.
+* **Owners**: a session belongs to the person who opened it (gateway/auth.py). Sessions are kept
+  per person: the same session id sent by another person is another session, so nobody can
+  continue, supply the next state of, or end someone else's. A person holds at most
+  ``max_sessions_per_person`` sessions; beyond it, or when the whole table is full, a new session
+  ends that person's own least recently active idle session, never another person's (and is
+  refused with :class:`SessionLimitError` when all of theirs have a turn in flight).
+* **Memory**: an idle session holds its last completed turn (prompt ids as 4-byte integers, the
+  messages they were rendered from, references to its images, which wait on disk) and nothing
+  else; a next state is cut to ``max_next_state_chars`` (its head and tail) when it is made.
 
 Everything here is synchronous and in-memory (the gateway calls it from its event loop,
-one thread); pending turns do not survive a gateway restart.
+one thread); pending turns do not survive a gateway restart. A completed turn that is dropped
+unscored is handed to ``on_drop`` (the gateway releases its spooled images there).
 """
 
 from __future__ import annotations
@@ -50,8 +60,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from openclaw_jax.counters import counters
+from openclaw_jax.gateway.auth import DEFAULT_PERSON
 from openclaw_jax.gateway.judge import NextState
 from openclaw_jax.gateway.openclaw_text import person_words
+
+DEFAULT_MAX_NEXT_STATE_CHARS = 32768
+_UNSET: Any = object()
+
+
+class SessionLimitError(Exception):
+    """A person cannot open another session now: every one they hold has a turn in flight."""
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +94,8 @@ class TurnRecord:
     top_p: float = 1.0
     top_k: int = -1
     last_weight_version: str | None = None  # differs from weight_version when weights changed mid-response
-    images: tuple[Any, ...] = ()   # the prompt's `wire.images.ImageInput`s, in order
+    images: tuple[Any, ...] = ()   # the prompt's images, in order (the gateway's `image_spool.SpooledImage`s)
+    person: str = DEFAULT_PERSON   # who opened the session (gateway/auth.py)
 
 
 @dataclass(frozen=True)
@@ -115,8 +134,26 @@ def _tool_results_state(messages: Sequence[dict[str, Any]]) -> NextState:
     return NextState(role="tool", content=text, name=", ".join(names))
 
 
-def next_state_from_messages(messages: Sequence[dict[str, Any]]) -> NextState | None:
-    """The next state a request carries for the previous main turn (see the module docstring)."""
+def clip_text(text: str, max_chars: int) -> str:
+    """``text``, or its head and tail with a note of how much is left out between them when it is longer."""
+    if len(text) <= max_chars:
+        return text
+    half = max_chars // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[len(text) - half:]}"
+
+
+def next_state_from_messages(messages: Sequence[dict[str, Any]],
+                             max_chars: int = DEFAULT_MAX_NEXT_STATE_CHARS) -> NextState | None:
+    """The next state a request carries for the previous main turn (see the module docstring), its
+    texts cut to ``max_chars`` (`clip_text`)."""
+    state = _next_state(messages)
+    if state is None or (len(state.content) <= max_chars and len(state.raw or "") <= max_chars):
+        return state
+    return NextState(role=state.role, content=clip_text(state.content, max_chars), name=state.name,
+                     raw=None if state.raw is None else clip_text(state.raw, max_chars))
+
+
+def _next_state(messages: Sequence[dict[str, Any]]) -> NextState | None:
     end = len(messages)
     # OpenClaw may append a user message that is all wrapper (its runtime context), even after tool results.
     while end > 0 and messages[end - 1].get("role") == "user" and not person_words(_text(messages[end - 1])):
@@ -151,6 +188,7 @@ class TurnTicket:
     session_id: str
     session_key: int  # which incarnation of the session (ids are reused after a session ends)
     turn_index: int
+    person: str = DEFAULT_PERSON
 
 
 @dataclass
@@ -166,55 +204,108 @@ class _Session:
 
 
 SessionStats = counters(
-    "SessionStats", "sessions turns_opened jobs dropped_without_next_state dropped_at_session_end failed_turns",
-    "The session tracker's counters: sessions and turns opened, scoring jobs made, turns dropped unscored.")
+    "SessionStats", "sessions turns_opened jobs dropped_without_next_state dropped_at_session_end failed_turns "
+    "evicted_at_person_limit evicted_table_full refused_at_limit",
+    "The session tracker's counters: sessions and turns opened, scoring jobs made, turns dropped unscored, sessions "
+    "ended to make room (always their own person's) and sessions refused.")
+
+SessionKey = tuple[str, str]   # (person, session id)
+
+
+def _key(session: str | SessionKey, person: str | None = None) -> SessionKey:
+    if isinstance(session, tuple):
+        return session
+    return (DEFAULT_PERSON if person is None else person, session)
 
 
 class SessionTracker:
-    """In-memory session table; see the module docstring for the pairing rules."""
+    """In-memory session table, one namespace per person; see the module docstring for the rules."""
 
     def __init__(self, *, idle_timeout_s: float = 6 * 3600.0, max_sessions: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 max_sessions_per_person: int | None = None, max_next_state_chars: int = DEFAULT_MAX_NEXT_STATE_CHARS,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_drop: Callable[[TurnRecord], None] | None = None) -> None:
         self.idle_timeout_s = idle_timeout_s
         self.max_sessions = max_sessions
+        self.max_sessions_per_person = max_sessions_per_person or max_sessions
+        self.max_next_state_chars = max_next_state_chars
+        self.on_drop = on_drop
         self._clock = clock
-        self._active: "OrderedDict[str, _Session]" = OrderedDict()  # by id, least recently active first
+        self._active: "OrderedDict[SessionKey, _Session]" = OrderedDict()  # least recently active first
+        self._by_person: dict[str, "OrderedDict[str, None]"] = {}   # each person's session ids, same order
         self._by_key: dict[int, _Session] = {}  # every incarnation that is active or has turns in flight
         self._next_key = 0
         self.stats = SessionStats()
 
     # ----------------------------------------------------------------- queries
-    def __contains__(self, session_id: str) -> bool:
-        return session_id in self._active
+    def __contains__(self, session: str | SessionKey) -> bool:
+        """``(person, session id)``, or a session id of the default person."""
+        return _key(session) in self._active
 
     def __len__(self) -> int:
         return len(self._active)
+
+    def sessions_of(self, person: str) -> int:
+        return len(self._by_person.get(person, ()))
 
     def pending_turns(self) -> int:
         """Turns in flight or completed and waiting for their next state, over all sessions."""
         return sum(len(s.in_flight) + len(s.completed) for s in self._by_key.values())
 
     # ----------------------------------------------------------------- internals
-    def _touch(self, session_id: str) -> _Session:
-        session = self._active.get(session_id)
+    def _drop(self, record: TurnRecord) -> None:
+        if self.on_drop is not None:
+            self.on_drop(record)
+
+    def _touch(self, key: SessionKey) -> _Session:
+        session = self._active.get(key)
+        person, sid = key
         if session is None:
+            self._make_room(person)
             session = _Session(key=self._next_key)
             self._next_key += 1
-            self._active[session_id] = session
+            self._active[key] = session
+            self._by_person.setdefault(person, OrderedDict())[sid] = None
             self._by_key[session.key] = session
             self.stats.sessions += 1
-        self._active.move_to_end(session_id)
+        self._active.move_to_end(key)
+        self._by_person[person].move_to_end(sid)
         session.last_active = self._clock()
         return session
+
+    def _make_room(self, person: str) -> None:
+        """Before ``person`` opens a session: end their own oldest idle one if they are at their limit or the
+        table is full (never another person's); SessionLimitError if none of theirs is idle."""
+        own = self._by_person.get(person, ())
+        if len(own) >= self.max_sessions_per_person:
+            why, limit, counter = "their session limit", self.max_sessions_per_person, "evicted_at_person_limit"
+        elif len(self._active) >= self.max_sessions:
+            why, limit, counter = "the session table is full", self.max_sessions, "evicted_table_full"
+        else:
+            return
+        victim = next((sid for sid in own if not self._active[(person, sid)].in_flight), None)
+        if victim is None:
+            self.stats.refused_at_limit += 1
+            raise SessionLimitError(f"person {person!r} cannot open another session: {why} ({limit}) and every "
+                                    f"session of theirs ({len(own)}) has a turn in flight")
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        logger.warning("%s (%d): ending person %s's least recently active idle session %s", why, limit, person, victim)
+        self.end_session(victim, person=person)
 
     def _forget_if_done(self, session: _Session) -> None:
         if session.ending and not session.in_flight:
             self._by_key.pop(session.key, None)
 
+    def next_state(self, messages: Sequence[dict[str, Any]]) -> NextState | None:
+        return next_state_from_messages(messages, self.max_next_state_chars)
+
     # ----------------------------------------------------------------- main-turn lifecycle
-    def open_main_turn(self, session_id: str, messages: Sequence[dict[str, Any]]) -> tuple[TurnTicket, ScoringJob | None]:
-        """A main request arrived. Returns (its ticket, a job for the previous turn if that is now ready)."""
-        session = self._touch(session_id)
+    def open_main_turn(self, session_id: str, messages: Sequence[dict[str, Any]], *, person: str = DEFAULT_PERSON,
+                       next_state: NextState | None = _UNSET) -> tuple[TurnTicket, ScoringJob | None]:
+        """A main request of ``person`` arrived. Returns (its ticket, a job for the previous turn if that is
+        now ready). ``next_state``: what the request carries for the previous turn, when the caller made it
+        already (`next_state`, off the event loop for long messages). SessionLimitError: no room."""
+        session = self._touch((person, session_id))
         index = session.next_index
         session.next_index += 1
         session.in_flight.add(index)
@@ -222,11 +313,12 @@ class SessionTracker:
         job = None
         prev = index - 1
         if prev >= 0:
-            next_state = next_state_from_messages(messages)
+            if next_state is _UNSET:
+                next_state = self.next_state(messages)
             if next_state is None:
                 role = messages[-1].get("role") if messages else None
                 if prev in session.completed:
-                    session.completed.pop(prev)
+                    self._drop(session.completed.pop(prev))
                     self.stats.dropped_without_next_state += 1
                     logger.info("session %s turn %d dropped: the next main request ends with role %r, not user/tool",
                                 session_id, prev, role)
@@ -237,8 +329,7 @@ class SessionTracker:
                 self.stats.jobs += 1
             elif prev in session.in_flight:
                 session.early_next_states[prev] = next_state
-        self._enforce_limits()
-        return TurnTicket(session_id, session.key, index), job
+        return TurnTicket(session_id, session.key, index, person), job
 
     def complete_turn(self, ticket: TurnTicket, record: TurnRecord) -> ScoringJob | None:
         """A main turn's response is done. Returns a job if its next state already arrived."""
@@ -246,6 +337,7 @@ class SessionTracker:
         index = ticket.turn_index
         if session is None or index not in session.in_flight:
             self.stats.dropped_at_session_end += 1
+            self._drop(record)
             return None
         session.in_flight.discard(index)
         session.last_active = self._clock()
@@ -256,8 +348,10 @@ class SessionTracker:
         elif index in session.no_next_state:
             session.no_next_state.discard(index)
             self.stats.dropped_without_next_state += 1
+            self._drop(record)
         elif session.ending:
             self.stats.dropped_at_session_end += 1
+            self._drop(record)
         else:
             session.completed[index] = record
         self._forget_if_done(session)
@@ -276,34 +370,43 @@ class SessionTracker:
             self.stats.failed_turns += 1
         self._forget_if_done(session)
 
-    def end_with_next_state(self, session_id: str, messages: Sequence[dict[str, Any]]) -> tuple[ScoringJob | None, int]:
+    def end_with_next_state(self, session_id: str, messages: Sequence[dict[str, Any]], *,
+                            person: str = DEFAULT_PERSON, next_state: NextState | None = _UNSET
+                            ) -> tuple[ScoringJob | None, int]:
         """The session's last reaction arrives without a request for a reply (the done endpoint with
         `messages`): as a main request would, it is the next state of the last main turn; then the
         session ends. Returns (a job for that turn if it is ready, turns dropped unscored)."""
-        session = self._active.get(session_id)
+        session = self._active.get((person, session_id))
         if session is None:
             return None, 0
         job = None
         last = session.next_index - 1
-        next_state = next_state_from_messages(messages)
+        if next_state is _UNSET:
+            next_state = self.next_state(messages)
         if last >= 0 and next_state is not None:
             if last in session.completed:
                 job = ScoringJob(session.completed.pop(last), next_state)
                 self.stats.jobs += 1
             elif last in session.in_flight:   # scored when it completes (before the session's end drops it)
                 session.early_next_states[last] = next_state
-        return job, self.end_session(session_id)
+        return job, self.end_session(session_id, person=person)
 
-    def end_session(self, session_id: str) -> int:
-        """End a session: drop completed turns without a next state. Returns how many were dropped.
+    def end_session(self, session_id: str, *, person: str = DEFAULT_PERSON) -> int:
+        """End ``person``'s session: drop completed turns without a next state. Returns how many were dropped.
 
         In-flight turns finish under the ended incarnation; a new request with this id
         starts a fresh session (turn indices from 0 again).
         """
-        session = self._active.pop(session_id, None)
+        session = self._active.pop((person, session_id), None)
         if session is None:
             return 0
+        own = self._by_person[person]
+        del own[session_id]
+        if not own:
+            del self._by_person[person]
         dropped = len(session.completed)
+        for record in session.completed.values():
+            self._drop(record)
         session.completed.clear()
         session.ending = True
         self.stats.dropped_at_session_end += dropped
@@ -316,17 +419,8 @@ class SessionTracker:
     def expire_idle(self) -> list[str]:
         """End sessions idle for longer than idle_timeout_s (no turn in flight). Returns their ids."""
         now = self._clock()
-        expired = [sid for sid, s in self._active.items()
+        expired = [key for key, s in self._active.items()
                    if not s.in_flight and now - s.last_active > self.idle_timeout_s]
-        for sid in expired:
-            self.end_session(sid)
-        return expired
-
-    def _enforce_limits(self) -> None:
-        while len(self._active) > self.max_sessions:
-            victim = next((sid for sid, s in self._active.items() if not s.in_flight), None)
-            if victim is None:
-                return
-            logger.warning("more than %d sessions: ending the least recently active one (%s)",
-                           self.max_sessions, victim)
-            self.end_session(victim)
+        for person, sid in expired:
+            self.end_session(sid, person=person)
+        return [sid for _, sid in expired]

@@ -9,7 +9,8 @@
 * :func:`error_boundary` — the outermost middleware: :class:`RequestRejected`, aiohttp's own
   4xx and undecodable payloads become a 4xx JSON body in the server's own shape; anything else
   is our bug: logged with its traceback and a trace id, answered 500 JSON with that trace id.
-* :func:`bearer_matches` — constant-time bearer-key check that copes with non-UTF-8 headers.
+* :func:`bearer_matches` — constant-time bearer-key check that copes with non-UTF-8 headers;
+  :func:`is_loopback_host` — whether a bind address is reachable from this machine only.
 * :class:`GuardedSite` — a listening site whose connections are capped (beyond the cap a
   connection gets a 503 and is closed) and must deliver complete request headers within
   ``header_timeout_s`` of connecting or of sending the first byte of a later request (else a
@@ -193,17 +194,34 @@ async def decode_json(raw: bytes | bytearray, cfg: GuardConfig, *, allow_nonfini
 
 
 # ----------------------------------------------------------------------------- auth
-def bearer_matches(headers: Mapping[str, str], key: bytes) -> bool:
-    """``Authorization: Bearer <key>``, compared in constant time; any undecodable header is a mismatch."""
+def bearer_token(headers: Mapping[str, str]) -> bytes:
+    """The token of ``Authorization: Bearer <token>`` as the bytes the client sent (b"" if none)."""
     header = headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     try:
         # aiohttp keeps non-UTF-8 header bytes as surrogate escapes: compare the original bytes.
-        given = token.strip().encode("utf-8", "surrogateescape") if scheme.lower() == "bearer" else b""
+        return token.strip().encode("utf-8", "surrogateescape") if scheme.lower() == "bearer" else b""
     except UnicodeEncodeError:
-        given = b""
+        return b""
+
+
+def bearer_matches(headers: Mapping[str, str], key: bytes) -> bool:
+    """``Authorization: Bearer <key>``, compared in constant time; any undecodable header is a mismatch."""
     # compare_digest on every path: the time taken does not depend on where the key differs.
-    return hmac.compare_digest(given, key)
+    return hmac.compare_digest(bearer_token(headers), key)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind address reaches this machine only (127.0.0.0/8, ::1, ``localhost``). Anything else,
+    the wildcard addresses and host names included, is reachable from elsewhere."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 # ----------------------------------------------------------------------------- error boundary
@@ -266,8 +284,10 @@ def _drop_body(request: web.BaseRequest) -> None:
 
 
 # ----------------------------------------------------------------------------- connections
-GuardStats = counters("GuardStats", "connections_open connections_total connections_refused header_timeouts",
-                      "A server's connection counters (``connections`` in its ``/healthz``).")
+GuardStats = counters("GuardStats",
+                      "connections_open connections_peak connections_total connections_refused header_timeouts",
+                      "A server's connection counters (``connections`` in its ``/healthz``); ``connections_peak`` "
+                      "is the most connections it held open at once.")
 
 
 class _RateLimitedLog:
@@ -353,6 +373,7 @@ class ConnectionGuard:
                                    {"__slots__": (), "error_body": staticmethod(error_body)})
         self.stats = GuardStats()
         self._by_handler: dict[int, _GuardedProtocol] = {}
+        self.by_owner: dict[str, int] = {}   # open connections per owner (see `claim`)
         self._refused_log = _RateLimitedLog()
         self._timeout_log = _RateLimitedLog()
 
@@ -364,6 +385,27 @@ class ConnectionGuard:
             return cls(server, loop=server._loop, **server._kwargs)
 
         return lambda: _GuardedProtocol(self, make_handler)
+
+    def claim(self, request: web.BaseRequest, owner: str) -> int:
+        """Mark the connection that carries ``request`` as ``owner``'s (an authenticated client); returns how
+        many open connections ``owner`` holds now, this one included (0 when the connection is not one of
+        this guard's, e.g. a test client). A connection counts for its last owner until it closes."""
+        conn = self._by_handler.get(id(request.protocol))
+        if conn is None:
+            return 0
+        if conn.owner != owner:
+            if conn.owner is not None:
+                self._disown(conn.owner)
+            conn.owner = owner
+            self.by_owner[owner] = self.by_owner.get(owner, 0) + 1
+        return self.by_owner[owner]
+
+    def _disown(self, owner: str) -> None:
+        left = self.by_owner.get(owner, 0) - 1
+        if left > 0:
+            self.by_owner[owner] = left
+        else:
+            self.by_owner.pop(owner, None)
 
     def middleware(self) -> Callable:
         """Tells the connection that its request headers are complete (and when the request is done)."""
@@ -393,6 +435,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
         self._counted = False
+        self.owner: str | None = None   # the client whose requests it carried last (`ConnectionGuard.claim`)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard, cfg = self._guard, self._guard.cfg
@@ -408,6 +451,7 @@ class _GuardedProtocol(asyncio.Protocol):
                 guard.error_body))
             return
         guard.stats.connections_open += 1
+        guard.stats.connections_peak = max(guard.stats.connections_peak, guard.stats.connections_open)
         guard.stats.connections_total += 1
         self._counted = True
         self._inner = self._make_handler()
@@ -468,6 +512,9 @@ class _GuardedProtocol(asyncio.Protocol):
         if self._counted:
             self._counted = False
             self._guard.stats.connections_open -= 1
+        if self.owner is not None:
+            self._guard._disown(self.owner)
+            self.owner = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from pathlib import Path
@@ -17,10 +18,11 @@ from openclaw_jax.compile_cache import AUTO, enable_compile_cache
 from openclaw_jax.inference.engine import Engine, EngineConfig
 from openclaw_jax.inference.loading import context_length_from, load_for_serving, load_vl_for_serving
 from openclaw_jax.inference.vision import VisionGenerator
-from openclaw_jax.inference.server import InferenceServer
+from openclaw_jax.inference.server import API_KEY_ENV, InferenceServer, check_exposure
 from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.logs import configure_logging
+from openclaw_jax.wire.images import ImageLimits
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on stdout)")
     ap.add_argument("--context-length", type=int, default=None, help="default: from the model config")
     ap.add_argument("--served-model-name", default=None)
-    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>'")
+    ap.add_argument("--api-key", default=None,
+                    help=f"require 'Authorization: Bearer <key>' on every route but /health (default: ${API_KEY_ENV}); "
+                         "required when --host is not a loopback address")
+    ap.add_argument("--weight-dir", action="append", default=[], metavar="DIR",
+                    help="a directory /update_weights_from_disk may load from (repeatable; none: weight updates over "
+                         "HTTP are refused)")
     ap.add_argument("--weight-version", default="default")
     ap.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16"])
     ap.add_argument("--max-running-requests", type=int, default=16, help="largest decode batch")
@@ -68,7 +75,19 @@ def build_arg_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-request-tokens", type=int, default=None,
                         help="most prompt + completion tokens over all sequences of one request (400; default: "
                              "1024 x the context length)")
+    d = ImageLimits()
+    limits.add_argument("--max-image-pixels", type=int, default=d.max_image_pixels,
+                        help="largest image, width x height from its header (400 before decoding)")
+    limits.add_argument("--max-images-per-request", type=int, default=d.max_images, help="most images in a request")
+    limits.add_argument("--max-request-image-pixels", type=int, default=d.max_total_pixels,
+                        help="most image pixels in a request, summed")
     return ap
+
+
+def image_limits_from(args: argparse.Namespace) -> ImageLimits:
+    return ImageLimits(max_image_pixels=args.max_image_pixels, max_images=args.max_images_per_request,
+                       max_total_pixels=args.max_request_image_pixels, max_total_bytes=args.max_body_bytes,
+                       prefix="--")
 
 
 def _bind_socket(host: str, port: int) -> socket.socket:
@@ -117,6 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "max_prefill_rows"):
             if getattr(args, flag) < 0:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 0")
+        image_limits = image_limits_from(args)
+        args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+        check_exposure(args.host, args.api_key)
+        for directory in args.weight_dir:
+            if not Path(directory).is_dir():
+                raise ValueError(f"--weight-dir {directory}: not a directory")
     except ValueError as exc:
         ap.error(str(exc))
     configure_logging(args.log_level)
@@ -144,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,
-                             max_request_tokens=args.max_request_tokens)
+                             max_request_tokens=args.max_request_tokens, weight_dirs=args.weight_dir,
+                             image_limits=image_limits)
     if vl is not None:
         server.vision = VisionGenerator(vl_model, weight_version=engine.weight_version,
                                         max_batch=args.max_running_requests)

@@ -75,7 +75,8 @@ class OpenAIRoutes:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         self._refuse_many_messages(body)
-        req = await G.parse_off_loop(request, P.parse_chat_request, body, vocab_size=self.vocab_size)
+        req = await G.parse_off_loop(request, P.parse_chat_request, body, vocab_size=self.vocab_size,
+                                     image_limits=self.image_limits)
         ids = await self._chat_prompt(req)
         specs = self._chat_specs(req, ids)
         request_id = "chatcmpl-" + (req.rid or O.new_id(""))

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import WireError, with_context_advice
-from openclaw_jax.wire.images import ImageInput, extract_images
+from openclaw_jax.wire.images import DEFAULT_LIMITS, ImageInput, ImageLimits, extract_images
 from openclaw_jax.wire.fields import as_float, as_int, is_int, optional_bool
 from openclaw_jax.wire.sglang import SamplingParams, parse_sampling_params
 
@@ -110,10 +110,10 @@ class ChatRequest:
     images: tuple[ImageInput, ...] = ()  # data-URL image_url parts, in prompt order (wire/images.py)
 
 
-def parse_chat_request(body: Any, *, vocab_size: int) -> ChatRequest:
+def parse_chat_request(body: Any, *, vocab_size: int, image_limits: ImageLimits = DEFAULT_LIMITS) -> ChatRequest:
     if not isinstance(body, Mapping):
         raise WireError(f"the request body must be a JSON object, got {type(body).__name__}")
-    raw_messages, images = extract_images(body.get("messages"))
+    raw_messages, images = extract_images(body.get("messages"), image_limits)
     msgs = O.parse_messages({"messages": raw_messages}, strict=False)
     model, rid = _model_and_rid(body)
     sampling = _openai_sampling(body, vocab_size=vocab_size, max_new_tokens=O.parse_max_tokens(body))

@@ -16,6 +16,14 @@ the engine thread. Connections are capped and must send their headers within a t
 SIGTERM/SIGINT stop accepting connections, let in-flight requests finish (up to
 `--shutdown-timeout`), then stop the engine.
 
+Control: with an API key every route but `/health*` needs ``Authorization: Bearer <key>``; a
+server bound beyond loopback must have one (`check_exposure`), so that nobody else who reaches the
+port can pause it, abort requests, flush its cache or swap its weights. `/update_weights_from_disk`
+loads only from the configured weight directories (`--weight-dir`); any other path gets the same
+answer whether or not it exists. Images are measured from their headers and bounded
+(`wire.images.ImageLimits`) before any decoding, which runs on a worker thread; an image that does
+not decode is a 400.
+
 Modules: this one (the app, native routes, weights and control), `openai_routes` (the OpenAI
 endpoints), `loading` (models and the weight loader), `cli` (the command line); the wire formats
 are :mod:`openclaw_jax.wire`.
@@ -28,6 +36,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
@@ -38,13 +47,15 @@ from openclaw_jax.inference.engine import Engine, EngineError
 from openclaw_jax.inference.loading import WeightLoader, default_weight_loader, vl_weight_loader
 from openclaw_jax.inference.openai_routes import OpenAIRoutes, json_response
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
-from openclaw_jax.inference.vision import VisionGenerator, image_sequence_output, swap_served_weights
+from openclaw_jax.inference.vision import (ImageRequestError, VisionGenerator, image_sequence_output,
+                                           swap_served_weights)
 from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.text_budget import TextBudget
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire import sglang as S
 from openclaw_jax.wire.sglang_results import build_generate_response
 from openclaw_jax.wire.errors import WireError
+from openclaw_jax.wire.images import ImageLimits
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +73,36 @@ _ROUTES = (
 )
 
 
+API_KEY_ENV = "OPENCLAW_POLICY_API_KEY"   # the key, when --api-key is not given (kept off the process list)
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """A server reachable from other machines must require a key: ValueError (saying what to do) otherwise."""
+    if api_key or G.is_loopback_host(host):
+        return
+    raise ValueError(f"--host {host} is reachable from other machines, and the server has no API key: anyone who "
+                     "reaches the port could swap its weights, pause it or abort its requests. Give --api-key (or set "
+                     f"{API_KEY_ENV}; clients send it as 'Authorization: Bearer <key>'), or bind 127.0.0.1")
+
+
+class WeightDirectories:
+    """Where `/update_weights_from_disk` may load from: the real paths of the configured directories."""
+
+    def __init__(self, directories: Sequence[str] = ()) -> None:
+        self.roots = tuple(os.path.realpath(d) for d in directories)
+
+    def check(self, path: str) -> str:
+        """The real path of ``path`` when it lies inside a configured directory; else ValueError, whose
+        message is the same whether or not ``path`` exists."""
+        if not self.roots:
+            raise ValueError("this server loads no weights over HTTP: start it with --weight-dir DIR (the directory "
+                             "the trainer writes its weights to)")
+        real = os.path.realpath(path) if isinstance(path, str) and path and "\0" not in path else ""
+        if real and any(real != root and os.path.commonpath([real, root]) == root for root in self.roots):
+            return real
+        raise ValueError("model_path is not inside a weight directory of this server (--weight-dir)")
+
+
 @dataclass
 class ServerState:
     model_path: str
@@ -77,7 +118,8 @@ class InferenceServer(OpenAIRoutes):
                  tokenizer_path: str | None = None, api_key: str | None = None,
                  weight_loader: WeightLoader | None = None, guard: G.GuardConfig | None = None,
                  max_text_chars: int | None = None, max_request_tokens: int | None = None,
-                 vision: VisionGenerator | None = None):
+                 vision: VisionGenerator | None = None, weight_dirs: Sequence[str] = (),
+                 image_limits: ImageLimits | None = None):
         self.engine = engine
         # the image path of a Qwen2.5-VL model (inference/vision.py; the engine serves its text decoder)
         self.vision = vision
@@ -96,6 +138,8 @@ class InferenceServer(OpenAIRoutes):
         # Prompt + completion tokens over all sequences of one request (n and batch lists included).
         self.max_request_tokens = max_request_tokens or self.context_length * 1024
         self._weight_loader = weight_loader   # None: the default for what is served (`weight_loader`)
+        self.weight_dirs = WeightDirectories(weight_dirs)
+        self.image_limits = image_limits or ImageLimits(prefix="--")
         self._update_lock = asyncio.Lock()
         self._token_text_cache: dict[int, str] = {}
 
@@ -303,7 +347,8 @@ class InferenceServer(OpenAIRoutes):
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         self._refuse_long_input_ids(body)
-        req = await G.parse_off_loop(request, S.parse_generate_request, body, vocab_size=self.vocab_size)
+        req = await G.parse_off_loop(request, S.parse_generate_request, body, vocab_size=self.vocab_size,
+                                     image_limits=self.image_limits)
         if any(item.images for item in req.items):
             return await self._generate_with_images(request, req)
         specs = await self._generate_specs(request, req)
@@ -335,9 +380,13 @@ class InferenceServer(OpenAIRoutes):
         ids = list(item.input_ids) if item.input_ids is not None else (await self._encode_all([item.text], "text"))[0]
         self._validate(ids, item.sampling, [0])
         spec = GenerationSpec.of_item(item, ids, rid=item.rid or O.new_id(""))
-        out = await asyncio.get_running_loop().run_in_executor(None, functools.partial(
-            image_sequence_output, vision, self.tokenizer, item, ids, eos_token_ids=sorted(self.engine.eos_token_ids),
-            weight_version=self.engine.weight_version, rid=spec.rid))
+        try:   # decoding and the model both off the loop
+            out = await asyncio.get_running_loop().run_in_executor(None, functools.partial(
+                image_sequence_output, vision, self.tokenizer, item, ids,
+                eos_token_ids=sorted(self.engine.eos_token_ids), weight_version=self.engine.weight_version,
+                rid=spec.rid, max_decode_pixels=self.image_limits.max_image_pixels))
+        except ImageRequestError as err:
+            raise WireError(f"image_data: {err}", param="image_data") from None
         return json_response(build_generate_response(out, spec, return_text_in_logprobs=req.return_text_in_logprobs,
                                                      token_text=self.token_text))
 
@@ -384,9 +433,14 @@ class InferenceServer(OpenAIRoutes):
             return json_response(S.update_weights_body(False, exc.message), 400)
         except G.RequestRejected as exc:
             return json_response(S.update_weights_body(False, exc.message), exc.status)
+        try:
+            model_path = self.weight_dirs.check(upd.model_path)
+        except ValueError as exc:
+            logger.warning("weight update refused: %s", exc)
+            return json_response(S.update_weights_body(False, str(exc)), 400)
         async with self._update_lock:
             try:
-                state = await asyncio.to_thread(self.weight_loader, upd.model_path, upd.load_format)
+                state = await asyncio.to_thread(self.weight_loader, model_path, upd.load_format)
                 if upd.abort_all_requests:
                     await asyncio.to_thread(self.engine.abort_all, "Aborted for a weight update.")
                 await asyncio.to_thread(self.swap_weights, state, upd.weight_version)

@@ -29,13 +29,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from openclaw_jax.models.image_processing import ImageProcessorConfig, process_images
+from openclaw_jax.models.image_processing import DEFAULT_MAX_DECODE_PIXELS, ImageProcessorConfig, process_images
 from openclaw_jax.models.decoder import KVCache
 from openclaw_jax.models.qwen_vl import QwenVL, check_image_tokens
 from openclaw_jax.inference.sampling import sample_tokens, step_keys
 from openclaw_jax.inference.scheduler import bucket
 from openclaw_jax.inference.types import SequenceOutput
 from openclaw_jax.wire.errors import WireError
+
+
+class ImageRequestError(ValueError):
+    """The request's images cannot be served: one does not decode (or is too large), or the prompt's image
+    placeholders do not match them. The request's fault, checked before the model runs."""
 
 
 @dataclass
@@ -247,22 +252,27 @@ class VisionGenerator:
         (None keeps the current one); generations already running finish on the weights they started with."""
         self._weights = (state, self._weights[1] if weight_version is None else str(weight_version))
 
-    def pixels(self, images: Sequence[Any]) -> tuple[np.ndarray, tuple[tuple[int, int, int], ...]]:
-        pv, grid = process_images(list(images), self.processor)
+    def pixels(self, images: Sequence[Any], max_decode_pixels: int = DEFAULT_MAX_DECODE_PIXELS
+               ) -> tuple[np.ndarray, tuple[tuple[int, int, int], ...]]:
+        pv, grid = process_images(list(images), self.processor, max_decode_pixels=max_decode_pixels)
         return pv, tuple(tuple(int(v) for v in g) for g in grid)
 
     def generate(self, prompt_ids: Sequence[int], images: Sequence[Any], *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
-                 seed: int | None = None, stop_token_ids: Sequence[int] = ()) -> VisionOutput:
+                 seed: int | None = None, stop_token_ids: Sequence[int] = (),
+                 max_decode_pixels: int = DEFAULT_MAX_DECODE_PIXELS) -> VisionOutput:
         """`seed` None: a fresh one per call (as the batched engine does): the episodes of a group
         share a prompt and must not share their samples."""
         n = len(prompt_ids)
         if n == 0 or max_new_tokens < 1:
             raise ValueError("generate needs a prompt and max_new_tokens >= 1")
         state, version = self._weights   # one version for the whole sequence
-        pv, grid = self.pixels(images) if images else (None, None)
-        check_image_tokens(np.asarray(prompt_ids)[None], grid, self.vl_cfg.image_token_id,
-                           self.vl_cfg.vision.spatial_merge_size)
+        try:
+            pv, grid = self.pixels(images, max_decode_pixels) if images else (None, None)
+            check_image_tokens(np.asarray(prompt_ids)[None], grid, self.vl_cfg.image_token_id,
+                               self.vl_cfg.vision.spatial_merge_size)
+        except ValueError as err:   # an image that does not decode, or placeholders that do not match the images
+            raise ImageRequestError(str(err)) from None
         lp_len = bucket(n, minimum=16)
         cache_len = bucket(n + max_new_tokens, minimum=16)
         ids = np.zeros((1, lp_len), np.int32)
@@ -320,15 +330,18 @@ def swap_served_weights(engine: Any, vision: VisionGenerator, state: Any, weight
 
 
 def image_sequence_output(vision: VisionGenerator, tokenizer: Any, item: Any, prompt_ids: Sequence[int], *,
-                          eos_token_ids: Sequence[int], weight_version: str, rid: str) -> Any:
+                          eos_token_ids: Sequence[int], weight_version: str, rid: str,
+                          max_decode_pixels: int = DEFAULT_MAX_DECODE_PIXELS) -> Any:
     """Run one `/generate` item with images (`wire.sglang.GenerateItem.images`) -> a `SequenceOutput`.
-    What the image path cannot honour is refused (WireError): n > 1, stop strings."""
+    What the image path cannot honour is refused (WireError): n > 1, stop strings; an image that does not
+    decode (or decodes to more than ``max_decode_pixels``) raises ImageRequestError before the model runs."""
     sp = item.sampling
     if sp.n != 1 or sp.stop:
         raise WireError("a prompt with images is served with n=1 and no stop strings", param="sampling_params")
     started = time.time()
     stops = tuple(sp.stop_token_ids or ()) + (() if sp.ignore_eos else tuple(eos_token_ids))
     out = vision.generate(list(prompt_ids), [im.data for im in item.images], max_new_tokens=int(sp.max_new_tokens),
+                          max_decode_pixels=max_decode_pixels,
                           temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=int(sp.top_k),
                           min_p=float(sp.min_p), seed=None if sp.sampling_seed is None else int(sp.sampling_seed),
                           stop_token_ids=stops)

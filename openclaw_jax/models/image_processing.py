@@ -6,6 +6,11 @@ scaled to [0, 1], normalised with the OpenAI CLIP mean/std, and cut into patches
 ViT expects (`models/vision.py`): rows `[gh * gw, C * T * P * P]`, every merge x merge block
 contiguous, the single frame repeated `temporal_patch_size` times. The LLM sees
 `gh * gw / merge^2` image tokens per image.
+
+Decoding is bounded: an image whose decoder reports more than `max_decode_pixels` (width x height,
+read from the header before any pixel is decoded) is refused with :class:`ImageDecodeError`, as is
+any image the decoder cannot read (corrupt or truncated data). Servers check the same limit on the
+wire (`wire.images.ImageLimits`) before the bytes get here; this is the last line for every caller.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from typing import Any, Sequence
 import numpy as np
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+DEFAULT_MAX_DECODE_PIXELS = 16_777_216   # 4096 x 4096 (wire.images.DEFAULT_MAX_IMAGE_PIXELS)
+
+
+class ImageDecodeError(ValueError):
+    """An image that is not decoded: unreadable, or larger than the decode limit."""
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
@@ -56,26 +66,45 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     return h_bar, w_bar
 
 
-def _to_pil(image: Any):
+def _open_encoded(data: bytes, max_pixels: int):
+    """A lazily opened PIL image (header read, no pixels decoded), its size checked against ``max_pixels``."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        pil = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise ImageDecodeError(f"the image cannot be read: {type(err).__name__}: {err}") from None
+    width, height = pil.size
+    if width * height > max_pixels:
+        raise ImageDecodeError(f"the image is {width} x {height} = {width * height} pixels; at most {max_pixels} "
+                               "are decoded")
+    return pil
+
+
+def _to_pil(image: Any, max_pixels: int = DEFAULT_MAX_DECODE_PIXELS):
     from PIL import Image
 
     if isinstance(image, (bytes, bytearray, memoryview)):
-        image = Image.open(io.BytesIO(bytes(image)))
+        image = _open_encoded(bytes(image), max_pixels)
     elif isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] not in (3, 4):
             raise ValueError(f"a numpy image must be uint8 [H, W, 3|4], got {image.dtype} {image.shape}")
         image = Image.fromarray(image)
     if not isinstance(image, Image.Image):
         raise TypeError(f"cannot read an image from {type(image).__name__} (PIL image, uint8 array or encoded bytes)")
-    return image.convert("RGB")
+    try:
+        return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as err:
+        raise ImageDecodeError(f"the image cannot be decoded: {type(err).__name__}: {err}") from None
 
 
-def process_image(image: Any, cfg: ImageProcessorConfig = ImageProcessorConfig()) -> tuple[np.ndarray, tuple[int, int, int]]:
+def process_image(image: Any, cfg: ImageProcessorConfig = ImageProcessorConfig(), *,
+                  max_decode_pixels: int = DEFAULT_MAX_DECODE_PIXELS) -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image (PIL image, uint8 `[H, W, 3]` array, or PNG/JPEG/... bytes) -> (patches float32
-    `[gh * gw, C * T * P * P]`, grid (1, gh, gw))."""
+    `[gh * gw, C * T * P * P]`, grid (1, gh, gw)); ImageDecodeError for an unreadable or too large one."""
     from PIL import Image
 
-    pil = _to_pil(image)
+    pil = _to_pil(image, max_decode_pixels)
     factor = cfg.patch_size * cfg.merge_size
     height, width = smart_resize(pil.height, pil.width, factor, cfg.min_pixels, cfg.max_pixels)
     pil = pil.resize((width, height), resample=Image.Resampling.BICUBIC)
@@ -97,17 +126,22 @@ def image_grid(image: Any, cfg: ImageProcessorConfig = ImageProcessorConfig()) -
         pil = Image.open(io.BytesIO(bytes(image)))   # reads the header only
     else:
         pil = _to_pil(image)
-    height, width = smart_resize(pil.height, pil.width, cfg.patch_size * cfg.merge_size, cfg.min_pixels,
-                                 cfg.max_pixels)
+    return grid_of_size(pil.width, pil.height, cfg)
+
+
+def grid_of_size(width: int, height: int, cfg: ImageProcessorConfig = ImageProcessorConfig()) -> tuple[int, int, int]:
+    """The grid (1, gh, gw) of an image of ``width`` x ``height`` pixels (from its header: no decoding)."""
+    height, width = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
     return 1, height // cfg.patch_size, width // cfg.patch_size
 
 
-def process_images(images: Sequence[Any], cfg: ImageProcessorConfig = ImageProcessorConfig()
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(pixel_values `[sum N_i, C*T*P*P]` float32, image_grid_thw `[n, 3]` int64) for several images."""
+def process_images(images: Sequence[Any], cfg: ImageProcessorConfig = ImageProcessorConfig(), *,
+                   max_decode_pixels: int = DEFAULT_MAX_DECODE_PIXELS) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values `[sum N_i, C*T*P*P]` float32, image_grid_thw `[n, 3]` int64) for several images
+    (one decoded at a time)."""
     if not images:
         return np.zeros((0, 3 * cfg.temporal_patch_size * cfg.patch_size ** 2), np.float32), np.zeros((0, 3), np.int64)
-    parts = [process_image(image, cfg) for image in images]
+    parts = [process_image(image, cfg, max_decode_pixels=max_decode_pixels) for image in images]
     return np.concatenate([p for p, _ in parts]), np.asarray([g for _, g in parts], np.int64)
 
 

@@ -23,7 +23,15 @@ def render_image_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]], i
     """(prompt ids with each image's `<|image_pad|>` tokens, pixel_values `[N, D]`, grid per image)."""
     pixel_values, grid = process_images(list(images), processor)
     grid_t = tuple(tuple(int(v) for v in g) for g in grid)
+    return render_prompt_for_grids(tokenizer, messages, grid_t, processor, **template_kwargs), pixel_values, grid_t
+
+
+def render_prompt_for_grids(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
+                            grids: Sequence[Sequence[int]], processor: ImageProcessorConfig,
+                            **template_kwargs: Any) -> list[int]:
+    """The prompt ids of `render_image_prompt` from each image's grid alone (`grid_of_size` of its header's
+    width and height): what a server that forwards images needs, without decoding a pixel."""
     text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False,
                                          **template_kwargs)
-    text = expand_image_placeholders(text, [image_token_count(g, processor.merge_size) for g in grid_t])
-    return [int(t) for t in tokenizer.encode(text)], pixel_values, grid_t
+    text = expand_image_placeholders(text, [image_token_count(g, processor.merge_size) for g in grids])
+    return [int(t) for t in tokenizer.encode(text)]

@@ -109,10 +109,13 @@ class AgenticDriver:
     """Group rollouts into the store while the trainer trains; held-out evaluation; metrics."""
 
     def __init__(self, cfg: ExperimentConfig, policy_urls: list[str], tokenizer, *, store_dir: str,
-                 offset_fn: Callable[[], int], images: ImageProcessorConfig | None = None):
-        """`images`: the policy's image processor (a vision-language policy sees the screenshots)."""
+                 offset_fn: Callable[[], int], images: ImageProcessorConfig | None = None,
+                 pool_api_key: str | None = None):
+        """`images`: the policy's image processor (a vision-language policy sees the screenshots);
+        `pool_api_key`: the policy servers' bearer key."""
         self.cfg = cfg
         self.policy_urls = policy_urls
+        self.pool_api_key = pool_api_key
         self.tokenizer = tokenizer
         self.store_dir = store_dir
         self.offset_fn = offset_fn
@@ -129,7 +132,8 @@ class AgenticDriver:
 
     async def start(self) -> "AgenticDriver":
         a = self.cfg.agentic
-        self.client = await PoolClient(self.policy_urls, request_timeout_s=self.cfg.policy.request_timeout_s).start()
+        self.client = await PoolClient(self.policy_urls, request_timeout_s=self.cfg.policy.request_timeout_s,
+                                       api_key=self.pool_api_key).start()
         self.store = SampleStore(self.store_dir)
         self._reader = SampleStore(self.store_dir, readonly=True)
         vote = judge_step_vote(_judge(self.cfg, self.client, self.tokenizer)) if a.prm else None

@@ -30,9 +30,10 @@ class PolicyProcessError(RuntimeError):
     """The policy server process did not start."""
 
 
-def server_command(cfg: ExperimentConfig, model: str, weight_version: str) -> list[str]:
+def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weight_dir: Path) -> list[str]:
     """The `python -m openclaw_jax.inference` command serving `model` with the `policy:` section's settings
-    (the same EngineConfig as `train.engine_config` gives the embedded engine)."""
+    (the same EngineConfig as `train.engine_config` gives the embedded engine), loading weight updates from
+    `weight_dir` only. Its key comes in its environment (`PolicyProcess(env=...)`)."""
     policy = cfg.policy
     # on loopback (its control routes take no key there); policy.port, 0 for a free one
     cmd = [sys.executable, "-m", "openclaw_jax.inference", "--model", str(model), "--host", "127.0.0.1",
@@ -44,7 +45,7 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str) -> li
            "--prefix-refresh-tokens", str(policy.prefix_refresh_tokens),
            "--prefix-refresh-entries", str(policy.prefix_refresh_entries),
            "--prefix-refresh-wait", str(policy.prefix_refresh_wait_s),
-           "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", "warning"]
+           "--weight-dir", str(weight_dir), "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", "warning"]
     if policy.context_length:
         cmd += ["--context-length", str(policy.context_length)]
     if cfg.seed is not None:
@@ -55,8 +56,10 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str) -> li
 class PolicyProcess:
     """The child server: `start()` returns its URL once it serves, `stop()` ends it (and its process group)."""
 
-    def __init__(self, command: list[str], log_path: Path, start_timeout_s: float = 600.0):
+    def __init__(self, command: list[str], log_path: Path, *, env: dict[str, str] | None = None,
+                 start_timeout_s: float = 600.0):
         self.command = command
+        self.env = dict(os.environ, **(env or {}))
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen | None = None
@@ -67,7 +70,7 @@ class PolicyProcess:
     def _start(self) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
-            self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=log_file,
+            self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=log_file, env=self.env,
                                          stdin=subprocess.DEVNULL, text=True, start_new_session=True)
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)

@@ -73,6 +73,9 @@ class Sample:
     # store (`SampleStore.append(sample, images=...)`, `samples.store.read_image`). Hint prompts show
     # the same images.
     image_sha256: list[str] = field(default_factory=list)
+    # Who the turn came from: the person of the client's key (or, with one shared key, the person id the
+    # client named), beside `session_id`. "" in records written before persons were recorded.
+    person: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLE_KINDS:

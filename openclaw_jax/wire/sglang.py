@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from openclaw_jax.wire.errors import WireError
 from openclaw_jax.wire.fields import as_bool, as_float, as_int, as_str_list, optional_bool
-from openclaw_jax.wire.images import decode_data_url
+from openclaw_jax.wire.images import DEFAULT_LIMITS, ImageLimits, check_request_images, decode_data_url
 
 # SGLang's default when `max_new_tokens` is absent from /generate's sampling_params.
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -319,8 +319,8 @@ def _generate_prompts(body: Mapping, vocab_size: int) -> tuple[bool, list[str | 
     return is_batch, [None] * len(prompts), list(prompts)
 
 
-def _image_data(value: Any, is_batch: bool) -> tuple[Any, ...]:
-    """`image_data`: a data URL or a list of them (one prompt's images, in order)."""
+def _image_data(value: Any, is_batch: bool, limits: ImageLimits) -> tuple[Any, ...]:
+    """`image_data`: a data URL or a list of them (one prompt's images, in order), within ``limits``."""
     if value is None:
         return ()
     if is_batch:
@@ -328,10 +328,18 @@ def _image_data(value: Any, is_batch: bool) -> tuple[Any, ...]:
     urls = [value] if isinstance(value, str) else value
     if not isinstance(urls, list) or not urls:
         raise WireError("image_data must be a data URL or a non-empty list of them", param="image_data")
-    return tuple(decode_data_url(u, f"image_data[{i}]") for i, u in enumerate(urls))
+    if len(urls) > limits.max_images:   # before decoding any of them
+        raise WireError(f"at most {limits.max_images} images are accepted per request "
+                        f"({limits.key('max_images')}), got {len(urls)}", param="image_data")
+    images: list[Any] = []
+    for i, url in enumerate(urls):
+        images.append(decode_data_url(url, f"image_data[{i}]", limits))
+        check_request_images(images, limits, "image_data")
+    return tuple(images)
 
 
-def parse_generate_request(body: Any, *, vocab_size: int) -> GenerateRequest:
+def parse_generate_request(body: Any, *, vocab_size: int, image_limits: ImageLimits = DEFAULT_LIMITS
+                           ) -> GenerateRequest:
     if not isinstance(body, Mapping):
         raise WireError(f"the /generate body must be a JSON object, got {type(body).__name__}")
     for name in _UNSUPPORTED_GENERATE_FIELDS:
@@ -339,7 +347,7 @@ def parse_generate_request(body: Any, *, vocab_size: int) -> GenerateRequest:
             raise WireError(f"{name} is not supported by the embedded JAX server")
     is_batch, prompts_text, prompts_ids = _generate_prompts(body, vocab_size)
     n_items = len(prompts_text)
-    images = _image_data(body.get("image_data"), is_batch)
+    images = _image_data(body.get("image_data"), is_batch, image_limits)
     sampling_raw = body.get("sampling_params")
     samplings = [parse_sampling_params(s, vocab_size=vocab_size)
                  for s in _per_item(sampling_raw, n_items, is_batch, "sampling_params")]

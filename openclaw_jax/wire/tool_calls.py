@@ -16,14 +16,12 @@ SGLang does), and output whose blocks are not valid JSON stays plain content.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
-_BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_END), re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -44,12 +42,22 @@ def _tool_names(tools: Sequence[dict[str, Any]] | None) -> set[str] | None:
 
 
 def _blocks(text: str) -> list[str]:
-    blocks = _BLOCK.findall(text)
-    # A generation stopped by EOS right after the JSON may lack the closing tag.
-    last_open = text.rfind(TOOL_CALL_START)
-    if last_open >= 0 and text.find(TOOL_CALL_END, last_open) < 0:
-        blocks.append(text[last_open + len(TOOL_CALL_START):].strip())
-    return blocks
+    """The stripped text of each ``<tool_call>...</tool_call>`` block, in order (each from its start tag to
+    the first end tag after it); plain searches, linear in the text (a regular expression with a lazy
+    body between two whitespace runs backtracks quadratically on long whitespace)."""
+    blocks, pos = [], 0
+    while True:
+        start = text.find(TOOL_CALL_START, pos)
+        if start < 0:
+            return blocks
+        end = text.find(TOOL_CALL_END, start + len(TOOL_CALL_START))
+        if end < 0:
+            # A generation stopped by EOS right after the JSON may lack the closing tag: the last open block.
+            last_open = text.rfind(TOOL_CALL_START)
+            blocks.append(text[last_open + len(TOOL_CALL_START):].strip())
+            return blocks
+        blocks.append(text[start + len(TOOL_CALL_START):end].strip())
+        pos = end + len(TOOL_CALL_END)
 
 
 def parse_tool_calls(text: str, tools: Sequence[dict[str, Any]] | None = None) -> tuple[str, list[ParsedToolCall]]:

@@ -319,6 +319,7 @@ class EpisodeRunner:
         self.native_tools = uses_native_tools(tokenizer) if native_tools is None else native_tools
         self.tool_names = [t["function"]["name"] for t in env.tools]
         self.eos_ids = {int(i) for i in tokenizer.eos_token_ids}
+        self._eos_texts = sorted({tokenizer.decode([i], skip_special_tokens=False) for i in self.eos_ids} - {""})
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool,
                 images: Sequence[bytes] = ()) -> str:
@@ -345,17 +346,21 @@ class EpisodeRunner:
         (`images`: those `history` shows; `new_images`: those `new` adds)."""
         after = self._render(history + new, True, list(images) + list(new_images))
         if last_token in self.eos_ids:
-            # The turn's tokens end on the end-of-turn token; the observation is what `after` holds past
-            # it. Located from the prompt the policy answered (`history` without its last turn) rather
-            # than from `history` rendered alone: some templates (Qwen3) render a final assistant
-            # message differently (an empty think block) from one that tool messages follow.
+            # The turn's tokens end on an end-of-sequence token; the observation is what `after` holds past
+            # the end of that turn as the template writes it. Located from the prompt the policy answered
+            # (`history` without its last turn) rather than from `history` rendered alone: some templates
+            # (Qwen3) render a final assistant message differently (an empty think block) from one that
+            # tool messages follow. The template closes the turn with its own end marker, which need not
+            # be the token the policy stopped on (a tokenizer with both <|im_end|> and <|endoftext|>), so
+            # the turn ends at the first end-of-sequence text of any kind.
             prompt = self._render(history[:-1], True, images)
-            eos_text = self.tokenizer.decode([last_token])
-            cut = after.find(eos_text, len(prompt)) if after.startswith(prompt) else -1
-            if cut < 0:
+            ends = [(at, len(text)) for text in self._eos_texts
+                    if after.startswith(prompt) and (at := after.find(text, len(prompt))) >= 0]
+            if not ends:
                 raise RuntimeError("the chat template re-renders earlier messages when tool messages are appended; "
                                    "token-exact episodes need a prefix-stable template")
-            return list(self.tokenizer.encode(after[cut + len(eos_text):]))
+            at, width = min(ends)
+            return list(self.tokenizer.encode(after[at + width:]))
         before = self._render(history, False, images)
         if not after.startswith(before):
             raise RuntimeError("the chat template re-renders earlier messages when tool messages are appended; "

@@ -1,14 +1,15 @@
-"""The GUI environment: a real X server per episode running a small real Tk application (issue 28, item 3).
+"""The GUI environment: a real X server per episode running a small real Tk application.
 
 Per episode:
   * **Xvfb** on a display of its own (`-displayfd` lets the server pick a free number), started
-    (under a small shell, see below) in its own session / process group, `-nolisten tcp`, screen
+    (under a small shell, see `gui_desktop.start_xvfb`) in its own session / process group and a
+    private mount namespace whose /tmp is the episode's own folder, `-nolisten tcp`, screen
     `448x336x24` (16 x 12 patches of 28 pixels for the Qwen2.5-VL patcher);
   * **the application** (`gui_apps.py`, Tk) runs **inside the sandbox jail** (`envs/sandbox.py`:
-    own mount / PID / network / IPC namespaces, chroot of read-only system paths, an unprivileged
+    own mount / PID / network / IPC namespaces, a pivot_root into read-only system paths, an unprivileged
     uid of its own, rlimits). The jail's /tmp is private and its network namespace cannot reach
     Xvfb's abstract socket, so the host hard-links Xvfb's filesystem socket
-    (/tmp/.X11-unix/X<N>) into the sandbox directory and the app symlinks it to its own
+    (`<episode>/xvfb-tmp/.X11-unix/X<N>`, in no shared directory) into the sandbox directory and the app symlinks it to its own
     /tmp/.X11-unix/X0 (a unix socket is reached through any link to its inode). The jail has no
     /etc/fonts either, so the host writes a fonts.conf next to it. `Sandbox.run` blocks until the
     code ends, so `AppJail.start` launches the same jail (same spec, same init) without waiting;
@@ -164,18 +165,19 @@ class GuiEnv(Environment):
         jail = AppJail(self.sandbox, files={"app.json": json.dumps(task.data["app"]), "fonts.conf": FONTS_CONF},
                         base_dir="/tmp")  # the X socket is hard-linked into it: same filesystem as /tmp
         try:
-            xvfb, display = start_xvfb(cleanup_dir=str(jail._host))
+            # the server's private /tmp beside the jail's directory: its socket is hard-linked into the jail
+            xvfb, display, socket = start_xvfb(jail._host / "xvfb-tmp", cleanup_dir=str(jail._host))
         except BaseException:
             jail.close()
             raise
         try:
-            os.link(f"/tmp/.X11-unix/X{display}", jail.directory / ".X11-socket")  # same filesystem as /tmp
+            os.link(socket, jail.directory / ".X11-socket")
             app = jail.start(APP_SOURCE.read_text())
         except BaseException:
-            kill_group(xvfb, term_first=2.0)
+            kill_group(xvfb, term_first=5.0)
             jail.close()
             raise
-        state = GuiState(display, xvfb, jail, app, max(self.reply_timeout_s, 20.0))  # Tk's first start is slower
+        state = GuiState(display, xvfb, jail, app, max(self.reply_timeout_s, 60.0))  # a bound on a hang: a first Tk start on a loaded machine is slow
         try:
             reply = state.read_reply()
             if not reply.get("ready"):

@@ -4,7 +4,6 @@ the episode state that owns them (gui.py describes the whole)."""
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import os
 import select
@@ -20,7 +19,7 @@ from typing import Any, Sequence
 
 from openclaw_jax.envs.agentic.gui_tasks import HEIGHT, WIDTH
 from openclaw_jax.envs.agentic.episode import ToolError
-from openclaw_jax.envs.sandbox import INIT_SCRIPT, Sandbox, SandboxError, _python_prefix
+from openclaw_jax.envs.sandbox import Sandbox, _python_prefix
 
 APP_SOURCE = Path(__file__).with_name("gui_apps.py")
 INSTALL_HINT = "apt-get install -y --no-install-recommends xvfb xdotool"
@@ -81,52 +80,42 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-# Display numbers this process hands out, in turn (from a per-process start), never the lowest free
-# one: an Xvfb that is exiting removes its socket path after its lock, so a new server that took the
-# same number at that moment would lose its socket (seen with 8 episodes starting and ending at once).
-_DISPLAYS = itertools.count((os.getpid() * 37) % 2000)
-_DISPLAY_BASE, _DISPLAY_SPAN = 100, 4000
+def start_xvfb(private_tmp: str | Path, width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 60.0,
+               cleanup_dir: str | None = None) -> tuple[subprocess.Popen, int, Path]:
+    """(process, display number, socket path) of a fresh Xvfb.
 
-
-def _next_free_display() -> int:
-    for _ in range(_DISPLAY_SPAN):
-        n = _DISPLAY_BASE + next(_DISPLAYS) % _DISPLAY_SPAN
-        if not os.path.exists(f"/tmp/.X{n}-lock") and not os.path.exists(f"/tmp/.X11-unix/X{n}"):
-            return n
-    raise GuiError(f"no free X display in :{_DISPLAY_BASE}..:{_DISPLAY_BASE + _DISPLAY_SPAN - 1}")
-
-
-def start_xvfb(width: int = WIDTH, height: int = HEIGHT, timeout_s: float = 10.0,
-               cleanup_dir: str | None = None, tries: int = 4) -> tuple[subprocess.Popen, int]:
-    """(process, display number) of a fresh Xvfb on a display this process has not used lately
-    (`_DISPLAYS`; another process may take it first: then the next, `tries` times); `cleanup_dir` is
-    removed when it ends (also when this process dies without closing it)."""
-    for attempt in range(tries):
-        try:
-            return _start_xvfb(_next_free_display(), width, height, timeout_s, cleanup_dir)
-        except GuiError:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _start_xvfb(display: int, width: int, height: int, timeout_s: float,
-                cleanup_dir: str | None) -> tuple[subprocess.Popen, int]:
+    The server picks its display number itself (`-displayfd` without a number: the first whose
+    abstract socket it can bind, atomically, so concurrent episodes, processes and test workers
+    never race for a number), and reports it once it listens (its own readiness signal). It runs in
+    a private mount namespace whose /tmp is `private_tmp` (ours, per episode), so its socket file
+    lands in `private_tmp/.X11-unix/X<N>`, a path nobody else creates or removes: an exiting server
+    of another episode that reused the number cannot unlink it, and nothing global is left behind.
+    Host clients (xdotool, screenshots) reach the server through its abstract socket (`DISPLAY=:N`);
+    the jail gets the socket file. `cleanup_dir` is removed when the server ends (also when this
+    process dies without closing it). `timeout_s` bounds a server that never gets ready, not speed."""
+    private_tmp = Path(private_tmp)
+    private_tmp.mkdir(parents=True, exist_ok=True)
     r, w = os.pipe()
     log = tempfile.TemporaryFile()  # Xvfb's stderr (a file: an unread pipe could block or SIGPIPE it)
     try:
         if shutil.which("Xvfb") is None:
             raise FileNotFoundError("Xvfb")
+        private_ns = ["unshare", "--mount", "--propagation", "private"]
+        if os.geteuid() != 0:  # an ordinary user mounts in a user namespace of its own
+            private_ns[1:1] = ["--user", "--map-root-user"]
         # Under a shell that waits on a pipe from us: if this process dies without closing the episode
         # (killed, crashed), the pipe's end reaches `read` and the shell takes Xvfb down with it.
         # (The shell ignores SIGTERM once Xvfb runs, and on the pipe's end waits for Xvfb's clean exit.)
-        script = 'Xvfb "$@" & x=$!; trap "" TERM; read _; kill $x; wait $x; [ -z "$GUI_DIR" ] || rm -rf -- "$GUI_DIR"'
-        proc = subprocess.Popen(["sh", "-c", script, "sh", f":{display}",
-                                 "-displayfd", str(w),
-                                 "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-nocursor", "-noreset"],
+        # `unshare` and the inner shell exec into Xvfb, so $x is the server itself.
+        script = ('"$@" & x=$!; trap "" TERM; read _; kill $x; wait $x; '
+                  '[ -z "$GUI_DIR" ] || rm -rf -- "$GUI_DIR"')
+        server = [*private_ns, "sh", "-c", 'mount --bind "$GUI_TMP" /tmp && exec Xvfb "$@"', "xvfb",
+                  "-displayfd", str(w), "-screen", "0", f"{width}x{height}x24",
+                  "-nolisten", "tcp", "-nocursor", "-noreset"]
+        proc = subprocess.Popen(["sh", "-c", script, "sh", *server],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
                                 pass_fds=(w,), start_new_session=True,
-                                env={**os.environ, "GUI_DIR": cleanup_dir or ""})
+                                env={**os.environ, "GUI_DIR": cleanup_dir or "", "GUI_TMP": str(private_tmp)})
     except FileNotFoundError as err:
         os.close(r)
         os.close(w)
@@ -145,28 +134,35 @@ def _start_xvfb(display: int, width: int, height: int, timeout_s: float,
             data += chunk
     finally:
         os.close(r)
-    if not data.strip().isdigit():
+    socket_path = private_tmp / ".X11-unix" / f"X{data.decode(errors='replace').strip()}"
+    if not data.strip().isdigit() or not socket_path.is_socket():
         kill_group(proc)
         log.seek(0)
         err = log.read().decode(errors="replace")[-500:]
         log.close()
-        raise GuiError(f"Xvfb did not report a display: {err.strip()}")
+        why = "did not report a display" if not data.strip().isdigit() else f"has no socket at {socket_path}"
+        raise GuiError(f"Xvfb {why} within {timeout_s:g} s: {err.strip()}")
     log.close()
-    return proc, int(data)
+    return proc, int(data), socket_path
 
 
 class AppJail(Sandbox):
-    """The sandbox jail (same spec and init as `Sandbox.run`) started without waiting for its end."""
+    """The sandbox jail (same spec and init as `Sandbox.run`) started without waiting for its end. One run
+    per jail, so no holder: the area is filled from `directory` when the app starts (a unix socket
+    linked there, the X server's, is bound in)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "persistent": False})
 
     def start(self, code: str, argv_tail: Sequence[str] = ()) -> subprocess.Popen:
-        if self._closed:
-            raise SandboxError("this sandbox is closed")
         argv = [_python_prefix()[0], "-I", "-B", "-c", code, *argv_tail]
-        cmd = ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-        if not self.is_root:
-            cmd += ["--user", "--map-root-user"]
         status_r, status_w = os.pipe()
-        cmd += ["--", _python_prefix()[0], "-I", "-S", INIT_SCRIPT, json.dumps(self._spec(argv, status_w))]
+        try:
+            cmd = self.command(argv, status_w)
+        except BaseException:
+            os.close(status_r)
+            os.close(status_w)
+            raise
         self.stderr_path = self._host / "app.stderr"
         with open(self.stderr_path, "wb") as err:
             try:
@@ -322,13 +318,7 @@ class GuiState:
                 stream.close()
             except OSError:
                 pass
-        kill_group(self.xvfb, term_first=2.0)  # SIGTERM first: Xvfb removes its lock file and socket
-        for stale in (f"/tmp/.X{self.display}-lock", f"/tmp/.X11-unix/X{self.display}"):
-            if self.xvfb.returncode is not None and os.path.lexists(stale):
-                try:
-                    os.unlink(stale)
-                except OSError:
-                    pass
+        kill_group(self.xvfb, term_first=5.0)  # SIGTERM first: a clean exit; its socket file is ours anyway
         self.jail.close()
 
 

@@ -9,8 +9,8 @@ solved tasks and away from failed ones). With `baseline="none"` there is no grou
 A_i = r_i, so with 0/1 rewards the solved episodes are imitated, each with weight 1, and a group
 with no reward at all is dropped (filtered imitation, "expert iteration": no push away from
 failures, and the tasks a policy nearly always solves count as much as those it half-solves). On
-GUI RL with uncited clicks it fell on held-out tasks as GRPO then did (README "Images and the GUI
-agent", before the citation). With PRM step votes s_k in {-1, 0, 1} (the judge's
+GUI RL with uncited clicks it fell on held-out tasks as GRPO then did (docs/results/gui.md,
+without the citation). With PRM step votes s_k in {-1, 0, 1} (the judge's
 majority vote on assistant step k given the observation that followed it; the final step has no
 next state and gets 0), every token of step k gets A_i + prm_weight * s_k. Observation tokens keep
 loss mask 0, so whatever advantage they carry never trains.
