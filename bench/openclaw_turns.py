@@ -23,11 +23,12 @@ Reported: p50 / p95 of both times per phase, their ratio (on / off), every turn 
 cached tokens, and whether any turn after the first prefilled the system prompt cold (reused fewer
 tokens than the first turn's prompt less `WARM_SLACK`).
 
-The run config is a flag (`--config`, default configs/openclaw_cpu.yaml with `LIVE_OVERRIDES`: live mode,
-the policy as its own process ahead of the trainer, the prefix cache on); `--set key=value` adds
-overrides. Needs OpenClaw (`bash scripts/openclaw.sh setup`).
+The run config is a flag (`--config`, default configs/live_cpu.yaml; `LIVE_OVERRIDES` keep another config
+in live mode), `--policy-mode` its policy mode (default `process`: the policy server as its own process,
+ahead of the trainer in CPU priority), `--set key=value` adds overrides. Needs OpenClaw
+(`bash scripts/openclaw.sh setup`).
 
-    python bench/openclaw_turns.py [--config configs/openclaw_cpu.yaml] [--turns 24] [--min-swaps 3] [--json]
+    python bench/openclaw_turns.py [--config configs/live_cpu.yaml] [--turns 24] [--min-swaps 3] [--json]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -50,12 +52,9 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("bench.openclaw_turns")
 
-# live mode on the OpenClaw demo config: no simulated users, one person's sessions, the policy as its own
-# process ahead of the trainer in CPU priority, the prefix cache on, a step every few scored turns
-LIVE_OVERRIDES = ["env.enabled=false", "policy.mode=process", "policy.max_batch_size=4", "policy.min_batch_rows=1",
-                  "policy.min_cache_len=4096", "policy.min_prompt_len=512", "policy.prefix_cache_mb=1024",
-                  "gateway.session_idle_timeout_s=3600", "trainer.max_steps=1000000", "trainer.checkpoint_every=1000",
-                  "trainer.max_seq_len=8192", "progress=false"]
+# what the bench sets on top of the run config (besides ports, run directory and compilation cache): live
+# mode's essentials, so that another config (configs/openclaw_cpu.yaml, say) runs as live mode too
+LIVE_OVERRIDES = ["env.enabled=false", "policy.prefix_cache_mb=1024", "trainer.max_steps=1000000", "progress=false"]
 # the person: questions, corrections (the rule judge reads them as -1 with a hint), thanks (+1), moving on
 SCRIPT = [
     "What is 7 + 5?", "Thanks! And 12 times 3?", "No, that's wrong. 12 times 3 is 36. Can you fix that?",
@@ -97,10 +96,13 @@ class LiveRun:
         cmd = [sys.executable, "-m", "openclaw_jax.train", "--config", config, *LIVE_OVERRIDES,
                f"gateway.port={self.gateway_port}", f"policy.port={self.policy_port}", f"run_dir={run_dir}",
                f"compile_cache_dir={compile_cache}", *overrides]
+        # the policy server's control key, chosen here so the bench can ask it for its weight version
+        self.headers = {"Authorization": f"Bearer {secrets.token_urlsafe(24)}"}
+        env = dict(os.environ, OPENCLAW_POLICY_API_KEY=self.headers["Authorization"].split()[1])
         logger.info("live run: %s", " ".join(cmd))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         env=env, start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -118,7 +120,8 @@ class LiveRun:
 
     def version(self) -> str | None:
         try:
-            return str(requests.get(self.policy_url + "/get_model_info", timeout=10).json()["weight_version"])
+            return str(requests.get(self.policy_url + "/get_model_info", headers=self.headers,
+                                    timeout=10).json()["weight_version"])
         except (requests.RequestException, ValueError, KeyError):
             return None
 
@@ -210,8 +213,10 @@ def summarize(records: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "configs" / "openclaw_cpu.yaml"),
-                        help="the live run's config (LIVE_OVERRIDES are applied on top; e.g. configs/live_cpu.yaml)")
+    parser.add_argument("--config", default=str(REPO / "configs" / "live_cpu.yaml"),
+                        help="the live run's config (LIVE_OVERRIDES are applied on top)")
+    parser.add_argument("--policy-mode", choices=["process", "embedded"], default="process",
+                        help="policy.mode of both phases' runs (process: serving ahead of the trainer in CPU priority)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="more overrides for both phases' live runs (repeatable)")
     parser.add_argument("--turns", type=int, default=24, help="turns per phase (at least)")
@@ -232,8 +237,9 @@ def main() -> None:
         raise SystemExit("OpenClaw is not installed: " + "; ".join(missing_install()))
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="openclaw_turns_"))
     work.mkdir(parents=True, exist_ok=True)
-    off = [f"trainer.samples_per_step={10 * args.max_turns}", *args.set]
-    on = [f"trainer.samples_per_step={args.samples_per_step}", *args.set]
+    mode = [f"policy.mode={args.policy_mode}"]
+    off = [*mode, f"trainer.samples_per_step={10 * args.max_turns}", *args.set]
+    on = [*mode, f"trainer.samples_per_step={args.samples_per_step}", *args.set]
     started = time.time()
     if args.warmup_turns:
         run_phase("warmup", args, off, work, args.warmup_turns, 0)
@@ -242,7 +248,8 @@ def main() -> None:
     summary = {name: summarize(p["turns"]) | {"samples": p["samples"]} for name, p in phases.items()}
     ratio = summary["on"]["ttft_s"]["p95"] / summary["off"]["ttft_s"]["p95"]
     load = os.getloadavg()
-    print(f"\nTurns through OpenClaw ({args.config} + live overrides), think time {args.think_s:.0f} s, "
+    print(f"\nTurns through OpenClaw ({Path(args.config).name}, policy.mode={args.policy_mode}), think time "
+          f"{args.think_s:.0f} s, "
           f"maxTokens {args.max_tokens}; {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} "
           f"{load[2]:.2f}; {time.time() - started:.0f} s; work dir {work}")
     print(f"{'training':>8} | {'turns':>5} {'swaps':>5} {'samples':>7} | {'TTFT p50':>8} {'p95':>6} | "

@@ -204,10 +204,11 @@ class PolicyConfig:
     prefix_refresh_wait_s: float = 10.0  # before each chunk of the refresh, wait this long at most for no request
     trainer_nice: int = 19              # mode=process: the CPU priority (nice) this run's own process steps down to
     context_length: int = 0             # 0 = from the model config
-    weight_sync_dir: str = ""           # external mode: where HF safetensors are written ("" = <run_dir>/weights)
+    weight_sync_dir: str = ""           # external / process mode: where HF safetensors are written ("" = <run_dir>/weights)
     request_timeout_s: float = 300.0
-    # external mode: the workers' bearer key (their --api-key; empty: the environment's OPENCLAW_POLICY_API_KEY,
-    # else none). The embedded server gets a fresh key per run by itself.
+    # the policy servers' bearer key (external: the workers' --api-key); empty: the environment's
+    # OPENCLAW_POLICY_API_KEY, else none for external workers and a fresh key per run for the embedded and
+    # process servers
     api_key: str | None = None
 
     def __post_init__(self):

@@ -244,9 +244,10 @@ async def _start_embedded_pool(r: _Run):
         engine = Engine(serving.language_model if vision is not None else serving, base.tokenizer,
                         context_length=cfg.policy.context_length or None, config=engine_config(cfg.policy),
                         weight_version=r.trainer.weight_version, seed=cfg.seed)
-        # A fresh key per run, handed to the gateway and the agentic driver: the control routes (pause,
-        # abort, flush, weight updates) stay closed to anything else that reaches the port, even on loopback.
-        r.pool_api_key = secrets.token_urlsafe(32)
+        # A fresh key per run (or policy.api_key / $OPENCLAW_POLICY_API_KEY when given), handed to the gateway and
+        # the agentic driver: the control routes (pause, abort, flush, weight updates) stay closed to anything
+        # else that reaches the port, even on loopback.
+        r.pool_api_key = cfg.policy.api_key or os.environ.get(POLICY_API_KEY_ENV) or secrets.token_urlsafe(32)
         server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
                                  served_model_name=Path(base.model_dir).name, vision=vision, api_key=r.pool_api_key,
                                  image_limits=cfg.gateway.image_limits)
@@ -273,8 +274,9 @@ async def _start_policy_process(r: _Run, resumed: bool):
         raise ConfigError("policy.mode=process runs one policy server beside a single-process trainer; with "
                           f"{jax.process_count()} processes use policy.mode=embedded or external")
     # it starts on the base weights (version 0); a resumed run pushes its own below, as for external workers.
-    # A fresh key per run (as for the embedded server), handed over in its environment, not its command line.
-    key = secrets.token_urlsafe(32)
+    # Its key: policy.api_key (or $OPENCLAW_POLICY_API_KEY) when given, else a fresh one per run as for the
+    # embedded server; handed over in its environment, not its command line.
+    key = r.cfg.policy.api_key or os.environ.get(POLICY_API_KEY_ENV) or secrets.token_urlsafe(32)
     weight_dir = Path(r.cfg.policy.weight_sync_dir or r.run_dir / "weights")
     weight_dir.mkdir(parents=True, exist_ok=True)
     command = server_command(r.cfg, r.base.model_dir, r.trainer.weight_version if not resumed else "0", weight_dir)
