@@ -37,6 +37,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -69,6 +70,8 @@ SCRIPT = [
     "Great. Say goodbye in French.", "Thank you, that's all for now.", "What is 6 + 9?", "Thanks! And 6 times 9?",
     "What is 50 divided by 5?", "Thanks. What is 3 cubed?", "Name a planet with rings.", "Thanks, goodbye!",
 ]
+GATEWAY_TURN = re.compile(r"streamed a main turn: \d+ prompt tokens \((\d+) cached\), first token after ([\d.]+) s, "
+                          r"\d+ tokens in ([\d.]+) s")
 WARM_SLACK = 256  # tokens: the first turn's prompt less a few partial blocks still holds the system prompt
 
 
@@ -124,6 +127,11 @@ class LiveRun:
                                     timeout=10).json()["weight_version"])
         except (requests.RequestException, ValueError, KeyError):
             return None
+
+    def gateway_turns(self) -> list[dict]:
+        """The gateway's own timing of each streamed main turn so far (its log): the policy side of a turn."""
+        return [{"policy_ttft_s": float(m.group(2)), "policy_total_s": float(m.group(3)), "cached": int(m.group(1))}
+                for m in GATEWAY_TURN.finditer(self.log_path.read_text(errors="replace"))]
 
     def samples(self) -> int:
         return int(requests.get(self.gateway_url + "/healthz", timeout=10).json()["store"]["samples"])
@@ -182,11 +190,11 @@ def run_phase(name: str, args, overrides: list[str], work: Path, turns: int, min
                     break
                 if index:
                     time.sleep(args.think_s)
-                before = run.version()
+                before, seen = run.version(), len(run.gateway_turns())
                 turn = streamed_turn(client, conversation, SCRIPT[index % len(SCRIPT)], args.max_tokens)
-                after = run.version()
+                after, policy = run.version(), run.gateway_turns()[seen:]
                 turn.update(turn=index + 1, version=before, swapped_before=before != version,
-                            swapped_during=after != before)
+                            swapped_during=after != before, **(policy[0] if policy else {}))
                 version = after
                 records.append(turn)
                 logger.warning("%s turn %d: ttft %.2fs total %.2fs, %s of %s prompt tokens cached, version %s%s",
@@ -200,9 +208,9 @@ def run_phase(name: str, args, overrides: list[str], work: Path, turns: int, min
 
 def summarize(records: list[dict]) -> dict:
     measured = records[1:]  # the first turn prefills the conversation's system prompt cold in both phases
-    out = {name: {"p50": round(percentile([r[key] for r in measured], 0.5), 3),
-                  "p95": round(percentile([r[key] for r in measured], 0.95), 3)}
-           for name, key in (("ttft_s", "ttft_s"), ("total_s", "total_s"))}
+    out = {key: {"p50": round(percentile([r[key] for r in measured], 0.5), 3),
+                 "p95": round(percentile([r[key] for r in measured], 0.95), 3)}
+           for key in ("ttft_s", "total_s", "policy_ttft_s") if all(key in r for r in measured)}
     first_prompt = records[0]["prompt_tokens"] or 0
     cold = [r["turn"] for r in measured if r["cached_tokens"] < first_prompt - WARM_SLACK]
     out.update(turns=len(records), swaps=sum(r["swapped_before"] for r in records), cold_turns=cold,
@@ -258,6 +266,10 @@ def main() -> None:
         print(f"{name:>8} | {s['turns']:>5} {s['swaps']:>5} {s['samples']:>7} | {s['ttft_s']['p50']:>8.2f} "
               f"{s['ttft_s']['p95']:>6.2f} | {s['total_s']['p50']:>9.2f} {s['total_s']['p95']:>6.2f} | "
               f"{s['cold_turns'] or 'none'}")
+    for name, s in summary.items():
+        if "policy_ttft_s" in s:
+            print(f"training {name}: of the time to first token, the policy's own (gateway to first token) "
+                  f"p50 {s['policy_ttft_s']['p50']:.2f} s, p95 {s['policy_ttft_s']['p95']:.2f} s; the rest is OpenClaw's")
     print(f"p95 time to first token, training on / off: {ratio:.2f}x (target <= 1.5x)")
     for r in summary["on"]["after_swap"]:
         print(f"  after a swap: turn {r['turn']} (version {r['version']}): TTFT {r['ttft_s']:.2f} s, "

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from array import array
 from typing import Any
 
@@ -470,9 +471,11 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
 
     async def _stream_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
                            params: SamplingParams, ticket: TurnTicket | None) -> web.StreamResponse:
+        started = time.monotonic()
         stream = self.policy.generate_stream(prompt_ids, sampling_params=params, return_logprob=True,
                                              top_logprobs_num=req.top_logprobs)
         first = await self._first_chunk(stream)  # before answering 200: pool trouble is still an error status
+        first_s = time.monotonic() - started
         response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no",
                                                            **request.get(GATEWAY_HEADERS, {})})
         await response.prepare(request)
@@ -483,6 +486,11 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
             # Record before the last chunk: once the client has the finish reason it may send the next turn.
             await out.finish(result, len(prompt_ids),
                              record=lambda: self._record_turn(ticket, req, prompt_ids, result, params))
+            # what the person waited for on this side: the policy's prefill (and how much of it the prefix
+            # cache spared) and its answer
+            logger.info("streamed %s turn: %d prompt tokens (%d cached), first token after %.2f s, %d tokens in "
+                        "%.2f s", "a main" if ticket is not None else "a side", len(prompt_ids), result.cached_tokens,
+                        first_s, len(result.output_ids), time.monotonic() - started)
         except ClientGone:
             logger.info("client closed the stream early; turn not recorded")
             if ticket is not None:
