@@ -50,10 +50,12 @@ from openclaw_jax.parallel.mesh import make_mesh, maybe_initialize_distributed, 
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.pool.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
 from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
+from openclaw_jax.runs.gate import start_gate
 from openclaw_jax.runs.users import env_runner
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
 from openclaw_jax.trainer.metrics import MetricsWriter
+from openclaw_jax.trainer.reset import reset_to_serving
 from openclaw_jax.pool.weight_sync import BackgroundWeightSync
 
 log = logging.getLogger("openclaw_jax.train")
@@ -204,6 +206,8 @@ class _Run:
     is_main: bool
     t_start: float
     cleanups: list[Any] = dataclasses.field(default_factory=list)
+    gateway: Any = None   # the in-process gateway (process 0 of a conversation run)
+    gate: Any = None      # the promotion gate between the trainer and the pool (serving/gate.py)
 
     def record_eval(self, record: dict[str, Any]) -> None:
         record["time_s"] = time.monotonic() - self.t_start
@@ -275,10 +279,12 @@ async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
     # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
     gw_cfg = dataclasses.replace(r.cfg.gateway, policy_urls=tuple(policy_urls),
                                  store_dir=str(r.run_dir / "samples"), model=r.base.model_dir,
+                                 worker_urls=r.cfg.gateway.worker_urls or tuple(r.cfg.policy.worker_urls),
                                  judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints)
     gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=r.base.tokenizer)
     r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
-    log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
+    r.gateway = gateway
+    log.info("gateway: %s/v1 (OpenAI-compatible); status page: %s/", gateway_url, gateway_url)
     r.summary["gateway_url"] = gateway_url
     return gateway_url
 
@@ -340,6 +346,10 @@ def _step_callback(r: _Run, evaluate, agentic):
                           waiting=int(metrics.get("samples/waiting", 0)))
         if agentic is not None:
             agentic.log_rollouts(step, r.writer)
+        reset = r.gate.take_reset() if r.gate is not None else None
+        if reset is not None:   # refusals in a row: train on from the served weights (serving/gate.py)
+            await asyncio.to_thread(reset_to_serving, trainer, reset)
+            r.gate.reset_done(step)
         if cfg.trainer.export_every and step % cfg.trainer.export_every == 0:
             await asyncio.to_thread(export, trainer, r.base, r.run_dir)
         eval_every = cfg.agentic.eval_every if cfg.agentic.enabled else cfg.env.eval_every
@@ -398,11 +408,14 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             env_tasks.append(task)
         elif r.is_main:
             gateway_url = await _start_gateway(r, policy_urls)
+            # what is served, and logged, goes through the gate (before any user sees the served version)
+            r.gate = await start_gate(cfg, trainer, r.base, push, r.gateway.judge, store_dir=str(run_dir / "samples"))
+            r.cleanups.append(r.gate.close)
             if cfg.env.enabled:
                 evaluate, task = await _start_users(r, gateway_url, stop)
                 env_tasks.append(task)
 
-        weight_sync = BackgroundWeightSync(push) if push is not None else None
+        weight_sync = BackgroundWeightSync(r.gate or push) if push is not None else None
         await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer, weight_sync=weight_sync,
                           stop=stop, on_step=_step_callback(r, evaluate, agentic),
                           progress=lambda text: r.progress.update(status=text))

@@ -20,7 +20,7 @@ import sys
 
 from openclaw_jax.configlib import ConfigError, from_dict, load_yaml, parse_override, to_dict
 from openclaw_jax.gateway.config import GatewayConfig
-from openclaw_jax.gateway.server import API_KEY_ENV, start_gateway, stop_gateway
+from openclaw_jax.gateway.server import ADMIN_KEY_ENV, API_KEY_ENV, start_gateway, stop_gateway
 from openclaw_jax.logs import configure_logging
 
 logger = logging.getLogger("openclaw_jax.gateway")
@@ -57,6 +57,8 @@ def config_from_args(args: argparse.Namespace, environ=os.environ) -> GatewayCon
         data[key] = value
     if environ.get(API_KEY_ENV) and not data.get("api_key"):
         data["api_key"] = environ[API_KEY_ENV]
+    if environ.get(ADMIN_KEY_ENV) and not data.get("admin_key"):
+        data["admin_key"] = environ[ADMIN_KEY_ENV]
     for name in ("policy_urls", "store_dir", "model", "host", "port", "api_key"):
         value = getattr(args, name)
         if value is not None:
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    safe = {k: ("***" if k == "api_key" and v else v) for k, v in to_dict(cfg).items()}
+    safe = {k: ("***" if k in ("api_key", "admin_key") and v else v) for k, v in to_dict(cfg).items()}
     logger.info("gateway config: %s", safe)
     try:
         asyncio.run(serve(cfg))

@@ -32,6 +32,9 @@ class GatewayConfig:
     # Bearer key the agent must send ("" or null = no auth). Also read from the environment
     # variable OPENCLAW_GATEWAY_API_KEY by the CLI, so it need not appear on a command line.
     api_key: str | None = None
+    # Bearer key of the admin routes (/v1/admin/versions, /v1/admin/rollback); "" or null = those routes
+    # answer 403. The CLI also reads OPENCLAW_GATEWAY_ADMIN_KEY.
+    admin_key: str | None = None
     max_body_bytes: int = 8 << 20           # larger request bodies get HTTP 413
     max_json_depth: int = 64                # deeper JSON nesting gets HTTP 400
     body_timeout_s: float = 60.0            # the whole body must arrive within this (else 408)
@@ -46,6 +49,7 @@ class GatewayConfig:
 
     # --- policy pool (SGLang workers, a router, or the embedded server)
     policy_urls: tuple[str, ...] = ()
+    worker_urls: tuple[str, ...] = ()       # every worker, for a rollback's weight update (empty = policy_urls)
     request_timeout_s: float = 300.0        # per pool request
     pool_max_concurrency: int = 64
     pool_max_retries: int = 3
@@ -106,6 +110,8 @@ class GatewayConfig:
         require(bool(self.model), "gateway.model must name an HF model directory or 'smollm2'")
         for i, url in enumerate(self.policy_urls):
             _check_url(f"gateway.policy_urls[{i}]", url)
+        for i, url in enumerate(self.worker_urls):
+            _check_url(f"gateway.worker_urls[{i}]", url)
         for i, url in enumerate(self.judge_urls):
             _check_url(f"gateway.judge_urls[{i}]", url)
         require(self.request_timeout_s > 0, f"gateway.request_timeout_s={self.request_timeout_s} must be > 0")

@@ -39,7 +39,10 @@ from openclaw_jax.counters import counters
 from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.gateway.judge import Judge, ModelJudge, RuleJudge
 from openclaw_jax.gateway.pipeline import JudgePipeline
+from openclaw_jax.gateway.admin_routes import AdminRoutes
 from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
+from openclaw_jax.gateway.status import SessionActivity
+from openclaw_jax.gateway.status_routes import StatusRoutes
 from openclaw_jax.gateway.protocol import (ChatCompletionRequest, GatewayHTTPError, bad_request,
                                            parse_agent_chat_request, parse_session_info)
 from openclaw_jax.samples import SampleStore
@@ -69,6 +72,7 @@ from openclaw_jax.wire.tool_calls import safe_stream_prefix, split_tool_calls
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "OPENCLAW_GATEWAY_API_KEY"
+ADMIN_KEY_ENV = "OPENCLAW_GATEWAY_ADMIN_KEY"
 
 
 def pool_error_to_http(err: BaseException, what: str = "policy pool") -> GatewayHTTPError:
@@ -108,7 +112,7 @@ class _ClientGone(Exception):
     """The agent closed the connection mid-response."""
 
 
-class Gateway(JudgePipeline, SessionRoutes):
+class Gateway(JudgePipeline, SessionRoutes, StatusRoutes, AdminRoutes):
     """The gateway's state and handlers; ``make_app()`` gives the aiohttp application.
 
     Pass ready-made ``tokenizer``/``policy``/``judge``/``store`` to embed it (tests, the
@@ -128,6 +132,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         self.store = store
         self._owned: list[Any] = []
         self.sessions = SessionTracker(idle_timeout_s=cfg.session_idle_timeout_s, max_sessions=cfg.max_sessions)
+        self.activity = SessionActivity()   # requests per session, for the status page
         self.stats = GatewayStats()
         self.started_at = O.now_s()
         self._queue: asyncio.Queue[ScoringJob] | None = None
@@ -221,6 +226,7 @@ class Gateway(JudgePipeline, SessionRoutes):
             if isinstance(owned, SampleStore):
                 owned.close()
         self._owned = []
+        self.close_status()
 
     # ----------------------------------------------------------------- app
     def make_app(self) -> web.Application:
@@ -232,6 +238,8 @@ class Gateway(JudgePipeline, SessionRoutes):
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
         app.router.add_post("/v1/sessions/{session_id}/done", self.handle_session_done)
+        self.add_status_routes(app)
+        self.add_admin_routes(app)
         return app
 
     def _render_error(self, request: web.BaseRequest, status: int, message: str) -> web.Response:
@@ -370,6 +378,7 @@ class Gateway(JudgePipeline, SessionRoutes):
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
         session = parse_session_info(request.headers, body)
+        self.activity.note(session.session_id, session.turn_type, session.done)
         messages = body.get("messages")
         if isinstance(messages, list) and len(messages) > self.cfg.max_prompt_tokens:  # before validating each
             raise bad_request(f"the conversation is too long: {self.budget.conversation_too_long(messages, 0)} "
