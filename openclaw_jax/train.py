@@ -437,6 +437,8 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         r.writer.close()
         checkpointer.close()
     summary["end_step"] = trainer.step
+    if r.gate is not None:
+        summary["served_version"] = r.gate.log.served_version()   # a rollback may have changed it
     summary["wall_time_s"] = time.monotonic() - t_start
     if jax.process_index() == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

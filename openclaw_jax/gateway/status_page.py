@@ -21,7 +21,7 @@ h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left;
 vertical-align:top}th{background:#f4f4f4}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}
 dt{color:#555}dd{margin:0;font-weight:600}.refused{color:#a00}.promoted{color:#070}.rollback,.reset{color:#850}
-.muted{color:#777}svg text{font:12px system-ui,sans-serif}
+.muted{color:#777}svg text{font:12px system-ui,sans-serif}td[data-field=time],td[data-field=last_seen]{white-space:nowrap}
 """
 
 
@@ -58,8 +58,13 @@ def login_page(message: str = "") -> str:
         "autocomplete=\"current-password\" required> <button type=\"submit\" id=\"sign-in\">Sign in</button></form>"))
 
 
+PLOT_VERSIONS = 40   # the plot shows the most recent versions (the JSON has them all)
+
+
 def satisfaction_svg(rows: Sequence[dict[str, Any]], served: str | None, width: int = 640, height: int = 220) -> str:
-    """Bars of the satisfaction rate (satisfied / (satisfied + corrected)) per weight version, in order."""
+    """Bars of the satisfaction rate (satisfied / (satisfied + corrected)) per weight version, in order
+    (the last `PLOT_VERSIONS`)."""
+    rows = list(rows)[-PLOT_VERSIONS:]
     left, bottom, top = 40, 40, 10
     plot_h = height - bottom - top
     n = max(len(rows), 1)

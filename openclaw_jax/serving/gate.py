@@ -187,7 +187,7 @@ class PromotionGate:
 
     async def _check(self, graphdef: nnx.GraphDef, served: nnx.State, candidate: nnx.State):
         samples = await asyncio.to_thread(self.replay.refresh)
-        verdicts = [await self._verdict(s) for s in samples]
+        verdicts = list(await asyncio.gather(*(self._verdict(s) for s in samples)))   # the judge pool bounds its calls
         live = {s.sample_id for s in samples}
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in live}
         turns = await asyncio.to_thread(self._score, graphdef, served, candidate, samples, verdicts)

@@ -22,7 +22,7 @@ class ReplayReader:
                  read_batch: int = 256):
         self.store_dir = os.fspath(store_dir)
         self.holdout_every = holdout_every
-        self.max_tokens = max_tokens        # longer turns (prompt + response) are not replayed (0: no limit)
+        self.max_tokens = max_tokens        # longer turns (a prompt or hint prompt + response) are not replayed (0: no limit)
         self.read_batch = read_batch
         self._recent: collections.deque[Sample] = collections.deque(maxlen=size)
         self._tail: SampleTail | None = None
@@ -41,7 +41,8 @@ class ReplayReader:
             for sample in self._tail.read(self.position, stop):
                 if not is_held_out(sample.sample_id, self.holdout_every):
                     continue
-                if self.max_tokens and len(sample.prompt_ids) + len(sample.response_ids) > self.max_tokens:
+                longest = max([len(sample.prompt_ids), *map(len, sample.hint_prompt_ids)])
+                if self.max_tokens and longest + len(sample.response_ids) > self.max_tokens:
                     self.skipped_long += 1
                     continue
                 self._recent.append(sample)

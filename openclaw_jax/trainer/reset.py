@@ -3,8 +3,8 @@
 `reset_to_serving(trainer, serving)` makes the student compute what the plain serving model
 ``serving`` computes (the served version: compute dtype, LoRA merged) and gives it a fresh optimizer
 state (moments and step count: the learning-rate schedule starts again). Every student param is
-read from ``serving`` by its path and cast to the param's own dtype and placement (the master dtype:
-exact when it equals the compute dtype, a rounding of the master weights otherwise). With LoRA the
+read from ``serving`` by its path and cast to the param's own dtype and placement: the student then
+holds the served values exactly (what the master weights held beyond the compute dtype is gone). With LoRA the
 served weights are merged, so they become the frozen base and the adapters restart as at init
 (``lora_b`` zero, ``lora_a`` kept): base + A @ 0 is the served model. The frozen teacher is untouched.
 Call it between steps (the loop's ``on_step``); no phase recompiles (same shapes, dtypes, shardings).
