@@ -22,7 +22,7 @@ class GateConfig:
     # the most recent held-out turns the check replays
     replay_size: int = 16
     # fewer held-out turns carrying a signal than this: the candidate is refused (too little evidence)
-    min_replay: int = 2
+    min_replay: int = 4
     # the candidate's replay score against the served version (nats per token) must be at least this
     min_score: float = 0.0
     # and its mean per-token KL(served || candidate) on the replayed responses at most this
