@@ -104,18 +104,31 @@ def test_replay_arrays_mask_and_buckets():
 
 def test_aggregate_is_the_documented_score():
     turns = [TurnTerms("a", 1, 0.2, 0.01, None), TurnTerms("b", -1, 0.3, 0.03, 0.5),
-             TurnTerms("c", 0, -0.4, 0.02, 0.1), TurnTerms("d", 0, 0.9, 0.04, None)]
+             TurnTerms("c", 0, -0.4, 0.02, 0.1), TurnTerms("d", 0, 0.9, 0.04, None),
+             TurnTerms("e", -1, -0.1, 0.05, None)]
     check = aggregate(turns, w_rl=1.0, w_opd=0.5)
-    # turns with a signal: a (reward), b (reward + hint), c (hint only); d has neither
-    reward = [1 * 0.2, -1 * 0.3, 0.0]
-    teacher = [0.0, 0.5 * 0.5, 0.5 * 0.1]
-    assert check.with_signal == 3 and check.replayed == 4
+    rbar = (1 - 1 - 1) / 3                     # the mean verdict of the turns judged +-1
+    # turns with a signal: a, e (reward), b (reward + hint), c (hint only); d has neither
+    reward = [(1 - rbar) * 0.2, (-1 - rbar) * 0.3, 0.0, (-1 - rbar) * -0.1]
+    teacher = [0.0, 0.5 * 0.5, 0.5 * 0.1, 0.0]
+    assert check.with_signal == 4 and check.replayed == 5
     assert check.reward_term == pytest.approx(np.mean(reward)) and check.teacher_term == pytest.approx(np.mean(teacher))
     assert check.score == pytest.approx(np.mean(reward) + np.mean(teacher))
-    assert check.drift == pytest.approx(np.mean([0.01, 0.03, 0.02, 0.04]))   # every replayed turn
-    assert check.agreement == pytest.approx(0.5)                              # a agrees, b does not
-    rl_only = aggregate(turns, w_rl=1.0, w_opd=0.0)                           # `rl`: hints carry no signal
-    assert rl_only.with_signal == 2 and rl_only.score == pytest.approx(np.mean([0.2, -0.3]))
+    assert check.drift == pytest.approx(np.mean([0.01, 0.03, 0.02, 0.04, 0.05]))   # every replayed turn
+    assert check.agreement == pytest.approx(0.5)   # a (0.2) above e (-0.1), not above b (0.3)
+    rl_only = aggregate(turns, w_rl=1.0, w_opd=0.0)                                # `rl`: hints carry no signal
+    assert rl_only.with_signal == 3 and rl_only.score == pytest.approx(np.mean([reward[0], reward[1], reward[3]]))
+
+
+def test_a_move_shared_by_every_answer_is_not_credit():
+    """The baseline: lifting accepted and corrected answers alike scores 0, lifting the accepted ones
+    relative to the corrected ones scores > 0, the reverse < 0, whatever the verdicts' mean."""
+    verdicts = [1, -1, -1, -1, -1]
+    same = aggregate([TurnTerms(str(i), v, 0.3, 0.0) for i, v in enumerate(verdicts)], w_rl=1.0, w_opd=0.0)
+    assert same.score == pytest.approx(0.0) and same.agreement == 0.5
+    better = aggregate([TurnTerms(str(i), v, 0.3 + 0.1 * v, 0.0) for i, v in enumerate(verdicts)], w_rl=1.0, w_opd=0.0)
+    worse = aggregate([TurnTerms(str(i), v, 0.3 - 0.1 * v, 0.0) for i, v in enumerate(verdicts)], w_rl=1.0, w_opd=0.0)
+    assert better.score > 0 > worse.score and better.agreement == 1.0 and worse.agreement == 0.0
 
 
 def test_decide_names_the_rule_that_failed():

@@ -26,7 +26,7 @@ class GateConfig:
     # the candidate's replay score against the served version (nats per token) must be at least this
     min_score: float = 0.0
     # and its mean per-token KL(served || candidate) on the replayed responses at most this
-    max_kl: float = 0.05
+    max_kl: float = 0.1
     # promoted versions whose weights stay on disk for rollback (the served one is never removed)
     keep: int = 3
     # after this many refusals in a row the trainer restarts from the served weights (0: never)

@@ -12,16 +12,23 @@ log-probs at the sampling temperature tau (log_softmax(z / tau), the trainer's a
     drift_i   = sum_t m_t KL(pi_served || pi_cand)(. | x, y_<t) / sum_t m_t          (whole vocabulary)
     teacher_i = mean_c sum_t m_t [KL(T_c || pi_served) - KL(T_c || pi_cand)] / sum_t m_t
                 (T_c: the frozen teacher on hint prompt x^c; 0 without hints)
-    s_i       = w_rl * r_i * dlogp_i + w_opd * teacher_i
+    s_i       = w_rl * (r_i - rbar) * dlogp_i + w_opd * teacher_i
+                (rbar: the mean verdict of the replayed turns with r_i != 0)
 
 ``score`` is the mean of s_i over the turns with a signal (r_i != 0 with w_rl > 0, or hints with
 w_opd > 0); ``drift`` the mean of drift_i over every replayed turn. dlogp_i is the candidate's
-implicit reward of y against the served policy (the DPO / KTO log-ratio): the check asks, to
-first order, whether the candidate moves probability towards the answers the person accepted and
-away from those they corrected, and towards what the hinted teacher would have said, on turns it
-never trained on, without serving it and without a reaction to its own answers (the judge scores
-reactions, and nobody has reacted to the candidate). ``agreement`` (reported, not ruled on) is the
-fraction of turns with r_i != 0 whose dlogp_i has the sign of r_i.
+implicit reward of y against the served policy (the DPO / KTO log-ratio), and the reward part is the
+policy-gradient estimate of the change in the expected verdict, with the replay set's mean verdict as
+its baseline: answers of one conversation share most of their tokens ("The answer is ..."), so an
+update moves the log-probs of accepted and corrected answers together, and without the baseline that
+common move, times the mean verdict, would outweigh the contrast between them (on the CPU demo's
+mostly-corrected turns it ranked an update trained on flipped rewards above the true one). So the
+check asks whether the candidate raises the answers the person accepted *relative to* those they
+corrected, and moves towards what the hinted teacher would have said, on turns it never trained on,
+without serving it and without a reaction to its own answers (the judge scores reactions, and nobody
+has reacted to the candidate). ``agreement`` (reported, not ruled on) is the fraction of (accepted,
+corrected) pairs of replayed turns whose accepted answer gained more log-probability than the
+corrected one (the pairwise accuracy DPO reports).
 """
 
 from __future__ import annotations
@@ -156,9 +163,9 @@ class ReplayCheck:
     with_signal: int     # of them, turns that carry a verdict or (used) hints
     score: float         # mean s_i over the turns with a signal (0.0 when there is none)
     drift: float         # mean per-token KL(served || candidate)
-    reward_term: float   # mean w_rl * r_i * dlogp_i over the turns with a signal
+    reward_term: float   # mean w_rl * (r_i - rbar) * dlogp_i over the turns with a signal
     teacher_term: float  # mean w_opd * teacher_i over the turns with a signal
-    agreement: float | None   # fraction of turns with r_i != 0 whose dlogp_i has r_i's sign
+    agreement: float | None   # (accepted, corrected) pairs ranked right by dlogp (None: no such pair)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in dataclasses.asdict(self).items()}
@@ -166,22 +173,22 @@ class ReplayCheck:
 
 def aggregate(turns: Sequence[TurnTerms], *, w_rl: float, w_opd: float) -> ReplayCheck:
     """The check's numbers from the replayed turns (module docstring)."""
-    reward, teacher, drifts, agree = [], [], [], []
+    rated = [t.verdict for t in turns if t.verdict != 0]
+    rbar = float(np.mean(rated)) if rated else 0.0
+    reward, teacher = [], []
     for turn in turns:
-        drifts.append(turn.drift)
         has_reward = w_rl > 0 and turn.verdict != 0
         has_teacher = w_opd > 0 and turn.teacher is not None
-        if not (has_reward or has_teacher):
-            continue
-        reward.append(w_rl * turn.verdict * turn.dlogp if has_reward else 0.0)
-        teacher.append(w_opd * turn.teacher if has_teacher else 0.0)
-        if turn.verdict != 0:
-            agree.append(float(np.sign(turn.dlogp) == turn.verdict))
-    n = len(reward)
+        if has_reward or has_teacher:
+            reward.append(w_rl * (turn.verdict - rbar) * turn.dlogp if has_reward else 0.0)
+            teacher.append(w_opd * turn.teacher if has_teacher else 0.0)
+    accepted = [t.dlogp for t in turns if t.verdict > 0]
+    corrected = [t.dlogp for t in turns if t.verdict < 0]
+    pairs = [1.0 if a > c else 0.5 if a == c else 0.0 for a in accepted for c in corrected]
     mean = lambda xs: float(np.mean(xs)) if xs else 0.0   # noqa: E731
-    return ReplayCheck(replayed=len(turns), with_signal=n, score=mean(reward) + mean(teacher), drift=mean(drifts),
-                       reward_term=mean(reward), teacher_term=mean(teacher),
-                       agreement=mean(agree) if agree else None)
+    return ReplayCheck(replayed=len(turns), with_signal=len(reward), score=mean(reward) + mean(teacher),
+                       drift=mean([t.drift for t in turns]), reward_term=mean(reward), teacher_term=mean(teacher),
+                       agreement=mean(pairs) if pairs else None)
 
 
 def decide(check: ReplayCheck, *, min_replay: int, min_score: float, max_kl: float) -> tuple[str | None, str]:
