@@ -17,6 +17,7 @@ from openclaw_jax.gateway.config import GatewayConfig
 from openclaw_jax.losses import LossConfig
 from openclaw_jax.models.config import LoRAConfig
 from openclaw_jax.samples import SampleSpec
+from openclaw_jax.serving.config import GateConfig
 
 
 _require = require
@@ -351,6 +352,7 @@ class ExperimentConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     agentic: AgenticConfig = field(default_factory=AgenticConfig)   # general agentic RL instead of the gateway
+    gate: GateConfig = field(default_factory=GateConfig)   # which trained versions are served (serving/gate.py)
 
     def __post_init__(self):
         _require(bool(self.run_dir), "run_dir must be a directory path")
@@ -360,6 +362,15 @@ class ExperimentConfig:
         _require(self.loss.kl_coef == 0 or self.trainer.teacher == "initial",
                  f"loss.kl_coef={self.loss.kl_coef} anchors the policy to the frozen initial model, but "
                  f"trainer.teacher={self.trainer.teacher!r} replaces it; use trainer.teacher=initial or loss.kl_coef=0")
+        if self.gate.enabled:
+            _require(not self.agentic.enabled, "gate.enabled=true checks candidates on the person's held-out turns "
+                                               "from the gateway; agentic.enabled runs have none: set gate.enabled=false")
+            _require(self.model.vision is None, "gate.enabled=true scores text decoders; model.vision is set: set "
+                                                "gate.enabled=false")
+            _require(self.trainer.staleness_mode == "importance",
+                     f"gate.enabled=true needs trainer.staleness_mode=importance (it is "
+                     f"{self.trainer.staleness_mode!r}): while the gate keeps an older version served, the turns it "
+                     "serves are many trainer steps old and `drop` would discard every one of them")
 
     def sample_spec(self) -> SampleSpec:
         """What the trainer needs to know of the samples' source: they are drawn at `gateway.temperature`

@@ -55,11 +55,14 @@ from openclaw_jax.parallel.mesh import make_mesh, maybe_initialize_distributed, 
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.pool.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
 from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
+from openclaw_jax.runs.gate import start_gate
 from openclaw_jax.runs.policy_process import PolicyProcess, lower_priority, server_command
 from openclaw_jax.runs.users import env_runner
+from openclaw_jax.serving.versions import versions_dir_for
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
 from openclaw_jax.trainer.metrics import MetricsWriter
+from openclaw_jax.trainer.reset import reset_to_serving
 from openclaw_jax.pool.weight_sync import BackgroundWeightSync
 
 log = logging.getLogger("openclaw_jax.train")
@@ -211,6 +214,8 @@ class _Run:
     t_start: float
     cleanups: list[Any] = dataclasses.field(default_factory=list)
     pool_api_key: str | None = None   # the policy servers' bearer key (the embedded one's is made per run)
+    gateway: Any = None   # the in-process gateway (process 0 of a conversation run)
+    gate: Any = None      # the promotion gate between the trainer and the pool (serving/gate.py)
 
     def record_eval(self, record: dict[str, Any]) -> None:
         record["time_s"] = time.monotonic() - self.t_start
@@ -250,7 +255,9 @@ async def _start_embedded_pool(r: _Run):
         r.pool_api_key = cfg.policy.api_key or os.environ.get(POLICY_API_KEY_ENV) or secrets.token_urlsafe(32)
         server = InferenceServer(engine, base.tokenizer, model_path=base.model_dir,
                                  served_model_name=Path(base.model_dir).name, vision=vision, api_key=r.pool_api_key,
-                                 image_limits=cfg.gateway.image_limits)
+                                 image_limits=cfg.gateway.image_limits,
+                                 # a rollback serves kept weights again: the only files it may load over HTTP
+                                 weight_dirs=[versions_dir_for(r.run_dir / "samples")])
         runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, cfg.policy.host, cfg.policy.port)
@@ -279,7 +286,10 @@ async def _start_policy_process(r: _Run, resumed: bool):
     key = r.cfg.policy.api_key or os.environ.get(POLICY_API_KEY_ENV) or secrets.token_urlsafe(32)
     weight_dir = Path(r.cfg.policy.weight_sync_dir or r.run_dir / "weights")
     weight_dir.mkdir(parents=True, exist_ok=True)
-    command = server_command(r.cfg, r.base.model_dir, r.trainer.weight_version if not resumed else "0", weight_dir)
+    versions_dir = versions_dir_for(r.run_dir / "samples")   # where a rollback's kept weights are
+    versions_dir.mkdir(parents=True, exist_ok=True)
+    command = server_command(r.cfg, r.base.model_dir, r.trainer.weight_version if not resumed else "0",
+                             [weight_dir, versions_dir])
     server = PolicyProcess(command, r.run_dir / "policy.log", env={POLICY_API_KEY_ENV: key})
     url = await server.start()
     r.cleanups.append(server.stop)
@@ -315,12 +325,14 @@ async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
     # `rl` trains on rewards alone: the judge casts no hint votes (no wasted judge calls)
     gw_cfg = dataclasses.replace(r.cfg.gateway.with_environment(os.environ), policy_urls=tuple(policy_urls),
                                  store_dir=str(r.run_dir / "samples"), model=r.base.model_dir,
+                                 worker_urls=r.cfg.gateway.worker_urls or tuple(r.cfg.policy.worker_urls),
                                  judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints,
                                  policy_api_key=r.pool_api_key)
     gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=r.base.tokenizer)
     # on a stop, turns whose next state already arrived are judged and stored first (the next run trains them)
     r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=gw_cfg.shutdown_grace_s))
-    log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
+    r.gateway = gateway
+    log.info("gateway: %s/v1 (OpenAI-compatible); status page: %s/", gateway_url, gateway_url)
     r.summary["gateway_url"] = gateway_url
     if not r.cfg.env.enabled:
         _announce_live(r, gateway_url, gw_cfg)
@@ -399,6 +411,10 @@ def _step_callback(r: _Run, evaluate, agentic):
                           waiting=int(metrics.get("samples/waiting", 0)))
         if agentic is not None:
             agentic.log_rollouts(step, r.writer)
+        reset = r.gate.take_reset() if r.gate is not None else None
+        if reset is not None:   # refusals in a row: train on from the served weights (serving/gate.py)
+            await asyncio.to_thread(reset_to_serving, trainer, reset)
+            r.gate.reset_done(step)
         if cfg.trainer.export_every and step % cfg.trainer.export_every == 0:
             await asyncio.to_thread(export, trainer, r.base, r.run_dir)
         eval_every = cfg.agentic.eval_every if cfg.agentic.enabled else cfg.env.eval_every
@@ -459,11 +475,14 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             env_tasks.append(task)
         elif r.is_main:
             gateway_url = await _start_gateway(r, policy_urls)
+            # what is served, and logged, goes through the gate (before any user sees the served version)
+            r.gate = await start_gate(cfg, trainer, r.base, push, r.gateway.judge, store_dir=str(run_dir / "samples"))
+            r.cleanups.append(r.gate.close)
             if cfg.env.enabled:
                 evaluate, task = await _start_users(r, gateway_url, stop)
                 env_tasks.append(task)
 
-        weight_sync = BackgroundWeightSync(push) if push is not None else None
+        weight_sync = BackgroundWeightSync(r.gate or push) if push is not None else None
         await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer, weight_sync=weight_sync,
                           stop=stop, on_step=_step_callback(r, evaluate, agentic),
                           progress=lambda text: r.progress.update(status=text))
@@ -485,6 +504,8 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         r.writer.close()
         checkpointer.close()
     summary["end_step"] = trainer.step
+    if r.gate is not None:
+        summary["served_version"] = r.gate.log.served_version()   # a rollback may have changed it
     summary["wall_time_s"] = time.monotonic() - t_start
     if jax.process_index() == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

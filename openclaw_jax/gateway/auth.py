@@ -142,6 +142,24 @@ class GatewayAuth:
     def people(self) -> frozenset[str]:
         return frozenset(self._people.values())
 
+    def valid_key(self, key: bytes) -> bool:
+        """Whether ``key`` is one of the configured keys (the admin's, a person's or the shared one)."""
+        if self._admin is not None and hmac.compare_digest(key, self._admin):
+            return True
+        if key and key_digest(key) in self._people:
+            return True
+        return self._shared is not None and hmac.compare_digest(key, self._shared)
+
+    def browser_secret(self) -> bytes | None:
+        """What a browser's sign-in cookie is signed with (None on an open gateway): derived from every
+        configured key, so that changing any of them signs every browser out."""
+        if self.open:
+            return None
+        h = hashlib.sha256(b"openclaw_jax browser sign-in v1")
+        for part in (self._admin or b"", self._shared or b"", *(d.encode() for d in sorted(self._people))):
+            h.update(hashlib.sha256(part).digest())
+        return h.digest()
+
     def _claimed_person(self, headers: Mapping[str, str], fallback: str | None) -> str | None:
         claimed = headers.get(PERSON_HEADER)
         if claimed is None:

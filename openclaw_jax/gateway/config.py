@@ -63,6 +63,7 @@ class GatewayConfig:
 
     # --- policy pool (SGLang workers, a router, or the embedded server)
     policy_urls: tuple[str, ...] = ()
+    worker_urls: tuple[str, ...] = ()       # every worker, for a rollback's weight update (empty = policy_urls)
     request_timeout_s: float = 300.0        # per pool request
     pool_max_concurrency: int = 64
     pool_max_retries: int = 3
@@ -140,6 +141,8 @@ class GatewayConfig:
         require(bool(self.model), "gateway.model must name an HF model directory or 'smollm2'")
         for i, url in enumerate(self.policy_urls):
             _check_url(f"gateway.policy_urls[{i}]", url)
+        for i, url in enumerate(self.worker_urls):
+            _check_url(f"gateway.worker_urls[{i}]", url)
         for i, url in enumerate(self.judge_urls):
             _check_url(f"gateway.judge_urls[{i}]", url)
         require(self.request_timeout_s > 0, f"gateway.request_timeout_s={self.request_timeout_s} must be > 0")

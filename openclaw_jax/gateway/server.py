@@ -54,7 +54,10 @@ from openclaw_jax.gateway.judge import Judge, ModelJudge, NextState, RuleJudge
 from openclaw_jax.gateway.openai_judge import OpenAIJudge, openai_judge_from_config
 from openclaw_jax.gateway.openclaw_text import OFFLOAD_CHARS
 from openclaw_jax.gateway.pipeline import JudgePipeline
+from openclaw_jax.gateway.admin_routes import AdminRoutes
 from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
+from openclaw_jax.gateway.status import SessionActivity
+from openclaw_jax.gateway.status_routes import StatusRoutes
 from openclaw_jax.gateway.protocol import (ChatCompletionRequest, GatewayHTTPError, bad_request,
                                            parse_agent_chat_request, parse_session_info)
 from openclaw_jax.samples import SampleStore
@@ -118,7 +121,7 @@ GatewayStats = counters(
     """)
 
 
-class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
+class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRoutes, AdminRoutes):
     """The gateway's state and handlers; ``make_app()`` gives the aiohttp application.
 
     Pass ready-made ``tokenizer``/``policy``/``judge``/``store`` to embed it (tests, the
@@ -143,6 +146,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
                                        max_next_state_chars=cfg.judge_max_next_state_chars,
                                        on_drop=self._release_images)
         self.spool: ImageSpool | None = None
+        self.activity = SessionActivity()   # requests per session, for the status page
         self.stats = GatewayStats()
         self.started_at = O.now_s()
         self._queue: asyncio.Queue[ScoringJob] | None = None
@@ -243,6 +247,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
             if isinstance(owned, SampleStore):
                 owned.close()
         self._owned = []
+        self.close_status()
 
     # ----------------------------------------------------------------- app
     def make_app(self) -> web.Application:
@@ -255,6 +260,8 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
         app.router.add_post("/v1/sessions/{session_id}/done", self.handle_session_done)
+        self.add_status_routes(app)
+        self.add_admin_routes(app)
         return app
 
     def _render_error(self, request: web.BaseRequest, status: int, message: str) -> web.Response:
@@ -333,6 +340,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
         session = parse_session_info(request.headers, body)
+        self.activity.note(session.session_id, session.turn_type, session.done)
         messages = body.get("messages")
         if isinstance(messages, list) and len(messages) > self.cfg.max_prompt_tokens:  # before validating each
             raise bad_request(f"the conversation is too long: {self.budget.conversation_too_long(messages, 0)} "

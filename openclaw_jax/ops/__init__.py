@@ -3,6 +3,7 @@
 A leaf under `losses/`: the chunked hybrid loss built on these kernels is `openclaw_jax.losses.chunked_hybrid_loss`.
 """
 
+from openclaw_jax.ops.divergence import kl_divergence
 from openclaw_jax.ops.logprobs import (
     DEFAULT_CHUNK_SIZE,
     VocabStats,
@@ -23,6 +24,7 @@ __all__ = [
     "VocabStats",
     "dense_lse_logprobs_entropy",
     "entropy",
+    "kl_divergence",
     "logprobs_at_ids",
     "logsumexp",
     "lse_logprobs_entropy",

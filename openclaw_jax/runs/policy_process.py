@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Sequence
 
 from openclaw_jax.config import ExperimentConfig
 
@@ -30,10 +31,11 @@ class PolicyProcessError(RuntimeError):
     """The policy server process did not start."""
 
 
-def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weight_dir: Path) -> list[str]:
+def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weight_dirs: Sequence[Path]) -> list[str]:
     """The `python -m openclaw_jax.inference` command serving `model` with the `policy:` section's settings
     (the same EngineConfig as `train.engine_config` gives the embedded engine), loading weight updates from
-    `weight_dir` only. Its key comes in its environment (`PolicyProcess(env=...)`)."""
+    `weight_dirs` only (the trainer's pushes; the kept versions a rollback serves). Its key comes in its
+    environment (`PolicyProcess(env=...)`)."""
     policy = cfg.policy
     # on loopback (its control routes take no key there); policy.port, 0 for a free one
     cmd = [sys.executable, "-m", "openclaw_jax.inference", "--model", str(model), "--host", "127.0.0.1",
@@ -45,7 +47,8 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weigh
            "--prefix-refresh-tokens", str(policy.prefix_refresh_tokens),
            "--prefix-refresh-entries", str(policy.prefix_refresh_entries),
            "--prefix-refresh-wait", str(policy.prefix_refresh_wait_s),
-           "--weight-dir", str(weight_dir), "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", "warning"]
+           *(a for d in weight_dirs for a in ("--weight-dir", str(d))),
+           "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", "warning"]
     if policy.context_length:
         cmd += ["--context-length", str(policy.context_length)]
     if cfg.seed is not None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from openclaw_jax.models.attention import SHARED_SEGMENT  # keys every segment of a row sees
 from openclaw_jax.samples import Sample, SampleTail
+from openclaw_jax.samples.holdout import is_held_out
 from openclaw_jax.trainer.advantages import sample_advantages
 from openclaw_jax.trainer.prefix_rows import batch_prefix, rows_held, shared_prefix_teacher
 from openclaw_jax.trainer.step import num_micro_batches  # the phases split rows the same way
@@ -100,6 +101,8 @@ class BatchSpec:
     # pipeline reads each batch's images from the store and attaches their patches (trainer/vision_batch.py)
     image_processor: Any = None
     image_token_id: int | None = None
+    # samples held out of training for the promotion gate's replay set (samples/holdout.py: 1 in N; 0: none)
+    holdout_every: int = 0
 
     def __post_init__(self):
         if self.bucket_quantum < 0:
@@ -485,12 +488,15 @@ class SampleBatcher:
         self._owns_tail = self._tail is None
         self.store_dir = self._tail.directory if self._tail is not None else os.fspath(store)
         self.spec = spec
-        self.dropped: dict[str, int] = {"stale": 0, "too_long": 0, "temperature": 0, "hint_only": 0}
+        self.dropped: dict[str, int] = {"stale": 0, "too_long": 0, "temperature": 0, "hint_only": 0, "held_out": 0}
         self._warned_temperature = False
         # packed (rows, length) pairs batched so far (compiled by the trainer): reused when nearly as small
         self.seen_shapes: dict[str, set[tuple[int, int]]] = {"student": set(), "teacher": set()}
 
     def _keep(self, sample: Sample, current_version: int | None) -> bool:
+        if is_held_out(sample.sample_id, self.spec.holdout_every):   # the gate's replay set: never trained on
+            self.dropped["held_out"] += 1
+            return False
         if not self.spec.use_hints and sample.kind == "opd":  # no reward: nothing for GRPO to learn
             self.dropped["hint_only"] += 1
             return False

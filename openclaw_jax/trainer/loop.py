@@ -222,7 +222,7 @@ class Trainer:
                 self._uncommitted_windows.append((self.step, start, end))
                 metrics["time/input_wait"] = input_wait
                 metrics.update({f"samples/dropped_{k}": float(pipeline.dropped[k])
-                                for k in ("stale", "temperature", "hint_only")})
+                                for k in ("stale", "temperature", "hint_only", "held_out")})
                 metrics["samples/waiting"] = float(max(available - self.sample_offset, 0))
                 await self._after_step(metrics, weight_sync, sync_now, writer, checkpointer, on_step)
         finally:

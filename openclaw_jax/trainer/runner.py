@@ -95,7 +95,7 @@ def batch_spec(cfg: ExperimentConfig, samples: SampleSpec, *, row_multiple: int 
         micro_batch_size=tcfg.micro_batch_size, row_multiple=row_multiple, shared_prefix=tcfg.shared_prefix_teacher,
         shape_reuse_slack=tcfg.shape_reuse_slack, batch_prefix_min=tcfg.batch_prefix_min,
         reference=cfg.loss.kl_coef != 0, image_processor=images[0] if images else None,
-        image_token_id=images[1] if images else None)
+        image_token_id=images[1] if images else None, holdout_every=cfg.gate.holdout)
 
 
 def optimizer_shardings(tx, trainable: Any, mesh: jax.sharding.Mesh) -> Any:
