@@ -27,15 +27,13 @@ import json
 import logging
 import math
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from openclaw_jax.envs.sessions import STABLE_RUN, describe_stable, sessions_to_stable
-from openclaw_jax.eval.compare import finished, method_overrides, read_evals
+from openclaw_jax.eval.compare import finished, method_overrides, read_evals, run_training
 from openclaw_jax.logs import configure_logging
 from openclaw_jax.losses import available_losses
 from openclaw_jax.notebook.tb_reader import read_scalars
@@ -240,19 +238,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _train(cmd: list[str], run_dir: Path, timeout: float) -> str | None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir.parent / f"{run_dir.name}.log"
-    log.info("running: %s", " ".join(cmd))
-    t0 = time.monotonic()
-    with open(log_path, "w") as logf:
-        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, timeout=timeout)
-    if proc.returncode != 0 or not finished(run_dir):
-        return f"{run_dir} failed (exit {proc.returncode}); see {log_path}"
-    log.info("%s done in %.0f s", run_dir, time.monotonic() - t0)
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(logging.INFO)
@@ -282,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         if run_dir.exists():
             shutil.rmtree(run_dir)   # an unfinished or rerun run starts afresh
-        error = _train(train_command(files, m, s, run_dir, args.overrides), run_dir, args.timeout)
+        error = run_training(train_command(files, m, s, run_dir, args.overrides), run_dir, args.timeout)
         if error:
             errors.append(error)
             log.error("%s", error)
