@@ -267,6 +267,10 @@ class TrainerConfig:
         "rollout_batch_size": "renamed trainer.samples_per_step",
     }
 
+    # false: nothing trains; the base model is served and the samples are consumed in the same windows (the
+    # sample budget and evaluation steps of a training run), for baselines that learn outside the weights
+    # (env.memory: OpenClaw's memory) -- runs/untrained.py
+    enabled: bool = True
     max_steps: int = 100
     samples_per_step: int = 4
     chunk_size: int = 128                # response positions per LM-head chunk

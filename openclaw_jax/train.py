@@ -57,6 +57,7 @@ from openclaw_jax.pool.weight_sync import DiskWeightSync, InProcessWeightSync, w
 from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
 from openclaw_jax.runs.gate import start_gate
 from openclaw_jax.runs.policy_process import PolicyProcess, lower_priority, server_command
+from openclaw_jax.runs.untrained import UntrainedLearner
 from openclaw_jax.runs.users import env_runner
 from openclaw_jax.serving.versions import versions_dir_for
 from openclaw_jax.trainer.checkpoint import Checkpointer
@@ -127,7 +128,7 @@ def load_base_model(cfg: ExperimentConfig) -> BaseModel:
         multihost.barrier("random_base_model")  # the other processes read what process 0 wrote
         path = str(out)
     mesh = make_mesh((cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp))
-    teacher_dtype = cfg.model.dtype if cfg.trainer.teacher == "initial" else None
+    teacher_dtype = cfg.model.dtype if cfg.trainer.teacher == "initial" and cfg.trainer.enabled else None
     loaded = load_pretrained(path, mesh=mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                              teacher_dtype=teacher_dtype, remat=cfg.model.remat, attention=cfg.model.attention)
     tokenizer = loaded.tokenizer
@@ -216,6 +217,7 @@ class _Run:
     pool_api_key: str | None = None   # the policy servers' bearer key (the embedded one's is made per run)
     gateway: Any = None   # the in-process gateway (process 0 of a conversation run)
     gate: Any = None      # the promotion gate between the trainer and the pool (serving/gate.py)
+    sessions: Any = None   # the simulated person's SessionLog (conversation runs)
 
     def record_eval(self, record: dict[str, Any]) -> None:
         record["time_s"] = time.monotonic() - self.t_start
@@ -380,17 +382,20 @@ async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
 async def _start_users(r: _Run, gateway_url: str, stop: asyncio.Event):
     """Simulated users talk to the gateway; returns (evaluate, drive task)."""
     trainer = r.trainer
-    env = env_runner(r.cfg, gateway_url, store_dir=str(r.run_dir / "samples"), offset_fn=lambda: trainer.sample_offset)
+    env = env_runner(r.cfg, gateway_url, store_dir=str(r.run_dir / "samples"), offset_fn=lambda: trainer.sample_offset,
+                     writer=r.writer, step_fn=lambda: trainer.step)
     r.cleanups.append(env.close)
     await env.start()
+    r.sessions = env.sessions
 
     async def evaluate(step: int) -> float:
         t = time.monotonic()
         graded = await env.heldout_eval(writer=r.writer, step=step)
         score, accuracy = graded["preference_score"], graded["accuracy"]
         r.progress.update(pref=score, acc=accuracy)
+        # the person's sessions so far beside the held-out numbers: sessions to a stable effect (envs/sessions.py)
         record = {"step": step, "preference_score": score, "accuracy": accuracy if accuracy == accuracy else None,
-                  "eval_s": round(time.monotonic() - t, 2)}
+                  "eval_s": round(time.monotonic() - t, 2), **env.sessions.summary()}
         r.record_eval(record)
         r.summary["preference"].append(record)
         log.info("held-out preference score at step %d: %.3f, accuracy %.3f (%.1f s)", step, score, accuracy,
@@ -430,7 +435,8 @@ async def _prepare(cfg: ExperimentConfig, run_dir: Path, t_start: float) -> tupl
     base = await asyncio.to_thread(load_base_model, cfg)
     if cfg.agentic.enabled and cfg.agentic.warmup_steps:  # SFT warm-up on demonstrations (cached in the run)
         base = await asyncio.to_thread(warm_up, cfg, base, run_dir)
-    trainer = await asyncio.to_thread(build_trainer, cfg, base)
+    trainer = await asyncio.to_thread(build_trainer, cfg, base) if cfg.trainer.enabled \
+        else UntrainedLearner(cfg, base.model)
     checkpointer = Checkpointer(run_dir / "ckpt", max_to_keep=cfg.trainer.keep_checkpoints)
     resumed = await asyncio.to_thread(trainer.restore, checkpointer)
     is_main = jax.process_index() == 0
@@ -457,6 +463,7 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
     r, checkpointer, resumed = await _prepare(cfg, run_dir, t_start)
     trainer, summary = r.trainer, r.summary
+    env_tasks: list[asyncio.Task] = []
     try:
         # serving pool (process 0 talks to it; every process takes part in weight export)
         if cfg.policy.mode == "embedded":
@@ -469,7 +476,6 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
         # gateway (judge + sample store) and simulated users, or an agentic environment: process 0 only
         evaluate = agentic = None
-        env_tasks: list[asyncio.Task] = []
         if r.is_main and cfg.agentic.enabled:
             evaluate, agentic, task = await _start_agentic(r, policy_urls, stop)
             env_tasks.append(task)
@@ -493,11 +499,15 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*env_tasks, return_exceptions=True)
         await asyncio.to_thread(trainer.save_checkpoint, checkpointer)
-        summary["export_dir"] = str(await asyncio.to_thread(export, trainer, r.base, run_dir))
+        if cfg.trainer.enabled:   # an untrained run serves the base model: nothing to export
+            summary["export_dir"] = str(await asyncio.to_thread(export, trainer, r.base, run_dir))
         if evaluate is not None and trainer.step > summary["start_step"] and not interrupted:
             await evaluate(trainer.step)
     finally:
         r.progress.close()
+        for task in env_tasks:   # after an error too: no session may outlive the clients the cleanups close
+            task.cancel()
+        await asyncio.gather(*env_tasks, return_exceptions=True)
         for cleanup in reversed(r.cleanups):
             with contextlib.suppress(Exception):
                 await cleanup()
@@ -507,6 +517,8 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     if r.gate is not None:
         summary["served_version"] = r.gate.log.served_version()   # a rollback may have changed it
     summary["wall_time_s"] = time.monotonic() - t_start
+    if r.sessions is not None:   # the person's sessions as they ended (envs/sessions.py)
+        summary.update(r.sessions.summary())
     if jax.process_index() == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

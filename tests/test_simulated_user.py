@@ -396,3 +396,36 @@ def test_preference_score_side_turns_greedy_and_untrained(live_stack):
 
     time.sleep(2.0)  # side turns never open a judgement; give a wrong one time to show up
     assert len(_wait_for_samples(live_stack["store"], 0, timeout_s=0)) == before
+
+
+def test_env_runner_backs_off_while_the_gateway_is_down_and_records_each_session(tmp_path):
+    """Nothing listens at the gateway's address: every session of a round fails at once. The runner records
+    each one (an unsatisfied session for the person) and waits 1 s, 2 s, ... before the next round instead of
+    starting thousands of sessions."""
+    import json
+
+    from openclaw_jax.config import ExperimentConfig
+    from openclaw_jax.envs.config import EnvConfig
+    from openclaw_jax.runs.users import env_runner
+    from openclaw_jax.samples import SampleStore
+
+    cfg = ExperimentConfig(run_dir=str(tmp_path), env=EnvConfig(persona="concise", questions="arithmetic",
+                                                                concurrency=2, request_timeout_s=5))
+    SampleStore(tmp_path / "samples").close()
+    runner = env_runner(cfg, "http://127.0.0.1:9/", store_dir=str(tmp_path / "samples"), offset_fn=lambda: 0)
+    runner.user.client = runner.user.client.with_options(max_retries=0)
+    runner.user._model = "smollm2"   # as through OpenClaw: the model is named, not listed from the server
+
+    async def drive_for(seconds: float) -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.drive(stop))
+        await asyncio.sleep(seconds)
+        stop.set()
+        await task
+        await runner.close()
+
+    asyncio.run(drive_for(2.5))
+    records = [json.loads(line) for line in (tmp_path / "sessions.jsonl").read_text().splitlines()]
+    # rounds at ~0 s and ~1 s (then a 2 s pause): at most 3 rounds of 2 sessions in 2.5 s, whatever the speed
+    assert 2 <= len(records) <= 6 and len(records) % 2 == 0
+    assert all(not r["satisfied"] and r["answers"] == 0 and "Connection" in r["error"] for r in records)

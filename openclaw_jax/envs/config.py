@@ -32,6 +32,11 @@ class EnvConfig:
     # `scripts/openclaw.sh setup`, our plugin tagging sessions; held-out answers go through it too).
     client: Literal["openai", "openclaw"] = "openai"
     openclaw_context_window: int = 8192  # the contextWindow OpenClaw is told the model has
+    # Memory without training (needs client openclaw): `user_md` keeps the person's corrections (the judge's
+    # accepted hints) as notes in OpenClaw's USER.md, which OpenClaw puts in front of the model in every
+    # new session (envs/memory.py); at most `memory_max_notes` of them, the most often given first.
+    memory: Literal["none", "user_md"] = "none"
+    memory_max_notes: int = 6
 
     def __post_init__(self):
         require(self.concurrency > 0, f"env.concurrency={self.concurrency} must be > 0")
@@ -44,3 +49,7 @@ class EnvConfig:
         require(self.turns_per_session > 0, f"env.turns_per_session={self.turns_per_session} must be > 0")
         require(self.max_tokens > 0, f"env.max_tokens={self.max_tokens} must be > 0")
         require(self.heldout_questions >= 0, f"env.heldout_questions={self.heldout_questions} must be >= 0")
+        require(self.memory == "none" or self.client == "openclaw",
+                f"env.memory={self.memory!r} is OpenClaw's own memory (its USER.md); set env.client=openclaw, or "
+                "env.memory=none")
+        require(self.memory_max_notes >= 1, f"env.memory_max_notes={self.memory_max_notes} must be >= 1")

@@ -58,6 +58,29 @@ def format_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
+# "What is 9 + 2?": the expression a correction can name
+_ASKED_EXPRESSION = re.compile(r"^\s*What is (-?\d+ [-+*] -?\d+)\?\s*$")
+
+
+def correction(answer: str, question: str | None, reference: str | float | int | None
+               ) -> tuple[bool, str, str] | None:
+    """(right, what is wrong, the correction a person gives) for `answer`; None when `reference` is not a
+    number. The correction names what was asked when it can ("9 + 2 should be 11, not 12."), else only
+    the result ("The answer should be 11."); "should" makes it an instruction a judge takes as the hint."""
+    right = is_correct(answer, reference)
+    if right is None:
+        return None
+    stated = final_number(answer)
+    expected = format_number(parse_reference(reference))
+    asked = _ASKED_EXPRESSION.match(question or "")
+    subject = asked.group(1) if asked else "The answer"
+    instruction = (f"{subject} should be {expected}, not {format_number(stated)}." if stated is not None
+                   else f"{subject} should be {expected}.")
+    wrong = "" if right else (f"states {format_number(stated)}, but the answer is {expected}" if stated is not None
+                              else f"states no number; the answer is {expected}")
+    return right, wrong, instruction
+
+
 def accuracy(grades: Iterable[bool | None]) -> float:
     """Fraction correct over the gradable answers (None left out); NaN when none is gradable."""
     graded = [g for g in grades if g is not None]

@@ -224,6 +224,13 @@ class OpenClawAgent:
     def config_path(self) -> Path:
         return self.cfg.state_dir / "openclaw.json"
 
+    @property
+    def workspace(self) -> Path:
+        """OpenClaw's default workspace `<OPENCLAW_STATE_DIR>/workspace` (`env()` clears any
+        `OPENCLAW_WORKSPACE_DIR`): where it reads its bootstrap and memory files (USER.md, MEMORY.md) and
+        injects the ones that exist into the system prompt."""
+        return self.cfg.state_dir / "workspace"
+
     def write_config(self) -> Path:
         (self.cfg.state_dir / "home").mkdir(parents=True, exist_ok=True)
         tmp = self.config_path.with_suffix(".json.tmp")

@@ -23,7 +23,7 @@ import random
 import re
 from typing import Any, Callable, Sequence
 
-from openclaw_jax.envs.grading import final_number, format_number, is_correct, parse_reference
+from openclaw_jax.envs.grading import correction
 from openclaw_jax.registry import Registry
 
 RUBRIC_LEVELS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -154,6 +154,29 @@ _RETRY_CLOSERS = (
 )
 
 
+_WRONG_OPENERS = (
+    "Hmm, that's not right.",
+    "No, that's wrong.",
+    "That's incorrect.",
+    "Wait, that is not right.",
+)
+_WRONG_CLOSERS = ("Can you redo it?", "Could you try again?", "Can you fix that?")
+CORRECT_RULE = "correct"
+
+
+def correctness_rule(answer: str, question: str | None, reference: str | None) -> RuleResult | None:
+    """The rule "the result is right" (`envs.grading.correction`: its instruction is the correction a
+    person gives, "9 + 2 should be 11, not 12."); None when `reference` is not a number."""
+    found = correction(answer, question, reference)
+    return None if found is None else RuleResult(CORRECT_RULE, *found)
+
+
+def _check_flag(persona: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{persona}: correct must be true or false, got {value!r}")
+    return value
+
+
 PersonaFactory = Callable[..., "Persona"]
 PERSONAS: Registry[PersonaFactory] = Registry("persona")
 
@@ -215,6 +238,9 @@ class Persona:
         instructions = list(verdict.instructions[: self.max_instructions])
         if not instructions:  # a rule without an instruction still deserves an explicit ask
             instructions = [f"Please fix this: {v}." for v in verdict.violations[: self.max_instructions]]
+        if any(r.name == CORRECT_RULE and not r.passed for r in verdict.rules):
+            # A person who spots a wrong result says so first, then what the result is (the hint).
+            return " ".join([rng.choice(_WRONG_OPENERS), *instructions, rng.choice(_WRONG_CLOSERS)])
         return " ".join([rng.choice(self.complaint_openers), *instructions, rng.choice(self.retry_closers)])
 
     def describe(self) -> dict[str, Any]:
@@ -255,7 +281,9 @@ class StudentProse(Persona):
          like a sentence (. ! ? :) -- bare equations on their own line are not prose;
       4. every step shown: at least `min_step_sentences` sentences that contain a number, and
          (when the question is known) at least one number that is not in the question, i.e. a
-         computed intermediate or final value.
+         computed intermediate or final value;
+      5. with `correct=True`, right: the final number is the question's known answer (checked first;
+         a wrong result draws the correction a person gives, see `Concise`).
     """
 
     description = "A student who wants natural prose with every step and no markdown."
@@ -265,13 +293,16 @@ class StudentProse(Persona):
         "bullet points, no numbered lists, no code blocks, no LaTeX."
     )
 
-    def __init__(self, min_sentences: int = 2, min_step_sentences: int = 2):
+    def __init__(self, min_sentences: int = 2, min_step_sentences: int = 2, correct: bool = False):
         if min_sentences < 1 or min_step_sentences < 1:
             raise ValueError(
                 f"min_sentences and min_step_sentences must be >= 1, got {min_sentences}, {min_step_sentences}"
             )
         self.min_sentences = min_sentences
         self.min_step_sentences = min_step_sentences
+        self.correct = _check_flag("student_prose", correct)
+        if correct:
+            self.preference += " And the result must be right."
 
     def rules(self, answer: str, question: str | None, finish_reason: str | None,
               reference: str | None = None) -> list[RuleResult]:
@@ -294,7 +325,8 @@ class StudentProse(Persona):
             if len(long_sentences) < self.min_sentences
             else f"has {len(unterminated)} line(s) that are not sentences"
         )
-        return [
+        right = correctness_rule(answer, question, reference) if self.correct else None
+        return ([right] if right is not None else []) + [
             RuleResult(
                 "no_markdown",
                 not markup,
@@ -457,17 +489,6 @@ class StartsWith(Persona):
         ]
 
 
-_WRONG_OPENERS = (
-    "Hmm, that's not right.",
-    "No, that's wrong.",
-    "That's incorrect.",
-    "Wait, that is not right.",
-)
-# "What is 9 + 2?": the expression a correction can name
-_ASKED_EXPRESSION = re.compile(r"^\s*What is (-?\d+ [-+*] -?\d+)\?\s*$")
-_WRONG_CLOSERS = ("Can you redo it?", "Could you try again?", "Can you fix that?")
-
-
 @register_persona("concise")
 class Concise(Persona):
     """The answer must be at most `max_chars` characters and complete (finished with EOS); with
@@ -489,10 +510,8 @@ class Concise(Persona):
     def __init__(self, max_chars: int = 40, correct: bool = False):
         if max_chars < 1:
             raise ValueError(f"concise: max_chars must be >= 1, got {max_chars}")
-        if not isinstance(correct, bool):
-            raise ValueError(f"concise: correct must be true or false, got {correct!r}")
         self.max_chars = max_chars
-        self.correct = correct
+        self.correct = _check_flag("concise", correct)
         if correct:
             self.description = "A user who wants short, complete and right answers."
             self.preference = (f"I want short answers that are right: the correct result, in at most {max_chars} "
@@ -502,22 +521,8 @@ class Concise(Persona):
 
     def rules(self, answer: str, question: str | None, finish_reason: str | None,
               reference: str | None = None) -> list[RuleResult]:
-        results = []
-        right = is_correct(answer, reference) if self.correct else None
-        if right is not None:
-            stated = final_number(answer)
-            expected = format_number(parse_reference(reference))
-            # A person names what was asked when they can ("9 + 2 should be 11, not 12."), else only the
-            # result; "should" makes it an instruction the judge takes as the hint.
-            asked = _ASKED_EXPRESSION.match(question or "")
-            subject = asked.group(1) if asked else "The answer"
-            instruction = (f"{subject} should be {expected}, not {format_number(stated)}." if stated is not None
-                           else f"{subject} should be {expected}.")
-            results.append(RuleResult(
-                "correct", right,
-                "" if right else (f"states {format_number(stated)}, but the answer is {expected}" if stated is not None
-                                  else f"states no number; the answer is {expected}"),
-                instruction))
+        right = correctness_rule(answer, question, reference) if self.correct else None
+        results = [right] if right is not None else []
         length = len(answer.strip())
         results.append(
             RuleResult(
@@ -538,14 +543,6 @@ class Concise(Persona):
                 )
             )
         return results
-
-    def react(self, question: str | None, answer: str, verdict: PreferenceVerdict, rng: random.Random) -> str:
-        wrong = any(r.name == "correct" and not r.passed for r in verdict.rules)
-        if not wrong:
-            return super().react(question, answer, verdict, rng)
-        # A person who spots a wrong result says so first, then what the result is (the hint).
-        instructions = list(verdict.instructions[: self.max_instructions])
-        return " ".join([rng.choice(_WRONG_OPENERS), *instructions, rng.choice(_WRONG_CLOSERS)])
 
 
 @register_persona("keyword")

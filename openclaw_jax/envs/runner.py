@@ -2,23 +2,31 @@
 
 `EnvRunner.drive(stop)` keeps simulated users talking to the gateway until `stop` is set, with
 back-pressure: while more than `backlog` samples wait for the trainer, no new sessions start
-(otherwise a slow trainer would only accumulate stale samples). `preference_score()` measures
-the persona's preference on held-out questions through the same gateway (side turns, greedy).
+(otherwise a slow trainer would only accumulate stale samples). Every session is recorded in order
+with the person's verdict (`envs.sessions.SessionLog`: sessions to a stable effect); with
+`env.memory: user_md` the person's corrections are kept as notes in OpenClaw's USER.md before each
+round (`envs.memory`). `preference_score()` measures the persona's preference on held-out questions
+through the same gateway (side turns, greedy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 from openclaw_jax.envs.config import EnvConfig
+from openclaw_jax.envs.memory import CorrectionNotes
 from openclaw_jax.envs.openclaw_agent import AGENT_MODEL, OpenClawAgent, OpenClawDaemon
 from openclaw_jax.envs.personas import persona_from_spec
 from openclaw_jax.envs.questions import heldout_questions, train_questions
-from openclaw_jax.envs.simulated_user import SimulatedUser, SimulatedUserConfig, preference_score
+from openclaw_jax.envs.sessions import SessionLog
+from openclaw_jax.envs.simulated_user import PreferenceScore, SimulatedUser, SimulatedUserConfig, preference_score
 from openclaw_jax.samples import SampleStore
 
 log = logging.getLogger(__name__)
@@ -37,11 +45,15 @@ class EnvRunner:
     sampling `temperature` (the gateway's), `backlog` (samples waiting for the trainer before no new
     session starts), the gateway's `served_model_name` and `min_main_turn_tokens` (what OpenClaw is
     told, and what a plain closing turn must ask for), `openclaw_dir` (OpenClaw's state) and
-    `policy_batch_size` (the held-out evaluation's default concurrency)."""
+    `policy_batch_size` (the held-out evaluation's default concurrency). Optional: `record_dir`, where
+    `sessions.jsonl` (the person's sessions in order) and `heldout/step_<N>.jsonl` (each held-out answer
+    with its verdict) are written, `writer` (TensorBoard) and `step_fn` (the trainer's step, recorded
+    with each session)."""
 
     def __init__(self, env: EnvConfig, gateway_url: str, *, store_dir: str, api_key: str | None,
                  offset_fn: Callable[[], int], backlog: int, temperature: float, served_model_name: str,
-                 min_main_turn_tokens: int, openclaw_dir: str, policy_batch_size: int):
+                 min_main_turn_tokens: int, openclaw_dir: str, policy_batch_size: int,
+                 record_dir: str | None = None, writer: Any = None, step_fn: Callable[[], int] | None = None):
         self.env = env
         self.policy_batch_size = policy_batch_size
         self.base_url = gateway_url.rstrip("/") + "/v1"
@@ -56,6 +68,11 @@ class EnvRunner:
                                   side_session_prefixes=(HELDOUT_PREFIX,))
             self.daemon = OpenClawDaemon(agent)
             self.base_url, self.api_key, model = self.daemon.base_url, "none", AGENT_MODEL
+        self.notes = (CorrectionNotes(store_dir, self.daemon.agent.workspace, env.memory_max_notes)
+                      if env.memory == "user_md" and self.daemon is not None else None)
+        self.record_dir = Path(record_dir) if record_dir else None
+        self.sessions = SessionLog(self.record_dir / "sessions.jsonl" if self.record_dir else None, writer=writer)
+        self.step_fn = step_fn
         self.model = model
         self.persona = persona_from_spec(env.persona)
         self.heldout = heldout_questions(env.questions, env.heldout_questions, seed=env.seed)
@@ -86,6 +103,7 @@ class EnvRunner:
     async def drive(self, stop: asyncio.Event) -> None:
         """Run sessions in rounds of `env.concurrency` until `stop`; errors end a round, not the run."""
         store = SampleStore(self.store_dir, readonly=True)
+        pause = 0.0   # after a round in which no session got an answer: the gateway or agent is down
         try:
             while not stop.is_set():
                 if self._waiting(store) >= self.backlog:
@@ -95,8 +113,19 @@ class EnvRunner:
                         pass
                     continue
                 try:
+                    if self.notes is not None:  # the next sessions start with the newest notes
+                        await asyncio.to_thread(self.notes.refresh)
+                    step = self.step_fn() if self.step_fn is not None else None
+                    before = len(self.user.results)
                     stats = await self.user.run(self.env.concurrency)
+                    self.sessions.add(self.user.results[before:], step=step)
                     log.debug("simulated sessions: %s", stats.metrics())
+                    # back off (1 s, doubling to 60 s) while whole rounds fail, instead of spinning
+                    pause = min(max(2 * pause, 1.0), 60.0) if stats.failed_sessions == stats.sessions else 0.0
+                    if pause:
+                        log.warning("no session of the round got an answer; next round in %.0f s", pause)
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(stop.wait(), timeout=pause)
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # a failed round is logged; the run goes on
@@ -124,10 +153,22 @@ class EnvRunner:
                                         session_prefix=f"{HELDOUT_PREFIX}-{uuid.uuid4().hex[:8]}")
         record = {"preference_score": float(result.score), "accuracy": float(result.accuracy),
                   "mean_rubric_score": float(result.mean_score)}
+        if self.record_dir is not None and step is not None:
+            self._write_answers(result, self.record_dir / "heldout" / f"step_{step}.jsonl")
         if writer is not None and step is not None:
             writer.scalars(step, {f"eval/{k}": v for k, v in record.items() if v == v})
             writer.flush()
         return record
+
+    @staticmethod
+    def _write_answers(result: PreferenceScore, path: Path) -> None:
+        """Each held-out answer with the persona's verdict, one JSON line per question."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"question": a.question.text, "reference": a.question.answer, "answer": a.text,
+                             "finish_reason": a.finish_reason, "satisfied": v.satisfied, "correct": c,
+                             "violations": v.violations})
+                 for a, v, c in zip(result.answers, result.verdicts, result.correct)]
+        path.write_text("".join(line + "\n" for line in lines))
 
     async def preference_score(self, *, writer: Any = None, step: int | None = None) -> float:
         """The held-out preference score alone (see `heldout_eval`)."""
@@ -135,5 +176,7 @@ class EnvRunner:
 
     async def close(self) -> None:
         await self.user.close()
+        if self.notes is not None:
+            self.notes.close()
         if self.daemon is not None:
             await asyncio.to_thread(self.daemon.stop)

@@ -222,16 +222,21 @@ def _train(args: argparse.Namespace, out: Path, method: str, seed: int, override
     run_dir = run_dir_for(out, method, seed)
     if run_dir.exists() and args.rerun:
         shutil.rmtree(run_dir)
-    cmd = train_command(args.config, method, seed, run_dir, overrides)
-    log.info("training %s seed %d: %s", method, seed, " ".join(cmd))
+    return run_training(train_command(args.config, method, seed, run_dir, overrides), run_dir, args.timeout)
+
+
+def run_training(cmd: Sequence[str], run_dir: Path, timeout: float) -> str | None:
+    """Run one `python -m openclaw_jax.train` command, its output in `<run_dir>.log` beside the run
+    (`<method>/seed<S>.log`); an error message if it failed or did not finish."""
+    log.info("training: %s", " ".join(cmd))
     t0 = time.monotonic()
     run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir.parent / f"seed{seed}.log"
+    log_path = run_dir.parent / f"{run_dir.name}.log"
     with open(log_path, "w") as logf:
-        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, timeout=args.timeout)
+        proc = subprocess.run(list(cmd), stdout=logf, stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode != 0 or not finished(run_dir):
-        return f"training {method} seed {seed} failed (exit {proc.returncode}); see {log_path}"
-    log.info("%s seed %d done in %.0f s", method, seed, time.monotonic() - t0)
+        return f"training into {run_dir} failed (exit {proc.returncode}); see {log_path}"
+    log.info("%s done in %.0f s", run_dir, time.monotonic() - t0)
     return None
 
 

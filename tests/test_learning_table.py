@@ -1,0 +1,73 @@
+"""`python -m openclaw_jax.eval.learning`: the run commands (memory beside the losses, same seeds and
+budget) and the table from finished runs written by hand, so every cell has a hand-derived value."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from openclaw_jax.eval import learning as L
+
+CONFIG = "configs/openclaw_cpu.yaml"
+# method -> seed -> (sessions as 0/1, [(step, preference, accuracy)])
+RUNS = {
+    "memory": {0: ("0001110", [(0, 0.25, 0.5), (4, 0.5, 0.5)]), 1: ("0101", [(0, 0.25, 0.25), (4, 0.25, 0.5)])},
+    "combine": {0: ("111", [(0, 0.25, 0.5), (4, 0.75, 0.75)]), 1: ("0111", [(0, 0.25, 0.25), (4, 0.5, 0.25)])},
+}
+
+
+def _write(out):
+    for method, by_seed in RUNS.items():
+        for seed, (flags, evals) in by_seed.items():
+            run = L.run_dir_for(out, "arith", L.Method.parse(method), seed)
+            run.mkdir(parents=True)
+            (run / "sessions.jsonl").write_text("".join(json.dumps({"session": i + 1, "satisfied": c == "1"}) + "\n"
+                                                        for i, c in enumerate(flags)))
+            (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "preference_score": p, "accuracy": a}) + "\n"
+                                                    for s, p, a in evals))
+            (run / "summary.json").write_text(json.dumps({"interrupted": False, "preference": [{}], "wall_time_s": 60.0}))
+
+
+def test_dry_run_memory_and_losses_share_seeds_and_budget(capsys, tmp_path):
+    argv = ["--persona", f"arith={CONFIG}", "--methods", "memory,rl,rl@trainer.reward_baseline=none", "--seeds", "2",
+            "--out", str(tmp_path), "--dry-run", "trainer.max_steps=6"]
+    assert L.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6
+    for line in lines:
+        assert line.endswith("progress=false trainer.max_steps=6") and f"--config {CONFIG}" in line
+    memory, rl, rl_none = lines[:3]
+    assert f"run_dir={tmp_path}/arith/memory/seed0 seed=0 env.seed=0 trainer.enabled=false env.memory=user_md" in memory
+    assert "loss.name" not in memory   # remembering trains nothing; the config's judge hints stay on
+    assert "loss.name=rl loss.w_opd=null" in rl and "reward_baseline" not in rl
+    assert "loss.name=rl loss.w_opd=null trainer.reward_baseline=none" in rl_none
+    assert all("seed=1 env.seed=1" in line for line in lines[3:])
+
+
+@pytest.mark.parametrize("argv", [["--methods", "memory,bogus"], ["--methods", "rl@seed=3"], ["--seeds", "0"],
+                                  ["run_dir=x"], ["--persona", "noequals"], ["--persona", "a=configs/missing.yaml"]])
+def test_bad_arguments_exit_2(argv, tmp_path):
+    base = ["--persona", f"arith={CONFIG}", "--out", str(tmp_path), "--dry-run"]
+    assert L.main(base + argv) == 2
+
+
+def test_table_from_finished_runs(tmp_path):
+    _write(tmp_path)
+    assert L.main(["--persona", f"arith={CONFIG}", "--methods", "memory,combine", "--seeds", "2",
+                   "--out", str(tmp_path), "--table-only"]) == 0
+    rows = {r["method"]: r for r in json.loads((tmp_path / "learning.json").read_text())["rows"]}
+    memory, combine = rows["memory"]["aggregate"], rows["combine"]["aggregate"]
+    # memory: seed 0 has its first three in a row at session 4; seed 1 never does within 4 sessions
+    assert memory["sessions_to_stable"] == [4, None] and memory["sessions"] == [7, 4]
+    assert memory["sessions_to_stable_mean"] is None and memory["reached"] == 1
+    assert memory["preference_gain"] == pytest.approx((0.25 + 0.0) / 2)
+    assert memory["every_seed_above_base"] is False   # seed 1 stayed at 0.25
+    # combine: 1 and 2, mean 1.5; preference 0.25 -> 0.625 on average, both seeds up
+    assert combine["sessions_to_stable"] == [1, 2] and combine["sessions_to_stable_mean"] == pytest.approx(1.5)
+    assert combine["preference_gain"] == pytest.approx(0.375) and combine["every_seed_above_base"] is True
+    assert combine["accuracy_change"] == pytest.approx(0.125)
+    table = (tmp_path / "learning.md").read_text()
+    assert "| arith | memory | 4, not within 4 | 7, 4 | 0.250 -> 0.375 | +0.125 | no | 0.375 -> 0.500 | n/a | 1, 1 |" \
+        in table
+    assert "| arith | combine | 1.5 (1, 2) | 3, 4 | 0.250 -> 0.625 | +0.375 | yes | 0.375 -> 0.500 |" in table
