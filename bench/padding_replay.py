@@ -40,7 +40,7 @@ def windows_of(run_dir: str, batcher) -> list[tuple[int, int, int]]:
 def replay(run_dir: str, config: str | None = None, overrides: tuple[str, ...] = ()) -> dict:
     from openclaw_jax.config import load_experiment_config
     from openclaw_jax.trainer.batcher import SampleBatcher, shape_ladder
-    from openclaw_jax.trainer.runner import batch_spec
+    from openclaw_jax.trainer.train_step import batch_spec
 
     cfg = load_experiment_config([config or os.path.join(run_dir, "config.yaml")], list(overrides))
     spec = batch_spec(cfg, cfg.sample_spec())

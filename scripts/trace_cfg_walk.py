@@ -102,7 +102,7 @@ def trace(verbose: bool = False, derived: bool = False) -> dict:
             trainer = train.build_trainer(cfg, base)
             # (the old key too: the script also measures commits before trainer.samples_per_step)
             n = getattr(cfg.trainer, "samples_per_step", None) or getattr(cfg.trainer, "rollout_batch_size")
-            trainer.train_on(pack(tiny_samples(n), trainer.spec, current_version=0))
+            trainer.train_on(pack(tiny_samples(n), trainer.train_step.spec, current_version=0))
         finally:
             sys.setprofile(None)
 

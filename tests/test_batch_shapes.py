@@ -23,7 +23,7 @@ import pytest
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.samples import Sample
 from openclaw_jax.trainer.batcher import BatchSpec, pack, shape_ladder
-from openclaw_jax.trainer.runner import batch_spec
+from openclaw_jax.trainer.train_step import batch_spec
 
 
 def _demo_spec() -> BatchSpec:

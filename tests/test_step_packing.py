@@ -62,7 +62,7 @@ def _phases(micro: int):
     return (tx, jax.jit(functools.partial(S.old_pass, settings=settings)),
             jax.jit(functools.partial(S.teacher_pass, settings=settings)),
             jax.jit(functools.partial(S.old_logprobs_at, settings=settings)),
-            jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule)))
+            jax.jit(functools.partial(S.update_step, settings=settings, optimizer=tx, lr_schedule=schedule)))
 
 
 @functools.lru_cache(maxsize=None)

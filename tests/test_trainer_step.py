@@ -145,7 +145,7 @@ def test_train_step_matches_dense_loss(setup, loss_name, kl_coef):
     tx = optax.sgd(1.0)  # the update is then exactly -grad
     schedule = optax.constant_schedule(1.0)
     opt_state = tx.init(trainable)
-    new, _, metrics, k_star = jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule))(
+    new, _, metrics, k_star = jax.jit(functools.partial(S.update_step, settings=settings, optimizer=tx, lr_schedule=schedule))(
         gd, trainable, frozen, opt_state, inputs, batch)
 
     cfg = LossConfig(w_opd=0.0) if loss_name == "rl" else LossConfig(w_rl=0.0) if loss_name == "opd" else LossConfig()

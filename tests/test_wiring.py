@@ -102,9 +102,9 @@ def test_train_on_applies_the_reward_baseline():
                                     ("raw", "none", None)]:
         cfg = experiment(loss_name="rl", extra=[f"trainer.reward_baseline={baseline}"])
         trainer = _trainer(cfg)
-        packed = pack(_baseline_samples(rewards, by_hand), trainer.spec)
+        packed = pack(_baseline_samples(rewards, by_hand), trainer.train_step.spec)
         metrics = trainer.train_on(packed)
-        results[name] = (metrics, _flat(trainer.trainable))
+        results[name] = (metrics, _flat(trainer.state.trainable))
     (m_mean, p_mean), (m_hand, p_hand), (m_raw, p_raw) = (results[k] for k in ("batch_mean", "by_hand", "raw"))
     assert m_mean["rollout/reward_baseline"] == pytest.approx(mean)
     np.testing.assert_allclose(m_mean["loss"], m_hand["loss"], rtol=1e-5, atol=1e-7)
@@ -296,11 +296,11 @@ def test_serving_weights_merge_lora_as_w_plus_scaled_ab():
                                             "model.param_dtype=float32"])
     student = add_lora(_decoder(0), LoRAConfig(rank=rank, alpha=alpha), rngs=nnx.Rngs(2))
     trainer = _trainer(cfg, student)
-    packed = pack(_baseline_samples([1.0, -1.0, 1.0]), trainer.spec)
+    packed = pack(_baseline_samples([1.0, -1.0, 1.0]), trainer.train_step.spec)
     trainer.train_on(packed, serve=True)
     _, pushed = trainer.take_serving_weights()
     got = _flat(pushed)
-    adapters, base = _flat(trainer.trainable), _flat(trainer.frozen)
+    adapters, base = _flat(trainer.state.trainable), _flat(trainer.state.frozen)
     scale = alpha / rank
     merged = 0
     for name, w in base.items():

@@ -2,7 +2,7 @@
 
 A conversation turn's advantage is its reward (+1 / -1, docs/design.md §6) on every response token; an
 environment sample brings its own per-token advantages (`token_advantages`, group-normalised). The
-runner finishes them in one order: `sample_advantages` (written by `pack`), `apply_reward_baseline`
+step finishes them in one order: `sample_advantages` (written by `pack`), `apply_reward_baseline`
 (host, before the step), `importance_weighted` (inside the jitted step, where pi_old is known).
 
 `batch_mean` subtracts the mean reward of the step's evaluated conversation turns (the REINFORCE

@@ -17,7 +17,7 @@ Why the layouts look as they do:
   OpenClaw's system prompt), as a segment every sequence of the row sees (`prefix_rows.py`); the
   layout with fewer token slots is taken.
 - Staleness: `drop` refuses samples more than `max_staleness` versions old; `importance` keeps them
-  and the runner weights their advantages (`advantages.py`).
+  and the step weights their advantages (`advantages.py`).
 """
 
 from __future__ import annotations
