@@ -97,14 +97,14 @@ def _long_context(trainer, vocab, args):
 
     sample = _samples(np.random.default_rng(1), vocab, 1, args.long_prompt, args.long_response,
                       args.long_candidates)
-    spec = dataclasses.replace(trainer.train_step.spec, batch_size=1, max_candidates=args.long_candidates)
+    spec = dataclasses.replace(trainer.train_step.spec, samples_per_step=1, max_candidates=args.long_candidates)
     out = {}
     state, settings = trainer.state, trainer.train_step.settings
     # the step's own phase functions, jitted with its settings, on this one sample alone
     old_pass = jax.jit(functools.partial(S.old_pass, settings=settings))
     teacher_pass = jax.jit(functools.partial(S.teacher_pass, settings=settings))
     with jax.set_mesh(trainer.train_step.mesh):
-        packed = pack(sample, dataclasses.replace(spec, shared_prefix=False))
+        packed = pack(sample, dataclasses.replace(spec, shared_prefix_teacher=False))
         inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
         holder = {}
 
@@ -114,8 +114,8 @@ def _long_context(trainer, vocab, args):
         forward()  # compile
         passes = {}
         # the teacher pass as configured first (the `long_teacher_pass_s` of the JSON), then the other layout
-        for shared in (spec.shared_prefix, not spec.shared_prefix):
-            layout = pack(sample, dataclasses.replace(spec, shared_prefix=shared))
+        for shared in (spec.shared_prefix_teacher, not spec.shared_prefix_teacher):
+            layout = pack(sample, dataclasses.replace(spec, shared_prefix_teacher=shared))
             tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in layout.teacher.items()})
 
             def teacher(tinputs=tinputs):
@@ -123,7 +123,7 @@ def _long_context(trainer, vocab, args):
                                                    holder["old"].topk_ids))
 
             teacher()  # compile
-            key = "long_teacher_pass_s" if shared == spec.shared_prefix else (
+            key = "long_teacher_pass_s" if shared == spec.shared_prefix_teacher else (
                 "long_teacher_pass_shared_prefix_s" if shared else "long_teacher_pass_full_s")
             passes[key] = teacher
         # Interleaved rounds (forward, then each teacher layout): on a shared machine the load drifts
@@ -139,7 +139,7 @@ def _long_context(trainer, vocab, args):
                                                                           times["long_forward_s"])]
     out["long_teacher_over_forward"] = statistics.median(out["long_teacher_over_forward_rounds"])
     out["long_teacher_over_forward_of_medians"] = out["long_teacher_pass_s"] / out["long_forward_s"]
-    out["long_shared_prefix"] = spec.shared_prefix
+    out["long_shared_prefix"] = spec.shared_prefix_teacher
     return out
 
 
@@ -180,7 +180,7 @@ def _openclaw_case(trainer, vocab, args):
     spec = trainer.train_step.spec
     layouts = {"default": pack(samples, spec),   # as the trainer packs them (config defaults)
                "teacher_prefix_only": pack(samples, dataclasses.replace(spec, batch_prefix_min=0)),
-               "full": pack(samples, dataclasses.replace(spec, shared_prefix=False, batch_prefix_min=0)),
+               "full": pack(samples, dataclasses.replace(spec, shared_prefix_teacher=False, batch_prefix_min=0)),
                "no_system_prompt": pack(cut, dataclasses.replace(spec, batch_prefix_min=0))}
     phases = ["old_pass", "teacher_pass", "train_step"] + (["reference_pass"] if trainer.cfg.loss.kl_coef else [])
     times = {name: {k: [] for k in phases + ["step"]} for name in layouts}

@@ -191,7 +191,7 @@ def _largest_shapes(spec, ladder, T: int) -> tuple[dict, dict]:
     every sequence max_seq_len long, packed one per row (the most rows of the ladder), or unpacked
     [B, L] / [B, C, L]; with a shared prefix one row per sample, the ladder's longest [B, C * L] (no
     prefix shared at all)."""
-    B, C, L = spec.batch_size, spec.max_candidates, spec.max_seq_len
+    B, C, L = spec.samples_per_step, spec.max_candidates, spec.max_seq_len
     i32, f32 = np.int32, np.float32
 
     def packed(r, lead, length=L):
@@ -229,7 +229,7 @@ def _openclaw_shapes(spec, *, prompt: int, response: int, hint: int, shared: int
     rng = np.random.default_rng(0)
     system = [int(x) for x in rng.integers(1, 1000, shared)]
     samples = []
-    for i in range(spec.batch_size):
+    for i in range(spec.samples_per_step):
         p = system + [int(x) for x in rng.integers(1, 1000, prompt - shared)]
         hints = [p[:-3] + [7 + c] * hint + p[-3:] for c in range(spec.max_candidates)]
         samples.append(Sample(session_id=f"plan{i}", turn_index=0, kind="opd+rl" if hints else "rl", reward=1.0,
@@ -267,8 +267,9 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     else:  # the batch the batcher packs from B samples of these lengths (the same `pack`)
         student_shapes, teacher_shapes, T = _openclaw_shapes(spec, **lengths)
     if vision:
-        student_shapes["pixel_values"] = ((spec.batch_size,) + vision["row_patches"], "float32")
-        teacher_shapes["pixel_values"] = ((spec.batch_size, spec.max_candidates) + vision["row_patches"], "float32")
+        student_shapes["pixel_values"] = ((spec.samples_per_step,) + vision["row_patches"], "float32")
+        teacher_shapes["pixel_values"] = ((spec.samples_per_step, spec.max_candidates) + vision["row_patches"],
+                                          "float32")
     inputs = S.StudentInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in student_shapes.items()})
     tinputs = S.TeacherInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in teacher_shapes.items()})
     resident = {"student_params": _tree_bytes(state.student), "optimizer_state": _tree_bytes(state.opt_state),
@@ -382,7 +383,8 @@ def _phase_report(phases, live: int) -> dict[str, Any]:
                        "temp_bytes": int(mem.temp_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes),
                        "live_before_bytes": live, "peak_bytes": peak, "flops": hlo_matmul_flops(text),
                        "loops_without_trip_count": hlo_loops_without_trip_count(text)}
-        donated = _tree_bytes(phase.args[1]) + _tree_bytes(phase.args[3]) if key == "train_step" else 0   # trainable, opt
+        # the update donates its trained params and optimizer state (args 1 and 3)
+        donated = _tree_bytes(phase.args[1]) + _tree_bytes(phase.args[3]) if key == "train_step" else 0
         live += out_bytes - donated
     return report
 

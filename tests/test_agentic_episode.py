@@ -185,7 +185,7 @@ def test_prm_step_advantages_and_samples_reach_the_batch(tok, tmp_path):
                             response_ids=[3, 4], rollout_logprobs=[-0.1, -0.2]))
         back = store.read(0)
     assert back[0].response_mask == ep.loss_mask and back[0].token_advantages == advs
-    packed = pack(back, BatchSpec(batch_size=2, max_seq_len=1024, max_candidates=1))
+    packed = pack(back, BatchSpec(samples_per_step=2, max_seq_len=1024, max_candidates=1))
     r = len(ep.response_ids)
     np.testing.assert_array_equal(packed.student["response_mask"][0, :r], np.asarray(ep.loss_mask, np.float32))
     np.testing.assert_allclose(packed.student["advantages"][0, :r], advs)

@@ -95,7 +95,7 @@ def test_fused_step_equals_the_phased_step_on_packed_rows():
 
 
 def test_fused_step_with_the_reference_folded_into_a_shared_prefix_teacher_pass():
-    spec = dataclasses.replace(_spec(True), shared_prefix=True, reference=True)
+    spec = dataclasses.replace(_spec(True), shared_prefix_teacher=True, kl_coef=0.05)
     packed = pack(_samples(np.random.default_rng(1)), spec)
     assert "reference_offset" in packed.teacher and "prefix_len" in packed.teacher
     _check_same(packed, SETTINGS)

@@ -117,7 +117,7 @@ def test_export_keeps_master_dtype_and_serving_gets_compute_dtype(runs, tmp_path
 
 @pytest.fixture(scope="module")
 def batch():
-    spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
+    spec = BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
     packed = pack(_samples(np.random.default_rng(1)) + _samples(np.random.default_rng(2))[:1], spec)
     inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
     tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in packed.teacher.items()})

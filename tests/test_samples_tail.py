@@ -40,7 +40,7 @@ def test_each_step_reads_only_new_records_and_its_window(tmp_path):
         writer.append(_sample(i))
     record_bytes = len(encode_record(encode_sample(_sample(0))))
     window, appended_per_step = 4, 12
-    spec = BatchSpec(batch_size=window, min_seq_bucket=8, max_seq_len=512, min_response_bucket=8)
+    spec = BatchSpec(samples_per_step=window, min_seq_bucket=8, max_seq_len=512, min_response_bucket=8)
     batcher = SampleBatcher(str(tmp_path), spec)
     next_id, offset, per_step = 100, 0, []
     try:

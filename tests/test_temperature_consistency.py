@@ -33,7 +33,7 @@ def test_batcher_refuses_samples_drawn_at_another_temperature(tmp_path, caplog):
         temps = [0.7, 1.0, 0.7, 0.3, 0.7, 1.0]
         for i, t in enumerate(temps):
             store.append(_sample(i, t))
-    batcher = SampleBatcher(str(tmp_path / "s"), BatchSpec(batch_size=8, min_seq_bucket=8, min_response_bucket=4,
+    batcher = SampleBatcher(str(tmp_path / "s"), BatchSpec(samples_per_step=8, min_seq_bucket=8, min_response_bucket=4,
                                                           temperature=0.7))
     with caplog.at_level(logging.WARNING, logger="openclaw_jax.trainer.batcher"):
         batches = list(batcher.batches(0, len(temps)))

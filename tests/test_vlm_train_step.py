@@ -94,15 +94,16 @@ def trainer_and_cfg():
 
 
 def visual_params(trainer) -> dict[str, np.ndarray]:
-    return {".".join(map(str, p)): np.array(v.get_value(), np.float32) for p, v in nnx.to_flat_state(trainer.state.trainable)
-            if p[0] == "visual"}
+    return {".".join(map(str, p)): np.array(v.get_value(), np.float32)
+            for p, v in nnx.to_flat_state(trainer.state.trainable) if p[0] == "visual"}
 
 
 def test_images_from_the_store_reach_every_pass_and_train_the_vision_tower(tmp_path, trainer_and_cfg):
     trainer, vl = trainer_and_cfg
     write_store(tmp_path / "a", [png(1), png(2)])
     write_store(tmp_path / "b", [png(3), png(4)])   # the same tokens, other pixels
-    pa, pb = read_batch(tmp_path / "a", trainer.train_step.spec, vl), read_batch(tmp_path / "b", trainer.train_step.spec, vl)
+    spec = trainer.train_step.spec
+    pa, pb = read_batch(tmp_path / "a", spec, vl), read_batch(tmp_path / "b", spec, vl)
     assert pa.image_grid == ((1, 4, 6),) and pa.student["pixel_values"].shape == (2, 24, 3 * 2 * 14 * 14)
     assert "pixel_values" in pa.teacher and pa.teacher["pixel_values"].shape[:2] == (2, 2)
     np.testing.assert_array_equal(pa.student["input_ids"], pb.student["input_ids"])
@@ -140,7 +141,8 @@ def test_batches_with_images_refuse_packing_and_mixed_grids(tmp_path, trainer_an
         attach_images(pack(samples, packed_spec), lambda h: read_image(tail.directory, h), PROC, IMAGE)
     bad = dataclasses.replace(samples[1], prompt_ids=[t for t in samples[1].prompt_ids if t != IMAGE][:4] + [IMAGE])
     with pytest.raises(ValueError, match="image tokens"):
-        attach_images(pack([samples[0], bad], trainer.train_step.spec), lambda h: read_image(tail.directory, h), PROC, IMAGE)
+        attach_images(pack([samples[0], bad], trainer.train_step.spec), lambda h: read_image(tail.directory, h), PROC,
+                      IMAGE)
     tail.close()
 
 

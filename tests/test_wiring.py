@@ -146,8 +146,8 @@ def test_shared_prefix_teacher_counts_its_real_tokens(packing):
     from openclaw_jax.trainer.batcher import BatchSpec, pack
 
     samples = _hinted_samples(np.random.default_rng(5))
-    spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8, shared_prefix=True,
-                     packing=packing, batch_prefix_min=0)
+    spec = BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8,
+                     shared_prefix_teacher=True, packing=packing, batch_prefix_min=0)
     assert spec.shares_prefix
     packed = pack(samples, spec)
     assert "prefix_len" in packed.teacher          # the shared-prefix layout was taken

@@ -12,7 +12,7 @@ Why the layouts look as they do:
   segment id and positions from 0, so attention never crosses a sequence; the per-sample `[B, T]`
   arrays keep their layout, so the loss is that of the unpacked batch. Micro-batch g's sequences
   stay in its own rows.
-- A prompt prefix run once: the candidates' common prefix per sample (`shared_prefix`, when a
+- A prompt prefix run once: the candidates' common prefix per sample (`shared_prefix_teacher`, when a
   sample can have 2+ candidates) or the batch's common prefix per packed row (`batch_prefix_min`,
   OpenClaw's system prompt), as a segment every sequence of the row sees (`prefix_rows.py`); the
   layout with fewer token slots is taken.
@@ -67,7 +67,12 @@ def parse_version(version: str | int | None) -> int | None:
 
 @dataclass(frozen=True)
 class BatchSpec:
-    batch_size: int = 4
+    """How samples become a batch. Each field is the config key of the same name: `trainer.<field>`,
+    except `max_candidates` and `temperature` (the samples' source: `SampleSpec`, from the gateway),
+    `uses_hints` and `kl_coef` (`loss.<field>`) and the ones the trainer sets itself (`pad_id`,
+    `row_multiple`, the images); `train_step.batch_spec(cfg, ...)` fills them in."""
+
+    samples_per_step: int = 4
     max_candidates: int = 3
     min_seq_bucket: int = 32
     max_seq_len: int = 2048
@@ -75,7 +80,7 @@ class BatchSpec:
     rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
     # False (the `rl` method): no teacher candidates at all, and hint-only samples (kind "opd",
     # reward 0) are dropped so they do not dilute the GRPO mean with zero-loss rows
-    use_hints: bool = True
+    uses_hints: bool = True
     max_staleness: int = 2
     staleness_mode: Literal["drop", "importance"] = "drop"
     # the trainer's tau: a sample sampled at another temperature is refused (None: accept any)
@@ -85,11 +90,10 @@ class BatchSpec:
     bucket_quantum: int = 0         # lengths past this are multiples of it (0: powers of two)
     micro_batch_size: int = 0       # packing keeps each micro-batch's sequences in its own rows
     row_multiple: int = 1           # packed row counts are multiples of this (the batch shards)
-    shared_prefix: bool = False     # teacher: the prompt prefix common to a sample's candidates runs once
-    # the loss has a KL anchor to the frozen initial model (the teacher's weights): with the shared
-    # prefix, the teacher row also holds the un-hinted prompt's rest, so the teacher pass gives the
-    # reference log-probs and no separate reference pass runs (RL-only samples: their candidate)
-    reference: bool = False
+    shared_prefix_teacher: bool = False   # the prompt prefix common to a sample's candidates runs once
+    # the loss's KL anchor to the frozen initial model (the teacher's weights): nonzero places the
+    # reference (`reference`)
+    kl_coef: float = 0.0
     # packing: a prompt prefix common to every sequence of a batch (OpenClaw's system prompt) at least
     # this long runs once per packed row, not once per sequence (0: never; `batch_prefix`)
     batch_prefix_min: int = 0
@@ -116,7 +120,14 @@ class BatchSpec:
     def shares_prefix(self) -> bool:
         """Whether the teacher layout is the shared-prefix one: asked for, and a sample can have two
         or more candidates (one candidate shares nothing; the packed layout pads less)."""
-        return self.shared_prefix and self.use_hints and self.max_candidates >= 2
+        return self.shared_prefix_teacher and self.uses_hints and self.max_candidates >= 2
+
+    @property
+    def reference(self) -> bool:
+        """Whether the batch carries the KL anchor's reference (`kl_coef` nonzero): with the shared prefix,
+        the teacher row also holds the un-hinted prompt's rest, so the teacher pass gives the reference
+        log-probs and no separate reference pass runs (RL-only samples: their candidate)."""
+        return self.kl_coef != 0
 
 
 @dataclass
@@ -165,7 +176,7 @@ class PackedBatch:
 
 def teacher_prompts(sample: Sample, spec: BatchSpec) -> list[list[int]]:
     """The teacher candidates of a sample: its hint prompts, or the un-hinted prompt for RL-only samples."""
-    if not spec.use_hints:
+    if not spec.uses_hints:
         return []
     if sample.hint_prompt_ids:
         return [list(p) for p in sample.hint_prompt_ids[: spec.max_candidates]]
@@ -246,7 +257,7 @@ class ShapeLadder:
 
 def shape_ladder(spec: BatchSpec) -> ShapeLadder:
     """The shapes `pack(..., spec)` can produce (module doc), stated before any batch is seen."""
-    b, c, q, top = spec.batch_size, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
+    b, c, q, top = spec.samples_per_step, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
     lengths = length_ladder(spec.min_seq_bucket, top, q)
     if spec.packing:
         student_rows = row_ladder(b, num_micro_batches(b, spec.micro_batch_size), spec.row_multiple)
@@ -258,7 +269,7 @@ def shape_ladder(spec: BatchSpec) -> ShapeLadder:
         shared = length_ladder(spec.min_seq_bucket, (c + spec.reference) * top, q)
     packed_too = not spec.shares_prefix or (spec.packing and spec.batch_prefix_min > 0)
     return ShapeLadder(student_rows, lengths, teacher_rows, lengths, length_ladder(spec.min_response_bucket, top),
-                       spec.shares_prefix, spec.use_hints and c > 0, shared, packed_too)
+                       spec.shares_prefix, spec.uses_hints and c > 0, shared, packed_too)
 
 
 def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capacity: int,
@@ -365,9 +376,9 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
     """
     if not samples:
         raise ValueError("pack needs at least one sample")
-    if len(samples) > spec.batch_size:
-        raise ValueError(f"{len(samples)} samples do not fit batch_size={spec.batch_size}")
-    b, c, q = spec.batch_size, spec.max_candidates, spec.bucket_quantum
+    if len(samples) > spec.samples_per_step:
+        raise ValueError(f"{len(samples)} samples do not fit samples_per_step={spec.samples_per_step}")
+    b, c, q = spec.samples_per_step, spec.max_candidates, spec.bucket_quantum
     # T (the per-sample response arrays): powers of two, so it adds few shapes (`shape_ladder`)
     t = bucket_length(max(len(s.response_ids) for s in samples), spec.min_response_bucket, spec.max_seq_len)
     ls = bucket_length(max(len(s.prompt_ids) + len(s.response_ids) for s in samples), spec.min_seq_bucket,
@@ -433,7 +444,7 @@ def _write_samples(samples: Sequence[Sample], spec: BatchSpec, student: dict[str
                    teacher: dict[str, np.ndarray], with_teacher: bool) -> tuple[list, list]:
     """Each sample's rows of the padded `[B, ...]` student arrays (and, `with_teacher`, of the `[B, C, ...]`
     teacher arrays); returns the student sequences (one per row) and the teacher's (B * C, None: padding)."""
-    b, c = spec.batch_size, spec.max_candidates
+    b, c = spec.samples_per_step, spec.max_candidates
     student_seqs: list[list[int] | None] = [None] * b
     teacher_seqs: list[list[int] | None] = [None] * (b * c)
     for i, s in enumerate(samples):
@@ -461,7 +472,7 @@ def _pack_teacher(teacher: dict[str, np.ndarray], teacher_seqs: list[list[int] |
     """Pack the teacher sequences (candidate f = b * C + c in micro-batch f mod n) into `teacher`, the
     batch's common prefix once per row; returns the change in real teacher tokens (the prefix is no
     longer repeated per sequence)."""
-    b, c = spec.batch_size, spec.max_candidates
+    b, c = spec.samples_per_step, spec.max_candidates
     nt = num_micro_batches(b * c, spec.micro_batch_size)
     starts = teacher["response_start"].reshape(b * c)
     prefix = batch_prefix(teacher_seqs, [int(starts[f]) for f, q in enumerate(teacher_seqs) if q is not None],
@@ -491,7 +502,7 @@ class SampleBatcher:
         self.seen_shapes: dict[str, set[tuple[int, int]]] = {"student": set(), "teacher": set()}
 
     def _keep(self, sample: Sample, current_version: int | None) -> bool:
-        if not self.spec.use_hints and sample.kind == "opd":  # no reward: nothing for GRPO to learn
+        if not self.spec.uses_hints and sample.kind == "opd":  # no reward: nothing for GRPO to learn
             self.dropped["hint_only"] += 1
             return False
         if sample_length(sample, self.spec) > self.spec.max_seq_len:
@@ -522,8 +533,8 @@ class SampleBatcher:
         """Batches from store offsets `[start, stop)` (which must exist); the last one may be partial
         (padded rows). Windows are read forward: offsets before `start` are released."""
         kept = [s for s in self.tail.read(start, stop) if self._keep(s, current_version)]
-        for i in range(0, len(kept), self.spec.batch_size):
-            yield pack(kept[i:i + self.spec.batch_size], self.spec, current_version=current_version,
+        for i in range(0, len(kept), self.spec.samples_per_step):
+            yield pack(kept[i:i + self.spec.samples_per_step], self.spec, current_version=current_version,
                        seen=self.seen_shapes)
 
     @property

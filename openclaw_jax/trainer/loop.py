@@ -2,8 +2,9 @@
 
 `Trainer` holds the train state (`state.py`: one pytree, what a checkpoint keeps) and the step
 (`train_step.py`: `state, metrics = train_step(state, batch)`); `Trainer.train_on(packed)` runs one
-step and returns its host metrics; `Trainer.run(...)` is the asyncio loop over the sample store. Weights reach the serving pool through the `WeightSync` it is
-given (train.py wraps the pool's push in a background sync); the loop knows nothing of the pool.
+step and returns its host metrics; `Trainer.run(...)` is the asyncio loop over the sample store.
+Weights reach the serving pool through the `WeightSync` it is given (train.py wraps the pool's push
+in a background sync); the loop knows nothing of the pool.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec, prompts: S
     `batcher.bucket_length`: passed in, as the batcher imports this module). Returns (arrays, real
     teacher tokens)."""
 
-    b, c = spec.batch_size, spec.max_candidates
+    b, c = spec.samples_per_step, spec.max_candidates
     n_cand = [len(ps) for ps in prompts]
     ref_index = [0] * len(samples)
     if spec.reference:   # the un-hinted prompt: a candidate already (RL-only samples) or one more sequence

@@ -113,20 +113,29 @@ class TeacherPassOutput(NamedTuple):
 
 @dataclass(frozen=True)
 class StepSettings:
-    """Static settings of the jitted phases (hashable; part of the compile cache key). `loss` names the
-    loss and holds its K (`loss.top_k`); `temperature` is tau, the samples' sampling temperature."""
+    """Static settings of the jitted phases (hashable; part of the compile cache key), under the config's
+    names: `loss` (the section: the loss's name and K, `loss.top_k`), `temperature` (tau, the samples'
+    sampling temperature), `chunk_size` and `micro_batch_size` (`trainer.`), `dtype` and `param_dtype`
+    (`model.`: the compute and the master dtype)."""
 
     loss: LossConfig = LossConfig()
     temperature: float = 1.0
     chunk_size: int = 128
-    compute_dtype: str | None = None   # cast floating params to this in every phase (None: as stored)
     micro_batch_size: int = 0          # rows per micro-batch (0: the whole batch at once)
+    dtype: str = "float32"
+    param_dtype: str = "float32"
     # the images of every row of a batch with `pixel_values` (a QwenVL model): one (t, h, w) per image
     image_grid: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def top_k(self) -> int:
         return self.loss.top_k
+
+    @property
+    def compute_dtype(self) -> str | None:
+        """What floating params are cast to in every phase: `dtype` when it differs from the master
+        dtype, else None (used as stored)."""
+        return self.dtype if self.dtype != self.param_dtype else None
 
 
 jax.tree_util.register_static(StepSettings)

@@ -45,10 +45,10 @@ TIMED_PASSES = ("old_pass", "teacher_pass", "reference_pass")
 
 
 def step_settings(cfg: ExperimentConfig, samples: SampleSpec) -> S.StepSettings:
-    """The static settings of the jitted phases: the loss, tau (the samples' temperature), chunking, dtype."""
-    compute = cfg.model.dtype if cfg.model.dtype != cfg.model.param_dtype else None
+    """The static settings of the jitted phases: the loss, tau (the samples' temperature), chunking, dtypes."""
     return S.StepSettings(loss=cfg.loss, temperature=samples.temperature, chunk_size=cfg.trainer.chunk_size,
-                          compute_dtype=compute, micro_batch_size=cfg.trainer.micro_batch_size)
+                          micro_batch_size=cfg.trainer.micro_batch_size, dtype=cfg.model.dtype,
+                          param_dtype=cfg.model.param_dtype)
 
 
 def batch_shards(samples_per_step: int, mesh: jax.sharding.Mesh) -> int:
@@ -60,18 +60,20 @@ def batch_shards(samples_per_step: int, mesh: jax.sharding.Mesh) -> int:
 
 def batch_spec(cfg: ExperimentConfig, samples: SampleSpec, *, row_multiple: int = 1, pad_id: int = 0,
                images: tuple[Any, int] | None = None) -> BatchSpec:
-    """How the trainer batches samples (`row_multiple`: the batch shards; `images`: a QwenVL student's
-    (ImageProcessorConfig, image token id))."""
+    """How the trainer batches samples: the `trainer` section's batching keys, the loss's `uses_hints`
+    and `kl_coef`, the samples' temperature and most candidates, each under its config name
+    (`row_multiple`: the batch shards; `images`: a QwenVL student's (ImageProcessorConfig, image token id))."""
     tcfg = cfg.trainer
     return BatchSpec(
-        batch_size=tcfg.samples_per_step, max_candidates=samples.max_candidates,
+        samples_per_step=tcfg.samples_per_step, max_candidates=samples.max_candidates,
         min_seq_bucket=tcfg.min_seq_bucket, max_seq_len=tcfg.max_seq_len,
         min_response_bucket=tcfg.min_response_bucket, rl_only_teacher=tcfg.rl_only_teacher,
-        use_hints=cfg.loss.uses_hints, max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode,
+        uses_hints=cfg.loss.uses_hints, max_staleness=tcfg.max_staleness, staleness_mode=tcfg.staleness_mode,
         pad_id=pad_id, temperature=samples.temperature, packing=tcfg.packing, bucket_quantum=tcfg.bucket_quantum,
-        micro_batch_size=tcfg.micro_batch_size, row_multiple=row_multiple, shared_prefix=tcfg.shared_prefix_teacher,
+        micro_batch_size=tcfg.micro_batch_size, row_multiple=row_multiple,
+        shared_prefix_teacher=tcfg.shared_prefix_teacher,
         shape_reuse_slack=tcfg.shape_reuse_slack, batch_prefix_min=tcfg.batch_prefix_min,
-        reference=cfg.loss.kl_coef != 0, image_processor=images[0] if images else None,
+        kl_coef=cfg.loss.kl_coef, image_processor=images[0] if images else None,
         image_token_id=images[1] if images else None)
 
 
@@ -138,7 +140,6 @@ class TrainStep:
         tcfg = cfg.trainer
         self.mesh = mesh
         self.settings = step_settings(cfg, samples)
-        self.dtypes = {"compute": cfg.model.dtype, "master": cfg.model.param_dtype}
         self.merge_lora = cfg.model.lora.enabled
         self.reward_baseline = tcfg.reward_baseline
         self.importance_cap = tcfg.importance_cap if tcfg.staleness_mode == "importance" else None
@@ -233,7 +234,7 @@ class TrainStep:
         """Which phases a batch runs (static): the teacher pass (a candidate exists), the reference folded
         into it (the shared-prefix rows place it), and the teacher outputs' shapes when none runs."""
         b, t = batch.student["response_ids"].shape
-        return {"run_teacher": self.spec.use_hints and batch.has_teacher,
+        return {"run_teacher": self.spec.uses_hints and batch.has_teacher,
                 "folded_reference": "reference_offset" in batch.teacher,
                 "no_teacher": (batch.teacher["candidate_mask"].shape, (b, t, self.settings.top_k))}
 
@@ -303,8 +304,9 @@ class TrainStep:
         """The student of `state` as a plain model (LoRA merged, in the master dtype before any cast) for
         serving and export: `dtype` "compute" (model.dtype: what serving and weight sync get), "master"
         (model.param_dtype) or a dtype name."""
+        named = {"compute": self.settings.dtype, "master": self.settings.param_dtype}
         return S.serving_model(state.graphdef, state.trainable, state.frozen, merge_lora=self.merge_lora,
-                               dtype=self.dtypes.get(dtype, dtype))
+                               dtype=named.get(dtype, dtype))
 
     def serving_graphdef(self, state: TrainState) -> nnx.GraphDef:
         """The graphdef of `serving_model(state)` (traced once, abstractly: no weights are computed)."""
