@@ -35,7 +35,8 @@ from flax import nnx
 from openclaw_jax.compile_cache import enable_compile_cache
 from openclaw_jax.config import ExperimentConfig, load_experiment_config
 from openclaw_jax.configlib import ConfigError, dump_yaml
-from openclaw_jax.gateway.server import start_gateway, stop_gateway
+from openclaw_jax.envs.openclaw_connect import connect_command
+from openclaw_jax.gateway.server import API_KEY_ENV, start_gateway, stop_gateway
 from openclaw_jax.inference.engine import Engine, EngineConfig
 from openclaw_jax.inference.server import API_KEY_ENV as POLICY_API_KEY_ENV, InferenceServer
 from openclaw_jax.inference.vision import VisionGenerator
@@ -286,10 +287,28 @@ async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
                                  judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints,
                                  policy_api_key=r.pool_api_key)
     gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=r.base.tokenizer)
-    r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=5.0))
+    # on a stop, turns whose next state already arrived are judged and stored first (the next run trains them)
+    r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=gw_cfg.shutdown_grace_s))
     log.info("gateway: %s/v1 (OpenAI-compatible)", gateway_url)
     r.summary["gateway_url"] = gateway_url
+    if not r.cfg.env.enabled:
+        _announce_live(r, gateway_url, gw_cfg)
     return gateway_url
+
+
+def _announce_live(r: _Run, gateway_url: str, gw_cfg) -> None:
+    """Live mode (no simulated users): where the person's OpenClaw connects, and how the run continues."""
+    command = connect_command(gateway_url, gw_cfg.served_model_name, gw_cfg.max_prompt_tokens,
+                              gw_cfg.default_max_tokens, api_key_env=API_KEY_ENV if gw_cfg.api_key else None)
+    log.info("live mode: no simulated users; your OpenClaw is the only client of %s/v1 (model %r)", gateway_url,
+             gw_cfg.served_model_name)
+    log.info("connect your OpenClaw once (keeps your other providers, plugins and settings; `disconnect` undoes "
+             "it):\n    %s", command)
+    if gw_cfg.api_key:
+        log.info("(--api-key: the gateway.api_key this run was given; put it in $%s first, or write it in place)",
+                 API_KEY_ENV)
+    log.info("serving weight version %s, trained on samples [0, %d); Ctrl-C saves and stops, the same command "
+             "continues", r.trainer.weight_version, r.trainer.sample_offset)
 
 
 async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
@@ -457,8 +476,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m openclaw_jax.train",
         description="Train a model from live conversations (hybrid GRPO + top-K OPD), serving it meanwhile.",
-        epilog="Example: python -m openclaw_jax.train --config configs/tiny_cpu.yaml trainer.max_steps=5 "
-               "run_dir=runs/try")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  # live: your own OpenClaw is the user; serves on http://127.0.0.1:8000 and prints the command\n"
+               "  # that connects OpenClaw (docs/live.md); Ctrl-C saves, the same command continues\n"
+               "  python -m openclaw_jax.train --config configs/live_cpu.yaml\n"
+               "  # a simulated person, the whole loop on a tiny random model in minutes\n"
+               "  python -m openclaw_jax.train --config configs/tiny_cpu.yaml trainer.max_steps=5 run_dir=runs/try")
     parser.add_argument("--config", action="append", default=[], metavar="YAML",
                         help="YAML config file (repeatable; later files override earlier ones)")
     parser.add_argument("--gin-file", action="append", default=[], metavar="GIN",

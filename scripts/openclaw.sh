@@ -13,6 +13,15 @@
 #                                  files, our plugin on; state isolated under DIR, default
 #                                  <repo>/runs/openclaw-state; the same DIR and id continue the session)
 #                                  and print OpenClaw's --json result (python -m openclaw_jax.envs.openclaw_agent)
+#   scripts/openclaw.sh connect --gateway URL [--openclaw-config PATH] [--model-id ID] [--api-key K]
+#                                  [--context-window N] [--max-tokens N] [--profile keep|minimal]
+#                                  point YOUR OpenClaw at the gateway: our provider and plugin merged into
+#                                  your openclaw.json by `openclaw config patch` (everything else kept,
+#                                  a backup first, validated; running it again changes nothing)
+#   scripts/openclaw.sh disconnect [--openclaw-config PATH]
+#                                  undo connect: the original back byte for byte, or, if you changed the
+#                                  file since, only what connect added taken out (it says which)
+#                                  (python -m openclaw_jax.envs.openclaw_connect; --help for details)
 #   scripts/openclaw.sh openclaw [args]   the installed OpenClaw CLI with the pinned Node first on PATH
 #
 # Install dir: <repo>/.openclaw (git-ignored; override with OPENCLAW_JAX_DIR): Node at n24/bin/node,
@@ -34,7 +43,7 @@ PY_BIN="${PYTHON:-python3}"
 
 die() { echo "openclaw.sh: $*" >&2; exit 1; }
 
-usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 ready() { [[ -f "$STAMP" && "$(cat "$STAMP")" == "$PINS" && -x "$NODE" && -x "$CLI" ]]; }
 
@@ -106,6 +115,12 @@ cmd_agent() {
   OPENCLAW_JAX_DIR="$DIR" exec "$PY_BIN" -m openclaw_jax.envs.openclaw_agent "$@"
 }
 
+cmd_connect() {  # connect | disconnect: OpenClaw does the write and the check (openclaw_connect.py)
+  ready || { cmd_check; exit 1; }
+  cd "$REPO"
+  OPENCLAW_JAX_DIR="$DIR" exec "$PY_BIN" -m openclaw_jax.envs.openclaw_connect "$@"
+}
+
 cmd_openclaw() {
   ready || { cmd_check; exit 1; }
   PATH="$DIR/n24/bin:$PATH" exec "$CLI" "$@"
@@ -117,7 +132,10 @@ case "${1:-}" in
   agent) shift
          if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then cd "$REPO"; exec "$PY_BIN" -m openclaw_jax.envs.openclaw_agent --help; fi
          cmd_agent "$@" ;;
+  connect|disconnect)
+         if [[ "${2:-}" == "-h" || "${2:-}" == "--help" ]]; then cd "$REPO"; exec "$PY_BIN" -m openclaw_jax.envs.openclaw_connect "$1" --help; fi
+         cmd_connect "$@" ;;
   openclaw) shift; cmd_openclaw "$@" ;;
   -h|--help|help|"") usage ;;
-  *) usage >&2; die "unknown command '$1' (setup, check, agent, openclaw)" ;;
+  *) usage >&2; die "unknown command '$1' (setup, check, agent, connect, disconnect, openclaw)" ;;
 esac

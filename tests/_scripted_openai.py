@@ -1,7 +1,8 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1 for tests, answering with a Python function.
 
 It runs an aiohttp app in its own thread and event loop, so it serves code that calls
-`asyncio.run` itself (the eval CLI). `reply(body, headers) -> str` decides each answer."""
+`asyncio.run` itself (the eval CLI). `reply(body, headers) -> str` decides each answer (an exception in
+it is an HTTP 500). With `api_key`, a request without `Authorization: Bearer <api_key>` gets a 401."""
 
 from __future__ import annotations
 
@@ -13,22 +14,33 @@ from aiohttp import web
 
 
 class ScriptedOpenAIServer:
-    def __init__(self, reply: Callable[[dict, dict], str], model: str = "scripted"):
+    def __init__(self, reply: Callable[[dict, dict], str], model: str = "scripted", api_key: str | None = None):
         self.reply = reply
         self.model = model
+        self.api_key = api_key
         self.requests: list[tuple[dict, dict]] = []
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
 
+    def _refused(self, request) -> web.Response | None:
+        if self.api_key is None or request.headers.get("Authorization") == f"Bearer {self.api_key}":
+            return None
+        return web.json_response({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                            "code": "invalid_api_key"}}, status=401)
+
     async def _models(self, request):
+        if (refused := self._refused(request)) is not None:
+            return refused
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "test"}]})
 
     async def _health(self, request):
         return web.json_response({"status": "ok"})
 
     async def _chat(self, request):
+        if (refused := self._refused(request)) is not None:
+            return refused
         body = await request.json()
         headers = request.headers.copy()
         self.requests.append((headers, body))

@@ -148,9 +148,9 @@ def scripted_conversation(env):
     s1 += [{"role": "assistant", "content": r}, {"role": "user", "content": "Thanks, that's perfect!"}]
     r = turn("s1", s1, 2)                                  # s1 turn 1: eval +1 -> rl
     s1 += [{"role": "assistant", "content": r},
-           {"role": "user", "content": "Please always use bullet points for lists."}]
+           {"role": "user", "content": "For future reference: please always use bullet points for lists."}]
     r = turn("s1", s1, 3)                                  # s1 turn 2: hint only -> opd
-    s1 += [{"role": "assistant", "content": r}, {"role": "user", "content": "Now tell me about Berlin."}]
+    s1 += [{"role": "assistant", "content": r}, {"role": "user", "content": "Interesting."}]
     r = turn("s1", s1, 4)                                  # s1 turn 3: eval 0, no hint -> nothing
     s1 += [{"role": "assistant", "content": r}, {"role": "user", "content": "Great, thanks. Bye!"}]
     turn("s1", s1, 5, done=True)                           # s1 turn 4: +1 -> rl; turn 5 dropped (end)
@@ -164,7 +164,7 @@ EXPECTED = {
     ("s1", 0): ("opd+rl", -1, ["You should answer in French."]),
     ("s2", 0): ("rl", -1, []),
     ("s1", 1): ("rl", 1, []),
-    ("s1", 2): ("opd", 0, ["Please always use bullet points for lists."]),
+    ("s1", 2): ("opd", 0, ["For future reference: please always use bullet points for lists."]),
     ("s1", 4): ("rl", 1, []),
 }
 

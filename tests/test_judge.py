@@ -159,12 +159,29 @@ def test_hint_augmented_messages():
     ("user", "Thanks, that's perfect!", 1, None),
     ("user", "No, that's wrong. You should answer in French.", -1, "You should answer in French."),
     ("user", "Thanks, but that is not what I asked for.", -1, None),
-    ("user", "Please always use bullet points for lists.", 0, "Please always use bullet points for lists."),
+    # an instruction alone asks for a change: -1, the instruction is the hint
+    ("user", "Please always use bullet points for lists.", -1, "Please always use bullet points for lists."),
     ("user", "Great. From now on, use metric units! And tell me about Paris.", 1,
      "From now on, use metric units!"),
-    ("user", "Now tell me about Berlin.", 0, None),
+    ("user", "Now tell me about Berlin.", 1, None),  # moves on to the next task
     ("user", "No problem, next question: what is 3+3?", 0, None),
-    ("user", "Use tabs.", 0, None),  # an instruction of 10 chars or fewer is not accepted
+    ("user", "Use tabs.", -1, None),  # an instruction of 10 chars or fewer is not accepted as a hint
+    # a correction's hint is what follows its verdict words; praise with a "but" objects
+    ("user", "Nope, it's Thursday.", -1, "it's Thursday."),
+    ("user", "Good start, but we're on Python 3.", -1, "we're on Python 3."),
+    ("user", "ok but make it shorter please", -1, "make it shorter please"),
+    ("user", "I asked for JavaScript, not Python.", -1, "I asked for JavaScript, not Python."),
+    ("user", "ValueError: cannot reshape array of size 5 into shape (2,3)", -1, None),
+    ("user", "Can you put that in a bulleted list?", -1, "Can you put that in a bulleted list?"),
+    ("user", "Can you redo it?", -1, None),  # asks for no change in particular
+    ("user", "Thanks anyway.", 0, None),
+    ("user", "No thanks.", 0, None),
+    ("user", "What if I use milk instead?", 0, None),  # a question, not an instruction
+    ("user", "Where exactly is that setting?", 0, None),
+    ("user", "Sounds good, and what about Friday?", 1, None),
+    # an aside gives information for later, no verdict: a hint-only sample
+    ("user", "For future reference: please always use bullet points for lists.", 0,
+     "For future reference: please always use bullet points for lists."),
     ("tool", "Traceback (most recent call last):\nValueError: bad", -1, None),
     ("tool", "process finished, exit code 2", -1, None),
     ("tool", "All 12 tests passed.", 1, None),
@@ -267,5 +284,20 @@ def test_judge_without_hints_casts_eval_votes_only():
     assert RuleJudge().judge_now("r", NextState("user", text)).kind == "opd+rl"
     off = RuleJudge(hints=False).judge_now("r", NextState("user", text))
     assert off.eval_score == -1 and off.hints == () and off.kind == "rl" and off.raw["hint"] == []
-    # an instruction without a verdict would be a hint-only sample; without hints it is no sample
-    assert RuleJudge(hints=False).judge_now("r", NextState("user", "Please use tabs instead.")).kind is None
+    # an instruction alone asks for a change (-1): with hints an opd+rl sample, without them rl only
+    assert RuleJudge().judge_now("r", NextState("user", "Please use tabs instead.")).kind == "opd+rl"
+    assert RuleJudge(hints=False).judge_now("r", NextState("user", "Please use tabs instead.")).kind == "rl"
+    # a neutral message is no sample
+    assert RuleJudge().judge_now("r", NextState("user", "Interesting.")).kind is None
+
+
+def test_rule_judge_reads_a_huge_reaction_in_bounded_time():
+    """A pasted log as the person's next message: the patterns read a bounded prefix, each in linear time,
+    so the judge (on the gateway's event loop) answers at once. Unbounded, these inputs took seconds at
+    20 k characters and grow with the square of the length."""
+    import time
+
+    for text in ("a" * 1_000_000, "ab " * 300_000, "Thanks! " + "x" * 1_000_000, "E" * 1_000_000):
+        start = time.perf_counter()
+        RuleJudge().judge_now("r", NextState("user", text))
+        assert time.perf_counter() - start < 5.0

@@ -116,31 +116,39 @@ class OpenClawAgentConfig:
             raise ValueError(f"timeout_s={self.timeout_s!r} must be > 0")
 
 
+def provider_block(gateway_url: str, model_id: str, api_key: str, context_window: int, max_tokens: int) -> dict:
+    """`models.providers.openclaw-jax`: the gateway as an OpenAI-compatible provider with one model."""
+    model = {"id": model_id, "name": model_id, "reasoning": False, "input": ["text"],
+             "contextWindow": int(context_window), "maxTokens": int(max_tokens),
+             "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}
+    return {"baseUrl": f"{gateway_url}/v1", "apiKey": api_key, "api": "openai-completions", "models": [model]}
+
+
+def plugin_entry(gateway_url: str, api_key: str, **config: Any) -> dict:
+    """`plugins.entries.openclaw-jax`: enabled, its hooks allowed to see runs (without that every request goes
+    out as side and nothing trains), session-done notices to `gateway_url` ("": none)."""
+    plugin_cfg: dict[str, Any] = {"gatewayUrl": gateway_url, **config}
+    if api_key != "none":
+        plugin_cfg["apiKey"] = api_key
+    return {"enabled": True, "hooks": {"allowConversationAccess": True}, "config": plugin_cfg}
+
+
 def openclaw_config(cfg: OpenClawAgentConfig, plugin_dir: Path = PLUGIN_DIR,
                     daemon_port: int | None = None) -> dict[str, Any]:
     """The `openclaw.json` for `cfg`: the provider block and our plugin block (docs/openclaw.md's snippet), plus
     OpenClaw's own gateway daemon on 127.0.0.1:`daemon_port` (no auth: loopback only) when given, with
     its OpenAI-compatible endpoint on (`/v1/chat/completions`: each request one agent run, the
     request's `user` naming the OpenClaw session)."""
-    model = {"id": cfg.model_id, "name": cfg.model_id, "reasoning": False, "input": ["text"],
-             "contextWindow": int(cfg.context_window), "maxTokens": int(cfg.max_tokens),
-             "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}
-    provider = {"baseUrl": f"{cfg.gateway_url}/v1", "apiKey": cfg.api_key, "api": "openai-completions",
-                "models": [model]}
+    provider = provider_block(cfg.gateway_url, cfg.model_id, cfg.api_key, cfg.context_window, cfg.max_tokens)
     defaults: dict[str, Any] = {"model": {"primary": f"{PROVIDER_ID}/{cfg.model_id}"}}
     out: dict[str, Any] = {"models": {"mode": "merge", "providers": {PROVIDER_ID: provider}},
                            "agents": {"defaults": defaults}}
     if cfg.profile == "minimal":
         defaults.update(skills=[], skipBootstrap=True)
         out["tools"] = {"profile": "minimal"}
-    plugin_cfg = {"gatewayUrl": cfg.gateway_url if cfg.notify_session_done else ""}
-    if cfg.api_key != "none":
-        plugin_cfg["apiKey"] = cfg.api_key
-    if cfg.side_session_prefixes:
-        plugin_cfg["sideSessionPrefixes"] = list(cfg.side_session_prefixes)
-    out["plugins"] = {"allow": [PLUGIN_ID], "load": {"paths": [str(plugin_dir)]},
-                      "entries": {PLUGIN_ID: {"enabled": True, "hooks": {"allowConversationAccess": True},
-                                              "config": plugin_cfg}}}
+    extra = {"sideSessionPrefixes": list(cfg.side_session_prefixes)} if cfg.side_session_prefixes else {}
+    entry = plugin_entry(cfg.gateway_url if cfg.notify_session_done else "", cfg.api_key, **extra)
+    out["plugins"] = {"allow": [PLUGIN_ID], "load": {"paths": [str(plugin_dir)]}, "entries": {PLUGIN_ID: entry}}
     if daemon_port is not None:
         out["gateway"] = {"mode": "local", "port": int(daemon_port), "bind": "loopback", "auth": {"mode": "none"},
                           "http": {"endpoints": {"chatCompletions": {"enabled": True}}}}

@@ -36,8 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     judge = p.add_mutually_exclusive_group()
     judge.add_argument("--judge-url", action="append", dest="judge_urls",
                        help="judge (PRM) pool URL (repeatable); implies --judge model")
-    judge.add_argument("--judge", choices=["model", "rule"], help="'model' (PRM votes on the judge pool, "
-                       "default: the policy pool) or 'rule' (pattern rules, no model)")
+    judge.add_argument("--judge", choices=["model", "rule", "openai"], help="'model' (PRM votes on the judge "
+                       "pool, default: the policy pool), 'openai' (the same votes on an OpenAI-compatible endpoint: "
+                       "--set judge_base_url=URL --set judge_model=ID, key in $OPENCLAW_JUDGE_API_KEY) or 'rule' "
+                       "(pattern rules, no model)")
     p.add_argument("--model", help="tokenizer + chat template: an HF model directory or 'smollm2'")
     p.add_argument("--store", dest="store_dir", help="sample store directory")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")

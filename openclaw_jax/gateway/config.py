@@ -79,9 +79,15 @@ class GatewayConfig:
     honor_client_sampling: bool = False
 
     # --- judge (PRM)
-    judge: Literal["model", "rule"] = "model"
+    # model: PRM votes on an SGLang judge pool (`judge_urls`, else the policy pool); openai: the same votes
+    # on any OpenAI-compatible chat endpoint (`judge_base_url`, `judge_model`); rule: no model (offline)
+    judge: Literal["model", "rule", "openai"] = "model"
     judge_urls: tuple[str, ...] = ()        # empty = judge on the policy pool
-    judge_model: str = ""                   # judge's tokenizer/chat template ("" = same as `model`)
+    # model: the judge's tokenizer/chat template ("" = same as `model`); openai: the model id to ask
+    judge_model: str = ""
+    judge_base_url: str = ""                # openai: the endpoint's base URL, e.g. https://api.openai.com/v1
+    # openai: the environment variable holding the endpoint's key (the key itself never goes in a config)
+    judge_api_key_env: str = "OPENCLAW_JUDGE_API_KEY"
     judge_votes: int = 3                    # m: eval votes and hint votes per scored turn
     judge_temperature: float = 0.6
     judge_max_new_tokens: int = 1024
@@ -150,7 +156,14 @@ class GatewayConfig:
         require(0 <= self.temperature <= 2, f"gateway.temperature={self.temperature} must be in [0, 2]")
         require(0 < self.top_p <= 1, f"gateway.top_p={self.top_p} must be in (0, 1]")
         require(self.top_k == -1 or self.top_k > 0, f"gateway.top_k={self.top_k} must be -1 (all) or > 0")
-        require(self.judge in ("model", "rule"), f"gateway.judge={self.judge!r} must be 'model' or 'rule'")
+        require(self.judge in ("model", "rule", "openai"),
+                 f"gateway.judge={self.judge!r} must be 'model', 'rule' or 'openai'")
+        if self.judge == "openai":
+            require(bool(self.judge_base_url), "gateway.judge=openai needs gateway.judge_base_url, the endpoint's "
+                                               "base URL such as https://api.openai.com/v1 or http://127.0.0.1:8080/v1")
+            _check_url("gateway.judge_base_url", self.judge_base_url)
+            require(bool(self.judge_model), "gateway.judge=openai needs gateway.judge_model, the model id the "
+                                            "endpoint serves (e.g. gpt-4.1-mini, or a local server's model name)")
         require(self.judge_votes > 0, f"gateway.judge_votes={self.judge_votes} must be > 0")
         require(0 <= self.judge_temperature <= 2,
                  f"gateway.judge_temperature={self.judge_temperature} must be in [0, 2]")

@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Sequence
 
+from openclaw_jax.gateway.reaction_rules import tool_verdict, user_hint, user_verdict
 from openclaw_jax.http.offload import run_heavy
 from openclaw_jax.wire.sglang import SamplingParams
 
@@ -384,70 +385,30 @@ class ModelJudge:
                                min_chars=self.min_chars, judge=self.name)
 
 
-# Rule judge patterns. Corrections dominate: a message that matches a negative pattern is -1
-# even if it also thanks the assistant ("thanks, but that is wrong").
-_USER_NEGATIVE = re.compile(
-    r"\b(wrong|incorrect|not (what|right|correct|quite)|that'?s not|that is not|redo|try again|"
-    r"doesn'?t work|didn'?t work|does not work|did not work|not working|mistake|broken|"
-    r"fix (it|this|that)|nope|useless|you (forgot|missed|ignored))\b|^\s*no\b(?!\s+(problem|worries))",
-    re.IGNORECASE)
-_USER_POSITIVE = re.compile(
-    r"\b(thanks|thank you|thx|great|perfect|awesome|excellent|works|worked|exactly|"
-    r"well done|good job|looks good|lgtm|that'?s right|correct)\b",
-    re.IGNORECASE)
-_TOOL_ERROR = re.compile(
-    r"\b(error|errors|exception|traceback|failed|failure|fatal|not found|no such file|permission denied|"
-    r"invalid|timed out|timeout|segmentation fault)\b|exit (code|status):? *[1-9]|non-zero exit",
-    re.IGNORECASE)
-_TOOL_SUCCESS = re.compile(
-    r"\b(success|successful|successfully|succeeded|passed|completed|done|ok)\b|exit (code|status):? *0\b",
-    re.IGNORECASE)
-# A sentence that tells the assistant what to do is taken as the hint.
-_INSTRUCTION = re.compile(
-    r"\b(should|must|please|always|never|instead|don'?t|do not|make sure|remember|prefer|avoid|"
-    r"need to|needs to|i want|i'd like|i would like|from now on|use)\b",
-    re.IGNORECASE)
-_SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
-
-
 def rule_eval_output(next_state: NextState) -> str:
     """The rule judge's eval 'output' (same format as a model's, so it parses the same way)."""
-    text = next_state.content
-    if next_state.role == "tool":
-        if _TOOL_ERROR.search(text):
-            return "rule: the tool reports an error. \\boxed{-1}"
-        if _TOOL_SUCCESS.search(text):
-            return "rule: the tool reports success. \\boxed{1}"
-        return "rule: the tool output shows neither success nor error. \\boxed{0}"
-    if _USER_NEGATIVE.search(text):
-        return "rule: the user corrects or rejects the reply. \\boxed{-1}"
-    if _USER_POSITIVE.search(text):
-        return "rule: the user accepts the reply. \\boxed{1}"
-    return "rule: the user's message is neutral. \\boxed{0}"
+    read = tool_verdict if next_state.role == "tool" else user_verdict
+    score, why = read(next_state.content)
+    return f"rule: {why}. \\boxed{{{score}}}"
 
 
 def rule_hint_output(next_state: NextState) -> str:
-    """The rule judge's hint 'output': the user's instruction sentences (at most 3) as the hint."""
+    """The rule judge's hint 'output': the user's instruction sentences (at most 3) or, in a correction, the
+    correction itself (reaction_rules.user_hint)."""
     if next_state.role != "user":
         return "rule: hints are only taken from user messages. \\boxed{-1}"
-    sentences = [s.strip() for s in _SENTENCE_SPLIT.split(next_state.content) if s.strip()]
-    picked = [s for s in sentences if _INSTRUCTION.search(s)][:3]
-    if not picked:
+    hint = user_hint(next_state.content, user_verdict(next_state.content)[0])
+    if not hint:
         return "rule: no instruction in the user's message. \\boxed{-1}"
-    return f"rule: the user gives an instruction. \\boxed{{1}} {HINT_START}{' '.join(picked)}{HINT_END}"
+    return f"rule: the user gives an instruction. \\boxed{{1}} {HINT_START}{hint}{HINT_END}"
 
 
 class RuleJudge:
-    """A judge with no model, for offline use and tests.
-
-    Eval: a user message matching a correction pattern ("wrong", "redo", "try again",
-    "doesn't work", a leading "no", ...) scores -1, else one matching an approval pattern
-    ("thanks", "perfect", "works", ...) scores 1, else 0; a tool message matching an error
-    pattern ("error", "traceback", "failed", "exit code 1", ...) scores -1, else one
-    matching a success pattern ("success", "passed", "done", "exit code 0", ...) scores 1,
-    else 0. Hint: the sentences of a user message that instruct ("should", "please",
-    "always", "instead", "don't", "use", ...), at most three, joined; then the same
-    acceptance rule as model hints (longer than ``min_chars``). One vote of each kind.
+    """A judge with no model, for offline use and tests: one eval vote and one hint vote read from the
+    next state by patterns (`reaction_rules`: corrections and complaints -1, acceptance or moving on +1,
+    an instruction alone -1, else 0; a failing tool -1, a succeeding one +1), then the same acceptance
+    rule as model hints (longer than ``min_chars``). Its precision and recall on hand-labelled reactions:
+    docs/live.md (`python -m openclaw_jax.eval.judge_reactions`).
     """
 
     name = "rule"

@@ -50,6 +50,7 @@ from openclaw_jax.gateway.health_routes import HealthRoutes
 from openclaw_jax.gateway.image_spool import ImageSpool, SpooledImage
 from openclaw_jax.gateway.image_turns import ImageTurns
 from openclaw_jax.gateway.judge import Judge, ModelJudge, NextState, RuleJudge
+from openclaw_jax.gateway.openai_judge import OpenAIJudge, openai_judge_from_config
 from openclaw_jax.gateway.openclaw_text import OFFLOAD_CHARS
 from openclaw_jax.gateway.pipeline import JudgePipeline
 from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
@@ -176,6 +177,10 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
             if cfg.judge == "rule":
                 self.judge = RuleJudge(max_candidates=cfg.max_candidates, min_chars=cfg.hint_min_chars,
                                        hints=cfg.judge_hints)
+            elif cfg.judge == "openai":
+                self.judge = openai_judge_from_config(cfg)
+                self._owned.append(self.judge)
+                await self.judge.check()
             else:
                 if self.judge_pool is None:
                     # Its own client (own concurrency limit), even on the policy's URLs, so that
@@ -231,7 +236,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
         if self.writer is not None:
             await self.writer.close(grace_s)
         for owned in reversed(self._owned):
-            if isinstance(owned, PoolClient):
+            if isinstance(owned, (PoolClient, OpenAIJudge)):
                 await owned.close()
         for owned in self._owned:
             if isinstance(owned, SampleStore):
