@@ -55,7 +55,7 @@ def openclaw_like_samples(n: int, seed: int = 0):
 
 
 def spec_for(window: int):
-    from openclaw_jax.trainer.batcher import BatchSpec
+    from openclaw_jax.trainer.batch import BatchSpec
 
     return BatchSpec(samples_per_step=window, max_candidates=3, min_seq_bucket=64, min_response_bucket=32,
                      max_seq_len=8192, packing=True, shared_prefix_teacher=True, batch_prefix_min=256,

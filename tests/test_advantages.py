@@ -7,7 +7,8 @@ import pytest
 
 from openclaw_jax.samples import Sample
 from openclaw_jax.trainer.advantages import apply_reward_baseline
-from openclaw_jax.trainer.batcher import BatchSpec, pack
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack
 
 
 def _turn(kind: str, reward: float, n: int, *, token_advantages=None) -> Sample:

@@ -17,7 +17,8 @@ from openclaw_jax.envs.agentic.episode import format_tool_call
 from openclaw_jax.envs.agentic.rollout import episode_sample, group_advantages, token_advantages
 from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.models.tokenizer import smollm2_tokenizer
-from openclaw_jax.trainer.batcher import BatchSpec, pack
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ import pytest
 
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.samples import Sample
-from openclaw_jax.trainer.batcher import BatchSpec, pack, shape_ladder
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack, shape_ladder
 from openclaw_jax.trainer.train_step import batch_spec
 
 

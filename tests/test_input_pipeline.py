@@ -10,7 +10,8 @@ import pytest
 
 from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.samples.sample import encode_sample
-from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import SampleBatcher
 from openclaw_jax.trainer.input_pipeline import WindowPipeline, demonstration_batches, sample_dataset
 
 VOCAB = 200

@@ -15,7 +15,8 @@ import pytest
 from openclaw_jax.samples import Sample, SampleStore, SampleStoreError, SampleTail
 from openclaw_jax.samples.store import encode_record, list_segments, segment_name
 from openclaw_jax.samples.sample import encode_sample
-from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import SampleBatcher
 
 RESPONSE = 200  # tokens per sample: ~3 KB a record, so a rescan of the store is plainly visible
 

@@ -22,7 +22,9 @@ from openclaw_jax.samples import Sample
 from openclaw_jax.losses import LossConfig
 from openclaw_jax.models import attention as A
 from openclaw_jax.trainer import step as S
-from openclaw_jax.trainer.batcher import BatchSpec, batch_prefix, bucket_length, pack, pack_rows
+from openclaw_jax.trainer.batch import BatchSpec, bucket_length
+from openclaw_jax.trainer.batcher import pack, pack_rows
+from openclaw_jax.trainer.prefix_rows import batch_prefix
 
 from test_trainer_step import TAU, VOCAB, _model  # the same tiny Qwen3 model
 

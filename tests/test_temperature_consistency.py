@@ -11,7 +11,8 @@ import pytest
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.configlib import ConfigError
 from openclaw_jax.samples import Sample, SampleStore
-from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import SampleBatcher
 
 
 def test_one_temperature_is_the_sampling_temperature_and_the_trainers_tau():

@@ -24,7 +24,8 @@ from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.trainer import advantages as A
 from openclaw_jax.trainer import step as S
-from openclaw_jax.trainer.batcher import BatchSpec, bucket_length, pack, parse_version
+from openclaw_jax.trainer.batch import BatchSpec, bucket_length
+from openclaw_jax.trainer.batcher import pack, parse_version
 
 VOCAB = 96
 TAU = 0.7
@@ -223,6 +224,10 @@ def test_importance_weights_truncate():
     np.testing.assert_allclose(np.asarray(w), [[2.0, 2.0, 1.0]], rtol=1e-6)
     w = A.importance_weights(old, rollout, jnp.ones((1, 3)), cap=5.0)
     np.testing.assert_allclose(np.asarray(w), [[2.0, 3.0, 0.5]], rtol=1e-5)
+    # the same arithmetic on host arrays (NumPy float64): the module takes the arrays' own namespace
+    w = A.importance_weights(np.log([[0.5, 0.9, 0.1]]), np.log([[0.25, 0.3, 0.2]]), np.ones((1, 3)), cap=5.0)
+    assert w.dtype == np.float64 and isinstance(w, np.ndarray)
+    np.testing.assert_allclose(w, [[2.0, 3.0, 0.5]], rtol=1e-12)
 
 
 def test_pack_layout_and_buckets():

@@ -18,7 +18,8 @@ from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.models.lora import LoRAConfig, add_lora
 from openclaw_jax.parallel.mesh import make_mesh, shard_model
-from openclaw_jax.trainer.batcher import BatchSpec, pack
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack
 from openclaw_jax.trainer.loop import Trainer
 
 from test_trainer_step import VOCAB, _samples

@@ -143,7 +143,8 @@ def test_shared_prefix_teacher_counts_its_real_tokens(packing):
     candidate, or not at all). Expected from the samples: each sample's candidates (hint prompts, or
     the un-hinted prompt for a turn without hints) share a prefix (stopping one short of the shortest
     prompt) that runs once, then each candidate's rest and the response."""
-    from openclaw_jax.trainer.batcher import BatchSpec, pack
+    from openclaw_jax.trainer.batch import BatchSpec
+    from openclaw_jax.trainer.batcher import pack
 
     samples = _hinted_samples(np.random.default_rng(5))
     spec = BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8,

@@ -25,34 +25,18 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from openclaw_jax.models.attention import SHARED_SEGMENT  # keys every segment of a row sees
+from openclaw_jax.models.segments import SHARED_SEGMENT  # keys every segment of a row sees
 from openclaw_jax.samples import Sample, SampleTail
 from openclaw_jax.trainer.advantages import sample_advantages
+from openclaw_jax.trainer.batch import BatchSpec, PackedBatch, bucket_length, num_micro_batches
 from openclaw_jax.trainer.prefix_rows import batch_prefix, rows_held, shared_prefix_teacher
-from openclaw_jax.trainer.step import num_micro_batches  # the phases split rows the same way
 
 log = logging.getLogger(__name__)
-
-
-def bucket_length(n: int, minimum: int, maximum: int | None = None, quantum: int = 0) -> int:
-    """The bucket of a length n: the smallest power of two >= max(n, minimum) while that is <= `quantum`,
-    else n rounded up to a multiple of `quantum` (quantum 0: powers of two only); error if it exceeds
-    `maximum` (a bucket past `maximum` is clipped to it)."""
-    size = max(int(minimum), 1)
-    while size < n:
-        size *= 2
-    if quantum > 0 and size > quantum:
-        size = max(-(-max(int(n), int(minimum)) // quantum) * quantum, 1)
-    if maximum is not None and size > maximum:
-        if n > maximum:
-            raise ValueError(f"length {n} exceeds the largest bucket {maximum}")
-        size = maximum
-    return size
 
 
 def parse_version(version: str | int | None) -> int | None:
@@ -63,115 +47,6 @@ def parse_version(version: str | int | None) -> int | None:
         return int(str(version).split("-")[-1])
     except ValueError:
         return None
-
-
-@dataclass(frozen=True)
-class BatchSpec:
-    """How samples become a batch. Each field is the config key of the same name: `trainer.<field>`,
-    except `max_candidates` and `temperature` (the samples' source: `SampleSpec`, from the gateway),
-    `uses_hints` and `kl_coef` (`loss.<field>`) and the ones the trainer sets itself (`pad_id`,
-    `row_multiple`, the images); `train_step.batch_spec(cfg, ...)` fills them in."""
-
-    samples_per_step: int = 4
-    max_candidates: int = 3
-    min_seq_bucket: int = 32
-    max_seq_len: int = 2048
-    min_response_bucket: int = 16
-    rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
-    # False (the `rl` method): no teacher candidates at all, and hint-only samples (kind "opd",
-    # reward 0) are dropped so they do not dilute the GRPO mean with zero-loss rows
-    uses_hints: bool = True
-    max_staleness: int = 2
-    staleness_mode: Literal["drop", "importance"] = "drop"
-    # the trainer's tau: a sample sampled at another temperature is refused (None: accept any)
-    temperature: float | None = None
-    pad_id: int = 0
-    packing: bool = False           # several sequences per row (segment ids, per-segment positions)
-    bucket_quantum: int = 0         # lengths past this are multiples of it (0: powers of two)
-    micro_batch_size: int = 0       # packing keeps each micro-batch's sequences in its own rows
-    row_multiple: int = 1           # packed row counts are multiples of this (the batch shards)
-    shared_prefix_teacher: bool = False   # the prompt prefix common to a sample's candidates runs once
-    # the loss's KL anchor to the frozen initial model (the teacher's weights): nonzero places the
-    # reference (`reference`)
-    kl_coef: float = 0.0
-    # packing: a prompt prefix common to every sequence of a batch (OpenClaw's system prompt) at least
-    # this long runs once per packed row, not once per sequence (0: never; `batch_prefix`)
-    batch_prefix_min: int = 0
-    # packing: a shape used before (compiled) is taken over a new one that saves fewer than this
-    # fraction of its token slots (0: always the fewest slots)
-    shape_reuse_slack: float = 0.1
-    # a vision-language student (QwenVL): its `ImageProcessorConfig` and image token id; the input
-    # pipeline reads each batch's images from the store and attaches their patches (trainer/vision_batch.py)
-    image_processor: Any = None
-    image_token_id: int | None = None
-
-    def __post_init__(self):
-        if self.bucket_quantum < 0:
-            raise ValueError(f"bucket_quantum={self.bucket_quantum} must be >= 0 (0: power-of-two buckets)")
-        if self.row_multiple < 1:
-            raise ValueError(f"row_multiple={self.row_multiple} must be >= 1")
-        if not 0 <= self.shape_reuse_slack < 1:
-            raise ValueError(f"shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1)")
-        if self.image_processor is not None and (self.packing or self.shares_prefix):
-            raise ValueError("a vision-language student trains on unpacked batches: set trainer.packing=false and "
-                             "trainer.shared_prefix_teacher=false")
-
-    @property
-    def shares_prefix(self) -> bool:
-        """Whether the teacher layout is the shared-prefix one: asked for, and a sample can have two
-        or more candidates (one candidate shares nothing; the packed layout pads less)."""
-        return self.shared_prefix_teacher and self.uses_hints and self.max_candidates >= 2
-
-    @property
-    def reference(self) -> bool:
-        """Whether the batch carries the KL anchor's reference (`kl_coef` nonzero): with the shared prefix,
-        the teacher row also holds the un-hinted prompt's rest, so the teacher pass gives the reference
-        log-probs and no separate reference pass runs (RL-only samples: their candidate)."""
-        return self.kl_coef != 0
-
-
-@dataclass
-class PackedBatch:
-    """NumPy arrays for one step plus host-side bookkeeping."""
-
-    student: dict[str, np.ndarray]
-    teacher: dict[str, np.ndarray]
-    samples: list[Sample]
-    staleness: np.ndarray                 # [n_real] versions behind the trainer
-    kinds: dict[str, int] = field(default_factory=dict)
-    real_tokens: dict[str, int] = field(default_factory=dict)   # "student" / "teacher": unpadded tokens
-    # the images' grid of every row, when the batch has `pixel_values` (trainer/vision_batch.py)
-    image_grid: tuple[tuple[int, int, int], ...] = ()
-
-    @property
-    def has_teacher(self) -> bool:
-        """Whether the step runs a teacher pass: a sample has a teacher candidate, or the pass gives the
-        reference log-probs (`BatchSpec.reference`)."""
-        return bool(np.any(self.teacher["candidate_mask"] > 0)) or "reference_offset" in self.teacher
-
-    def slots(self, part: str) -> int:
-        """Token slots (real + padding) of the `part` ("student" / "teacher") model inputs (the teacher's:
-        0 when no teacher pass runs)."""
-        if part == "teacher" and not self.has_teacher:
-            return 0
-        return int(getattr(self, part)["input_ids"].size)
-
-    def padding_fraction(self, part: str | None = None) -> float:
-        """Padded / total token slots of the student and teacher inputs (or of one `part`)."""
-        parts = ("student", "teacher") if part is None else (part,)
-        total = sum(self.slots(p) for p in parts)
-        real = sum(self.real_tokens.get(p, 0) for p in parts)
-        return (total - real) / total if total else 0.0
-
-    def phase_keys(self) -> tuple[tuple, tuple | None]:
-        """(student key, teacher key): the student phases (old pass, train step) compile once per
-        student key, the teacher pass once per teacher key (None: no teacher pass runs)."""
-        t = self.student["response_ids"].shape[1]
-        student = ("student", self.student["input_ids"].shape, t)
-        if not self.has_teacher:
-            return student, None
-        layout = "teacher_shared" if "prefix_len" in self.teacher else "teacher"   # another program
-        return student, (layout, self.teacher["input_ids"].shape, t)
 
 
 def teacher_prompts(sample: Sample, spec: BatchSpec) -> list[list[int]]:
@@ -427,8 +302,7 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
             seen["teacher"] if not spec.shares_prefix else set(seen["teacher"]))
         real["teacher"] += _pack_teacher(teacher, teacher_seqs, spec, ladder, trial)
     if spec.shares_prefix:
-        shared, shared_real = shared_prefix_teacher(samples, spec, [teacher_prompts(s, spec) for s in samples],
-                                                    bucket_length)
+        shared, shared_real = shared_prefix_teacher(samples, spec, [teacher_prompts(s, spec) for s in samples])
         # per-sample rows (each sample's prefix once) or packed rows (the batch's prefix once per row, each
         # candidate's own context repeated): the fewer token slots (short contexts after a long common
         # system prompt, OpenClaw's first turns: packed)

@@ -52,7 +52,8 @@ import numpy as np
 from openclaw_jax.samples import Sample, SampleTail
 from openclaw_jax.samples.sample import decode_sample
 from openclaw_jax.samples.store import read_image
-from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher, pack
+from openclaw_jax.trainer.batch import BatchSpec, PackedBatch
+from openclaw_jax.trainer.batcher import SampleBatcher, pack
 from openclaw_jax.trainer.vision_batch import attach_images
 
 log = logging.getLogger(__name__)

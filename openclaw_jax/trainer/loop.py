@@ -22,7 +22,7 @@ from flax import nnx
 
 from openclaw_jax.parallel import multihost
 from openclaw_jax.samples import SampleSpec, SampleTail
-from openclaw_jax.trainer.batcher import PackedBatch
+from openclaw_jax.trainer.batch import PackedBatch
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.input_pipeline import WindowPipeline
 from openclaw_jax.trainer.metrics import MetricsWriter

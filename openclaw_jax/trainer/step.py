@@ -37,6 +37,7 @@ from openclaw_jax import ops
 from openclaw_jax.losses import HybridBatch, LossConfig, get_loss
 from openclaw_jax.losses.policy import MetricStat, finalize_metrics
 from openclaw_jax.models.lora import merge_lora as merge_lora_adapters
+from openclaw_jax.trainer.batch import num_micro_batches  # the batcher splits rows the same way
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,15 +152,6 @@ def cast_floating(tree: Any, dtype: str | jnp.dtype | None) -> Any:
         return x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt else x
 
     return jax.tree.map(cast, tree)
-
-
-def num_micro_batches(rows: int, micro_batch_size: int) -> int:
-    """How many micro-batches `rows` rows split into (1 when micro-batching is off or too big)."""
-    if micro_batch_size <= 0 or micro_batch_size >= rows:
-        return 1
-    if rows % micro_batch_size:
-        raise ValueError(f"micro_batch_size={micro_batch_size} must divide the {rows} rows of the batch")
-    return rows // micro_batch_size
 
 
 def split_micro(tree: Any, n: int) -> Any:

@@ -34,7 +34,8 @@ from openclaw_jax.samples import SampleSpec
 from openclaw_jax.trainer import advantages as A
 from openclaw_jax.trainer import fused_step as F
 from openclaw_jax.trainer import step as S
-from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, shape_ladder
+from openclaw_jax.trainer.batch import BatchSpec, PackedBatch
+from openclaw_jax.trainer.batcher import shape_ladder
 from openclaw_jax.trainer.state import TrainState, optimizer
 
 if TYPE_CHECKING:   # the type only: the config tree imports every section's package

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from openclaw_jax.models.image_processing import ImageProcessorConfig, image_token_count, process_images
-from openclaw_jax.trainer.batcher import PackedBatch
+from openclaw_jax.trainer.batch import PackedBatch
 
 
 def attach_images(packed: PackedBatch, image_bytes: Callable[[str], bytes], processor: ImageProcessorConfig,
