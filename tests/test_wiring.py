@@ -177,7 +177,7 @@ class _FixedRewards:
 
         reward = self.rewards.pop(0)
         return Episode(task=task, prompt_ids=[1, 2, 3], response_ids=[4, 5, 6], loss_mask=[1, 1, 0],
-                       logprobs=[-0.1, -0.2, 0.0], turns=[(0, 2)], reward=reward, end_reason="answer",
+                       rollout_logprobs=[-0.1, -0.2, 0.0], turns=[(0, 2)], reward=reward, end_reason="answer",
                        weight_versions=["0"])
 
 
