@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
+from openclaw_jax.envs.agentic.config import AgenticConfig
+from openclaw_jax.envs.agentic.episode import EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
 from openclaw_jax.envs.agentic.episode import format_tool_call
 from openclaw_jax.envs.agentic.rollout import episode_sample, group_advantages, token_advantages
 from openclaw_jax.samples import Sample, SampleStore
@@ -203,7 +204,7 @@ def test_demonstrations_fit_the_cpu_configs_limits(tok, config):
     from pathlib import Path
 
     from openclaw_jax.config import load_experiment_config
-    from openclaw_jax.envs.agentic import episode_runner
+    from openclaw_jax.envs.agentic.episode import episode_runner
 
     cfg = load_experiment_config([str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml")])
     env = make_env(cfg.agentic)
@@ -234,7 +235,7 @@ def test_registered_environments_and_their_lookup_errors():
     """Environments register by decorator (`@register_environment`); the config refuses an unknown
     name at load, naming the registered ones, and `make_env` builds each from its section."""
     from openclaw_jax.configlib import ConfigError
-    from openclaw_jax.envs.agentic import ENVIRONMENTS
+    from openclaw_jax.envs.agentic.catalog import ENVIRONMENTS
 
     assert set(ENVIRONMENTS.names()) >= {"easy", "swe", "terminal", "toolcall"}
     for name in ENVIRONMENTS.names():
@@ -249,7 +250,7 @@ def test_run_wiring_builds_the_driver_and_demonstrations_from_the_experiment_con
     """`runs.agentic` turns the experiment config into the envs' own arguments: the driver's
     environment, task sets and backlog, and the warm-up's demonstrations (each solves its task)."""
     from openclaw_jax.config import ExperimentConfig
-    from openclaw_jax.envs.agentic import episode_runner
+    from openclaw_jax.envs.agentic.episode import episode_runner
     from openclaw_jax.envs.agentic.rollout import demonstrations
     from openclaw_jax.runs.agentic import AgenticDriver
 

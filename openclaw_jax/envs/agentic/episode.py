@@ -31,7 +31,9 @@ from typing import Any, Protocol, Sequence
 
 from openclaw_jax.models.image_processing import ImageProcessorConfig, image_grid, image_token_count
 from openclaw_jax.models.tokenizer.chat_template import expand_image_placeholders
-from openclaw_jax.registry import Registry
+from openclaw_jax.envs.agentic.catalog import ENVIRONMENTS
+from openclaw_jax.envs.agentic.config import AgenticConfig
+from openclaw_jax.envs.sandbox import SandboxLimits
 from openclaw_jax.wire.images import IMAGE_PLACEHOLDER, ImageInput, image_data_url
 from openclaw_jax.wire.tool_calls import has_tool_call, parse_tool_calls
 
@@ -116,20 +118,6 @@ class Environment(abc.ABC):
         if not families or any(f not in known for f in families):
             raise ValueError(f"{self.name} families {list(families)} must be a non-empty subset of {tuple(known)}")
         return tuple(families)
-
-
-ENVIRONMENTS: Registry[type[Environment]] = Registry("agentic environment")
-
-
-def register_environment(name: str):
-    """Class decorator: register an `Environment` subclass as `agentic.env: <name>` (sets its `name`)."""
-
-    def decorate(cls: type[Environment]) -> type[Environment]:
-        cls.name = name
-        ENVIRONMENTS.add(name, cls)
-        return cls
-
-    return decorate
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
@@ -483,3 +471,26 @@ def oldest_version(versions: Sequence[str | None]) -> str | None:
         except (TypeError, ValueError):
             continue
     return min(parsed)[1] if parsed else None
+
+
+def make_env(cfg: AgenticConfig) -> Environment:
+    """The environment `cfg.env` names (a ValueError lists the registered ones)."""
+    limits = SandboxLimits(timeout_s=cfg.sandbox_timeout_s, memory_mb=cfg.sandbox_memory_mb)
+    options = dict(cfg.env_options)
+    try:
+        return ENVIRONMENTS.get(cfg.env).from_config(tuple(cfg.families), limits, **options)
+    except TypeError as err:
+        if not options:
+            raise
+        raise ValueError(f"agentic.env_options={options} are not options of the {cfg.env!r} environment "
+                         f"({err})") from None
+
+
+def episode_runner(cfg: AgenticConfig, env: Environment, tokenizer, images: Any = None) -> EpisodeRunner:
+    """The runner of `env`'s episodes with the `agentic:` config's limits and tool prompt (`images`: a
+    vision-language policy's `ImageProcessorConfig`)."""
+    limits = EpisodeLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                           max_response_tokens=cfg.max_response_tokens, max_observation_chars=cfg.max_observation_chars,
+                           timeout_s=cfg.episode_timeout_s)
+    native = None if cfg.tool_prompt == "auto" else cfg.tool_prompt == "native"
+    return EpisodeRunner(env, tokenizer, limits, native_tools=native, images=images)
