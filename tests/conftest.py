@@ -122,6 +122,20 @@ def make_tiny_smollm2_checkpoint(out_dir, *, seed: int = 0, max_positions: int =
 
 
 @pytest.fixture(scope="session")
+def require_gui_tools():
+    """The GUI environment's programs (Debian's xvfb and xdotool; scripts/test.sh installs them): under CI
+    (env CI set) a test that needs them FAILS without them, elsewhere it skips with the install command."""
+    from openclaw_jax.envs.agentic.gui_desktop import INSTALL_HINT, missing_tools
+
+    missing = missing_tools()
+    if missing:
+        message = f"the GUI environment needs {', '.join(missing)}; install with `{INSTALL_HINT}` (or run scripts/test.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory):
     """A tiny random Qwen3 HF checkpoint directory (seed 0) with tokenizer files."""
     return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("tiny_qwen3") / "model", seed=0)

@@ -84,21 +84,15 @@ def test_cpu_config_runs_end_to_end(tmp_path, config, tiny_smollm2_dir):
 
 
 @pytest.mark.slow
-def test_gui_config_runs_end_to_end_with_screenshots(tmp_path):
+def test_gui_config_runs_end_to_end_with_screenshots(tmp_path, require_gui_tools):
     """configs/gui_cpu.yaml for a step, its SmolLM2-based policy swapped for a tiny random Qwen2.5-VL (the
     graft onto SmolLM2: tests/test_vl_on_text_model.py): warmed up on demonstrations with their
     screenshots, group rollouts on real Xvfb desktops served through the image path, a trainer step on
     samples whose screenshots come back from the store's blobs (the push to the image path:
     tests/test_vl_weight_update.py)."""
-    from openclaw_jax.envs.agentic.gui_desktop import INSTALL_HINT, missing_tools
     from openclaw_jax.models.tokenizer import TINY_VL_IDS
     from openclaw_jax.samples.store import read_image
 
-    if missing_tools():
-        message = f"the GUI environment needs {', '.join(missing_tools())}; install with `{INSTALL_HINT}`"
-        if os.environ.get("CI"):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
     run_dir = tmp_path / "gui"
     tiny_vl = ["model.path=random", "model.tokenizer=tiny_vl", "model.vision=null", "model.random.family=qwen2",
                "model.random.hidden_size=64", "model.random.num_heads=4", "model.random.head_dim=16",

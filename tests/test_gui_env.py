@@ -27,21 +27,10 @@ from openclaw_jax.envs.agentic.episode import EpisodeLimits, EpisodeRunner, Scri
 from openclaw_jax.envs.agentic.episode import ToolError
 from openclaw_jax.envs.agentic.gui import (GuiEnv, checker_step_vote, demonstration_conversations,
                                            observation_content)
-from openclaw_jax.envs.agentic.gui_desktop import INSTALL_HINT, descendants, missing_tools
+from openclaw_jax.envs.agentic.gui_desktop import descendants
 from openclaw_jax.envs.agentic.gui_tasks import FAMILIES, HEIGHT, WIDTH, center, check
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def require_gui_tools():
-    missing = missing_tools()
-    if not missing:
-        return
-    message = f"the GUI environment needs {', '.join(missing)}; install with `{INSTALL_HINT}` (or run scripts/test.sh)"
-    if os.environ.get("CI"):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ episode's application state and in no other. (Before the display's socket lived 
 folder, this failed: a slow Xvfb start retried on another display after its shell had already
 removed the episode's folder, and an exiting server could unlink the socket path of a new one.)
 
-Needs Debian's `xvfb` and `xdotool` (scripts/test.sh installs them); fails under CI without them.
+Needs Debian's `xvfb` and `xdotool` (the `require_gui_tools` fixture of conftest.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-from openclaw_jax.envs.agentic.gui_desktop import INSTALL_HINT, missing_tools
 
 EPISODES_PER_PROCESS = 12
 ROUNDS = 2
@@ -55,16 +52,6 @@ for round_ in range(rounds):
     with ThreadPoolExecutor(n) as pool:
         list(pool.map(lambda s: s[0].close(), started))
 """
-
-
-@pytest.fixture(scope="module")
-def require_gui_tools():
-    missing = missing_tools()
-    if missing:
-        message = f"the GUI stress test needs {', '.join(missing)}; install with `{INSTALL_HINT}`"
-        if os.environ.get("CI"):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
 
 
 def test_many_episodes_at_once_under_cpu_load_each_on_its_own_display(require_gui_tools):
