@@ -253,8 +253,11 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     from openclaw_jax.trainer import step as S   # imports JAX: after main's XLA_FLAGS (see the imports)
     from openclaw_jax.trainer.train_step import make_train_step
 
-    mcfg, state, mesh = _abstract_state(cfg, hf_config)
-    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh)
+    from openclaw_jax.trainer.state import optimizer
+
+    tx = optimizer(cfg)
+    mcfg, state, mesh = _abstract_state(cfg, hf_config, tx[0])
+    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh, tx)
     vision = _vision_inputs(train_step.spec, hf_config, images, state.student)
     T = response_len or cfg.trainer.max_seq_len
 
@@ -314,7 +317,7 @@ def _vision_inputs(spec, hf_config: dict[str, Any], images: tuple[int, int, int]
 
 
 
-def _abstract_state(cfg, hf_config: dict[str, Any]):
+def _abstract_state(cfg, hf_config: dict[str, Any], tx):
     """(model config, the trainer's `TrainState` of abstract, sharded arrays (no weights), the mesh): the
     state the planner compiles the trainer's step over."""
     import jax
@@ -326,7 +329,7 @@ def _abstract_state(cfg, hf_config: dict[str, Any]):
     from openclaw_jax.models.weights import apply_dtypes
     from openclaw_jax.parallel.mesh import make_mesh, state_shardings
     from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig, apply_vl_dtypes, is_vl_config
-    from openclaw_jax.trainer.state import TrainState, optimizer, optimizer_shardings, trained_params
+    from openclaw_jax.trainer.state import TrainState, optimizer_shardings, trained_params
 
     vl = None
     if is_vl_config(hf_config):   # Qwen2.5-VL: the text decoder as below, the vision tower beside it
@@ -359,7 +362,6 @@ def _abstract_state(cfg, hf_config: dict[str, Any]):
         teacher_graphdef, teacher_state = nnx.split(nnx.eval_shape(lambda: Decoder(teacher_model,
                                                                                    rngs=nnx.Rngs(0))))
     teacher_state = _abstract(teacher_state, state_shardings(teacher_state, mesh, mcfg.family))
-    tx = optimizer(cfg)[0]
     opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                              jax.eval_shape(tx.init, trainable), optimizer_shardings(tx, trainable, mesh))
     rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))

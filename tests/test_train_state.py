@@ -13,7 +13,7 @@ from openclaw_jax.parallel.mesh import make_mesh
 from openclaw_jax.trainer.batcher import pack
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
-from openclaw_jax.trainer.state import TrainState, init_state
+from openclaw_jax.trainer.state import TrainState, init_state, optimizer
 from openclaw_jax.trainer.train_step import make_train_step
 
 from test_trainer_step import _model, _samples
@@ -34,7 +34,8 @@ def cfg():
 
 def test_the_step_maps_one_state_pytree_to_the_next(cfg):
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    state = init_state(cfg, _model(0), _model(1), mesh)
+    tx = optimizer(cfg)
+    state = init_state(cfg, _model(0), _model(1), mesh, tx[0])
     parts = {"trainable": state.trainable, "frozen": state.frozen, "teacher": state.teacher,
              "opt_state": state.opt_state, "rng": state.rng}
     assert all(jax.tree.leaves(part) for part in parts.values())   # every part is in the state
@@ -43,7 +44,7 @@ def test_the_step_maps_one_state_pytree_to_the_next(cfg):
     structure = jax.tree.structure(state)
     before = {name: _values(part) for name, part in parts.items()}
 
-    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh)
+    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh, tx)
     packed = pack(_samples(np.random.default_rng(0)), train_step.spec)
     new, metrics = train_step(state, packed)   # the trained params and optimizer state are donated
 

@@ -45,7 +45,8 @@ class BatchSpec:
     """How samples become a batch. Each field is the config key of the same name: `trainer.<field>`,
     except `max_candidates` and `temperature` (the samples' source: `SampleSpec`, from the gateway),
     `uses_hints` and `kl_coef` (`loss.<field>`) and the ones the trainer sets itself (`pad_id`,
-    `row_multiple`, the images); `train_step.batch_spec(cfg, ...)` fills them in."""
+    `row_multiple`, the images); `train_step.batch_spec(cfg, ...)` fills them in. What the layouts
+    derive from them is computed once, here, when the spec is made: `shares_prefix` and `reference`."""
 
     samples_per_step: int = 4
     max_candidates: int = 3
@@ -66,9 +67,7 @@ class BatchSpec:
     micro_batch_size: int = 0       # packing keeps each micro-batch's sequences in its own rows
     row_multiple: int = 1           # packed row counts are multiples of this (the batch shards)
     shared_prefix_teacher: bool = False   # the prompt prefix common to a sample's candidates runs once
-    # the loss's KL anchor to the frozen initial model (the teacher's weights): nonzero places the
-    # reference (`reference`)
-    kl_coef: float = 0.0
+    kl_coef: float = 0.0            # the loss's KL anchor to the frozen initial model (`reference`)
     # packing: a prompt prefix common to every sequence of a batch (OpenClaw's system prompt) at least
     # this long runs once per packed row, not once per sequence (0: never; `batch_prefix`)
     batch_prefix_min: int = 0
@@ -79,8 +78,18 @@ class BatchSpec:
     # pipeline reads each batch's images from the store and attaches their patches (trainer/vision_batch.py)
     image_processor: Any = None
     image_token_id: int | None = None
+    # derived (not arguments): the teacher layout is the shared-prefix one when it is asked for and a
+    # sample can have two or more candidates (one candidate shares nothing; the packed layout pads less)
+    shares_prefix: bool = field(init=False)
+    # the batch carries the KL anchor's reference (`kl_coef` nonzero): with the shared prefix, the teacher
+    # row also holds the un-hinted prompt's rest, so the teacher pass gives the reference log-probs and
+    # no separate reference pass runs (RL-only samples: their candidate)
+    reference: bool = field(init=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "shares_prefix",
+                           self.shared_prefix_teacher and self.uses_hints and self.max_candidates >= 2)
+        object.__setattr__(self, "reference", self.kl_coef != 0)
         if self.bucket_quantum < 0:
             raise ValueError(f"bucket_quantum={self.bucket_quantum} must be >= 0 (0: power-of-two buckets)")
         if self.row_multiple < 1:
@@ -90,19 +99,6 @@ class BatchSpec:
         if self.image_processor is not None and (self.packing or self.shares_prefix):
             raise ValueError("a vision-language student trains on unpacked batches: set trainer.packing=false and "
                              "trainer.shared_prefix_teacher=false")
-
-    @property
-    def shares_prefix(self) -> bool:
-        """Whether the teacher layout is the shared-prefix one: asked for, and a sample can have two
-        or more candidates (one candidate shares nothing; the packed layout pads less)."""
-        return self.shared_prefix_teacher and self.uses_hints and self.max_candidates >= 2
-
-    @property
-    def reference(self) -> bool:
-        """Whether the batch carries the KL anchor's reference (`kl_coef` nonzero): with the shared prefix,
-        the teacher row also holds the un-hinted prompt's rest, so the teacher pass gives the reference
-        log-probs and no separate reference pass runs (RL-only samples: their candidate)."""
-        return self.kl_coef != 0
 
 
 @dataclass

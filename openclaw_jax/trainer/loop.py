@@ -26,7 +26,7 @@ from openclaw_jax.trainer.batch import PackedBatch
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.input_pipeline import WindowPipeline
 from openclaw_jax.trainer.metrics import MetricsWriter
-from openclaw_jax.trainer.state import TrainState, init_state
+from openclaw_jax.trainer.state import TrainState, init_state, optimizer
 from openclaw_jax.trainer.train_step import make_train_step, student_images
 
 if TYPE_CHECKING:   # the type only: the config tree imports every section's package
@@ -68,8 +68,9 @@ class Trainer:
                  mesh: jax.sharding.Mesh, *, samples: SampleSpec, pad_id: int = 0):
         self.cfg = cfg
         images = student_images(student)
-        self.state: TrainState = init_state(cfg, student, teacher, mesh)
-        self.train_step = make_train_step(cfg, samples, self.state, mesh, pad_id=pad_id, images=images)
+        tx = optimizer(cfg)   # the one the state's optimizer state is of, and the step updates with
+        self.state: TrainState = init_state(cfg, student, teacher, mesh, tx[0])
+        self.train_step = make_train_step(cfg, samples, self.state, mesh, tx, pad_id=pad_id, images=images)
         # (step, first offset, end offset) trained since the last checkpoint; written to the
         # run's `steps.jsonl` when a checkpoint makes them durable.
         self._uncommitted_windows: list[tuple[int, int, int]] = []

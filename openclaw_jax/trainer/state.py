@@ -125,11 +125,13 @@ def init_optimizer_state(tx: optax.GradientTransformation, trainable: nnx.State,
         return jax.jit(tx.init, out_shardings=optimizer_shardings(tx, trainable, mesh))(trainable)
 
 
-def init_state(cfg: ExperimentConfig, student: nnx.Module, teacher: nnx.Module, mesh: jax.sharding.Mesh) -> TrainState:
+def init_state(cfg: ExperimentConfig, student: nnx.Module, teacher: nnx.Module, mesh: jax.sharding.Mesh,
+               tx: optax.GradientTransformation) -> TrainState:
     """The first state: the student split into trained and frozen params (`trained_params`), the
     teacher cast to the compute dtype (`model.dtype`: it only runs there, so it is held there, half
-    the bytes in bfloat16), a fresh optimizer state and the rng of `seed`, all on `mesh`; step 0,
-    sample offset 0. The models' buffers become the state's (the step donates them)."""
+    the bytes in bfloat16), a fresh state of the optimizer `tx` (`optimizer(cfg)`, the one the step
+    then updates with) and the rng of `seed`, all on `mesh`; step 0, sample offset 0. The models'
+    buffers become the state's (the step donates them)."""
     graphdef, trainable, frozen = nnx.split(student, trained_params(student, cfg), ...)
     teacher_graphdef, teacher_state = nnx.split(teacher)
     teacher_state = jax.jit(functools.partial(cast_floating, dtype=cfg.model.dtype))(teacher_state)
@@ -137,5 +139,5 @@ def init_state(cfg: ExperimentConfig, student: nnx.Module, teacher: nnx.Module, 
     rng = multihost.place(np.asarray(jax.random.key_data(jax.random.key(cfg.seed))),
                           NamedSharding(mesh, PartitionSpec()))
     return TrainState(step=0, sample_offset=0, trainable=trainable, frozen=frozen, teacher=teacher_state,
-                      opt_state=init_optimizer_state(optimizer(cfg)[0], trainable, mesh), rng=rng,
+                      opt_state=init_optimizer_state(tx, trainable, mesh), rng=rng,
                       graphdef=graphdef, teacher_graphdef=teacher_graphdef)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import jax
+import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -36,7 +37,7 @@ from openclaw_jax.trainer import fused_step as F
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.batch import BatchSpec, PackedBatch
 from openclaw_jax.trainer.batcher import shape_ladder
-from openclaw_jax.trainer.state import TrainState, optimizer
+from openclaw_jax.trainer.state import TrainState
 
 if TYPE_CHECKING:   # the type only: the config tree imports every section's package
     from openclaw_jax.config import ExperimentConfig
@@ -136,15 +137,16 @@ class TrainStep:
     (`make_train_step`); holds no state, only the settings, the batch spec, the optimizer and the
     jitted phases."""
 
-    def __init__(self, cfg: ExperimentConfig, samples: SampleSpec, state: TrainState, mesh: jax.sharding.Mesh, *,
-                 pad_id: int = 0, images: tuple[ImageProcessorConfig, int] | None = None):
+    def __init__(self, cfg: ExperimentConfig, samples: SampleSpec, state: TrainState, mesh: jax.sharding.Mesh,
+                 optimizer: tuple[optax.GradientTransformation, optax.Schedule], *, pad_id: int = 0,
+                 images: tuple[ImageProcessorConfig, int] | None = None):
         tcfg = cfg.trainer
         self.mesh = mesh
         self.settings = step_settings(cfg, samples)
         self.merge_lora = cfg.model.lora.enabled
         self.reward_baseline = tcfg.reward_baseline
         self.importance_cap = tcfg.importance_cap if tcfg.staleness_mode == "importance" else None
-        self.tx, self.schedule = optimizer(cfg)
+        self.tx, self.schedule = optimizer
         shards = batch_shards(tcfg.samples_per_step, mesh)
         self.spec = batch_spec(cfg, samples, row_multiple=shards, pad_id=pad_id, images=images)
         self.batch_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")) if shards > 1 else PartitionSpec())
@@ -316,8 +318,10 @@ class TrainStep:
         return self._serving_graphdef
 
 
-def make_train_step(cfg: ExperimentConfig, samples: SampleSpec, state: TrainState, mesh: jax.sharding.Mesh, *,
-                    pad_id: int = 0, images: tuple[ImageProcessorConfig, int] | None = None) -> TrainStep:
+def make_train_step(cfg: ExperimentConfig, samples: SampleSpec, state: TrainState, mesh: jax.sharding.Mesh,
+                    optimizer: tuple[optax.GradientTransformation, optax.Schedule], *, pad_id: int = 0,
+                    images: tuple[ImageProcessorConfig, int] | None = None) -> TrainStep:
     """The step over `state`'s models (concrete, or abstract for the planner: its shardings are what the
-    update keeps); `images`: a QwenVL student's (`student_images`)."""
-    return TrainStep(cfg, samples, state, mesh, pad_id=pad_id, images=images)
+    update keeps), updating with `optimizer` (`state.optimizer(cfg)`: the (optax transformation, learning-
+    rate schedule) whose state `state.opt_state` is); `images`: a QwenVL student's (`student_images`)."""
+    return TrainStep(cfg, samples, state, mesh, optimizer, pad_id=pad_id, images=images)
