@@ -255,9 +255,9 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
 
     from openclaw_jax.trainer.state import optimizer
 
-    tx = optimizer(cfg)
-    mcfg, state, mesh = _abstract_state(cfg, hf_config, tx[0])
-    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh, tx)
+    opt = optimizer(cfg)
+    mcfg, state, mesh = _abstract_state(cfg, hf_config, opt[0])
+    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh, opt)
     vision = _vision_inputs(train_step.spec, hf_config, images, state.student)
     T = response_len or cfg.trainer.max_seq_len
 

@@ -34,8 +34,8 @@ def cfg():
 
 def test_the_step_maps_one_state_pytree_to_the_next(cfg):
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    tx = optimizer(cfg)
-    state = init_state(cfg, _model(0), _model(1), mesh, tx[0])
+    opt = optimizer(cfg)
+    state = init_state(cfg, _model(0), _model(1), mesh, opt[0])
     parts = {"trainable": state.trainable, "frozen": state.frozen, "teacher": state.teacher,
              "opt_state": state.opt_state, "rng": state.rng}
     assert all(jax.tree.leaves(part) for part in parts.values())   # every part is in the state
@@ -44,7 +44,7 @@ def test_the_step_maps_one_state_pytree_to_the_next(cfg):
     structure = jax.tree.structure(state)
     before = {name: _values(part) for name, part in parts.items()}
 
-    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh, tx)
+    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh, opt)
     packed = pack(_samples(np.random.default_rng(0)), train_step.spec)
     new, metrics = train_step(state, packed)   # the trained params and optimizer state are donated
 

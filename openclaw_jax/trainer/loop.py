@@ -68,9 +68,9 @@ class Trainer:
                  mesh: jax.sharding.Mesh, *, samples: SampleSpec, pad_id: int = 0):
         self.cfg = cfg
         images = student_images(student)
-        tx = optimizer(cfg)   # the one the state's optimizer state is of, and the step updates with
-        self.state: TrainState = init_state(cfg, student, teacher, mesh, tx[0])
-        self.train_step = make_train_step(cfg, samples, self.state, mesh, tx, pad_id=pad_id, images=images)
+        opt = optimizer(cfg)   # (optax transformation, schedule): the state holds its state, the step updates with it
+        self.state: TrainState = init_state(cfg, student, teacher, mesh, opt[0])
+        self.train_step = make_train_step(cfg, samples, self.state, mesh, opt, pad_id=pad_id, images=images)
         # (step, first offset, end offset) trained since the last checkpoint; written to the
         # run's `steps.jsonl` when a checkpoint makes them durable.
         self._uncommitted_windows: list[tuple[int, int, int]] = []
