@@ -2,10 +2,10 @@
 
 Ahead-of-time memory and FLOP plan of one trainer step, from a model's `config.json` alone (no
 weights, no tokenizer). The trainer's own step (`trainer.train_step.make_train_step`: the same
-jitted phases the trainer runs, in the same order, `TrainStep.compile`) is lowered with abstract, sharded arguments
-(`jax.ShapeDtypeStruct`) at the largest bucket (`trainer.max_seq_len`) and compiled for N
-simulated CPU devices, as the config sets them up (mesh, dtypes, remat, micro-batches,
-attention). Per device and phase it reports XLA's argument, output and temporary bytes and the
+jitted phases the trainer runs, in the same order, through `TrainStep.compile`) is lowered with
+abstract, sharded arguments (`jax.ShapeDtypeStruct`) at the largest bucket (`trainer.max_seq_len`)
+and compiled for N simulated CPU devices, as the config sets them up (mesh, dtypes, remat,
+micro-batches, attention). Per device and phase it reports XLA's argument, output and temporary bytes and the
 phase's peak: everything the trainer holds at that point (student master params, optimizer
 state, the teacher, the batch, earlier phases' outputs) plus the phase's outputs and temporaries
 (minus donated buffers). FLOPs are the matmul FLOPs of the compiled per-device programs, loops
@@ -250,10 +250,10 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     student's and the teacher's rows (`trainer/vision_batch.py`), the vision tower in every pass."""
     import jax
 
-    from openclaw_jax.trainer import step as S   # imports JAX: after main's XLA_FLAGS (see the imports)
-    from openclaw_jax.trainer.train_step import make_train_step
-
+    # these import JAX: after main's XLA_FLAGS (see the imports)
+    from openclaw_jax.trainer import step as S
     from openclaw_jax.trainer.state import optimizer
+    from openclaw_jax.trainer.train_step import make_train_step
 
     opt = optimizer(cfg)
     mcfg, state, mesh = _abstract_state(cfg, hf_config, opt[0])
