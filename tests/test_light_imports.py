@@ -51,8 +51,9 @@ def test_an_environment_is_imported_when_it_is_built():
         names = list(ENVIRONMENTS.names())
         before = "openclaw_jax.envs.agentic.toolcall" in sys.modules
         env = make_env(AgenticConfig(env="toolcall"))
-        print(json.dumps({"names": names, "before": before, "after": "openclaw_jax.envs.agentic.toolcall" in sys.modules,
-                          "name": env.name, "gui": "openclaw_jax.envs.agentic.gui" in sys.modules}))
+        after = "openclaw_jax.envs.agentic.toolcall" in sys.modules
+        print(json.dumps({"names": names, "before": before, "after": after, "name": env.name,
+                          "gui": "openclaw_jax.envs.agentic.gui" in sys.modules}))
     """)
     assert set(got["names"]) >= {"easy", "gui", "swe", "terminal", "toolcall"}
     assert (got["before"], got["after"], got["name"], got["gui"]) == (False, True, "toolcall", False)

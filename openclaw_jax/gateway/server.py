@@ -460,7 +460,8 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns):
         choice = O.chat_choice(
             0, O.chat_message((content or None) if calls else content, calls),
             finish_reason=finish_reason(result, bool(calls)),
-            logprobs=self._logprobs_block(result, 0, len(result.response_ids), req.top_logprobs) if req.logprobs else None)
+            logprobs=self._logprobs_block(result, 0, len(result.response_ids), req.top_logprobs) if req.logprobs
+            else None)
         body = O.chat_completion(completion_id=O.new_id("chatcmpl-"), created=O.now_s(),
                                  model=req.model or self.cfg.served_model_name, choices=[choice],
                                  usage=O.usage(len(prompt_ids), len(result.response_ids)),

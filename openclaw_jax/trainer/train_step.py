@@ -3,11 +3,11 @@
 `make_train_step(cfg, samples, state, mesh, optimizer)` builds it from the config's `model`, `loss`
 and `trainer` sections, what the trainer must know of the samples' source (`SampleSpec`: their
 temperature, the most hint candidates) and the optimizer whose state the train state holds
-(`state.optimizer(cfg)`, MaxText's way: the same object builds the state and the update). Inside, the phases of docs/design.md §7 run in their order
-on a host batch (`PackedBatch`): the reward baseline (host), the old pass, the teacher pass, l_old at
-the teacher's ids, the reference pass, the importance weights (the advantages' last touch), the loss
-batch, then the gradient and the optax update (`step.py`); with `trainer.fused_old_pass` phases 1-7
-are one program (`fused_step.py`). Each phase is one jitted program, compiled once per shape of
+(`state.optimizer(cfg)`: the same object builds the state and the update). Inside, the phases of
+docs/design.md §7 run in their order on a host batch (`PackedBatch`): the reward baseline (host),
+the old pass, the teacher pass, l_old at the teacher's ids, the reference pass, the importance
+weights (the advantages' last touch), the loss batch, then the gradient and the optax update
+(`step.py`); with `trainer.fused_old_pass` phases 1-7 are one program (`fused_step.py`). Each phase is one jitted program, compiled once per shape of
 its own inputs (the student phases per student shape, the teacher pass per teacher shape, so the
 programs a run compiles add up rather than multiply, `ShapeLadder.bound`), timed on its own
 (`time/<phase>`) and planned on its own (`plan.py`, through `TrainStep.compile`).
