@@ -163,7 +163,7 @@ class TrainStep:
         self._phases: dict[tuple, dict[str, Callable]] = {}
         self._serving_graphdef: nnx.GraphDef | None = None
 
-    def phases(self, image_grid: tuple = ()) -> dict[str, Callable]:
+    def _jitted(self, image_grid: tuple = ()) -> dict[str, Callable]:
         """The jitted phases for batches whose rows hold images of `image_grid` (static under jit: one set
         per grid; `()`: text batches)."""
         if image_grid not in self._phases:
@@ -190,7 +190,7 @@ class TrainStep:
 
     def _step(self, state: TrainState, batch: PackedBatch, *, serve: bool):
         baseline = A.apply_reward_baseline(batch, self.reward_baseline)
-        phases = self.phases(batch.image_grid)
+        phases = self._jitted(batch.image_grid)
         times: dict[str, float] = {}
 
         def call(name, *args):   # the forward passes are timed on their own; the rest counts as the update
@@ -222,7 +222,7 @@ class TrainStep:
         finished advantages), without updating anything (also with `trainer.fused_old_pass`: its phases
         then compile apart)."""
         A.apply_reward_baseline(batch, self.reward_baseline)
-        phases = self.phases(batch.image_grid)
+        phases = self._jitted(batch.image_grid)
         with jax.set_mesh(self.mesh):
             inputs, teacher_inputs = self._device_inputs(batch)
             return self._loss_batch(lambda name, *args: phases[name](*args), state, inputs, teacher_inputs,
@@ -288,7 +288,7 @@ class TrainStep:
         """Every phase of the step on a batch with hint candidates, lowered and compiled in order, from
         abstract arguments (`jax.ShapeDtypeStruct`s with shardings: `plan.py`); `serve`: the update that
         also writes the serving weights (the step of a weight sync, the largest)."""
-        phases = self.phases(image_grid)
+        phases = self._jitted(image_grid)
         compiled: list[CompiledPhase] = []
 
         def call(name, *args):
