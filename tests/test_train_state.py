@@ -82,3 +82,29 @@ def test_a_checkpoint_in_the_stored_layout_restores_the_state(cfg, tmp_path):
         for key in want:
             np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name} {key}")
     ckpt.close()
+
+
+def test_the_fused_step_is_the_same_function_of_the_state(cfg):
+    """`trainer.fused_old_pass` changes how the step runs (one program), not what it computes: from the
+    same state and batch, the same metrics, trained params and serving weights."""
+    import dataclasses
+
+    mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    results = {}
+    for fused in (False, True):
+        run_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, fused_old_pass=fused))
+        opt = optimizer(run_cfg)
+        state = init_state(run_cfg, _model(0), _model(1), mesh, opt[0])
+        train_step = make_train_step(run_cfg, run_cfg.sample_spec(), state, mesh, opt)
+        packed = pack(_samples(np.random.default_rng(3)), train_step.spec)
+        new, metrics, serving = train_step.with_serving_weights(state, packed)
+        results[fused] = (metrics, _values(new.trainable), _values(serving))
+    (m0, p0, s0), (m1, p1, s1) = results[False], results[True]
+    assert m0["grad_norm"] > 1e-6 and ("time/old_pass" in m0) and ("time/old_pass" not in m1)   # one program
+    for name in ("loss", "grpo_pg_loss", "opd_loss", "kl_loss", "grad_norm", "lr"):
+        assert m1[name] == pytest.approx(m0[name], rel=1e-4, abs=1e-6), name
+    np.testing.assert_array_equal(m1["sel_k_star"], m0["sel_k_star"])
+    for got, want in ((p1, p0), (s1, s0)):
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
