@@ -55,11 +55,11 @@ def openclaw_like_samples(n: int, seed: int = 0):
 
 
 def spec_for(window: int):
-    from openclaw_jax.trainer.batcher import BatchSpec
+    from openclaw_jax.trainer.batch import BatchSpec
 
-    return BatchSpec(batch_size=window, max_candidates=3, min_seq_bucket=64, min_response_bucket=32,
-                     max_seq_len=8192, packing=True, shared_prefix=True, batch_prefix_min=256, bucket_quantum=512,
-                     temperature=1.0, max_staleness=4)
+    return BatchSpec(samples_per_step=window, max_candidates=3, min_seq_bucket=64, min_response_bucket=32,
+                     max_seq_len=8192, packing=True, shared_prefix_teacher=True, batch_prefix_min=256,
+                     bucket_quantum=512, temperature=1.0, max_staleness=4)
 
 
 def run(window: int, windows: int, step_ms: float, parse_threads: int) -> dict:

@@ -32,7 +32,7 @@ def windows_of(run_dir: str, batcher) -> list[tuple[int, int, int]]:
         with open(steps_file) as f:
             windows = [(r["step"], r["start_offset"], r["end_offset"]) for r in map(json.loads, f) if r]
     else:
-        b = batcher.spec.batch_size
+        b = batcher.spec.samples_per_step
         windows = [(i // b + 1, i, i + b) for i in range(0, available - b + 1, b)]
     return [w for w in windows if w[2] <= available]
 
@@ -40,7 +40,7 @@ def windows_of(run_dir: str, batcher) -> list[tuple[int, int, int]]:
 def replay(run_dir: str, config: str | None = None, overrides: tuple[str, ...] = ()) -> dict:
     from openclaw_jax.config import load_experiment_config
     from openclaw_jax.trainer.batcher import SampleBatcher, shape_ladder
-    from openclaw_jax.trainer.runner import batch_spec
+    from openclaw_jax.trainer.train_step import batch_spec
 
     cfg = load_experiment_config([config or os.path.join(run_dir, "config.yaml")], list(overrides))
     spec = batch_spec(cfg, cfg.sample_spec())

@@ -44,7 +44,8 @@ def replay_timed(run_dir: str, steps: int = 0) -> dict:
     config_path = os.path.join(run_dir, "config.yaml")
     layouts = {"before": BEFORE, "after": ()}
     trainers = {name: _trainer(config_path, ov) for name, ov in layouts.items()}
-    batchers = {name: SampleBatcher(os.path.join(run_dir, "samples"), t.spec) for name, t in trainers.items()}
+    batchers = {name: SampleBatcher(os.path.join(run_dir, "samples"), t.train_step.spec)
+                for name, t in trainers.items()}
     rows: dict[str, list[dict]] = {name: [] for name in layouts}
     try:
         windows = windows_of(run_dir, batchers["after"])

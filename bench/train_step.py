@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -88,30 +89,33 @@ def _long_context(trainer, vocab, args):
 
     sample = _samples(np.random.default_rng(1), vocab, 1, args.long_prompt, args.long_response,
                       args.long_candidates)
-    spec = dataclasses.replace(trainer.spec, batch_size=1, max_candidates=args.long_candidates)
+    spec = dataclasses.replace(trainer.train_step.spec, samples_per_step=1, max_candidates=args.long_candidates)
     out = {}
-    with jax.set_mesh(trainer.mesh):
-        packed = pack(sample, dataclasses.replace(spec, shared_prefix=False))
+    state, settings = trainer.state, trainer.train_step.settings
+    # the step's own phase functions, jitted with its settings, on this one sample alone
+    old_pass = jax.jit(functools.partial(S.old_pass, settings=settings))
+    teacher_pass = jax.jit(functools.partial(S.teacher_pass, settings=settings))
+    with jax.set_mesh(trainer.train_step.mesh):
+        packed = pack(sample, dataclasses.replace(spec, shared_prefix_teacher=False))
         inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
-        state = (trainer.trainable, trainer.frozen)
         holder = {}
 
         def forward():
-            holder["old"] = jax.block_until_ready(trainer.runner.phases["old_pass"](trainer.graphdef, state, inputs))
+            holder["old"] = jax.block_until_ready(old_pass(state.graphdef, state.student, inputs))
 
         forward()  # compile
         passes = {}
         # the teacher pass as configured first (the `long_teacher_pass_s` of the JSON), then the other layout
-        for shared in (spec.shared_prefix, not spec.shared_prefix):
-            layout = pack(sample, dataclasses.replace(spec, shared_prefix=shared))
+        for shared in (spec.shared_prefix_teacher, not spec.shared_prefix_teacher):
+            layout = pack(sample, dataclasses.replace(spec, shared_prefix_teacher=shared))
             tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in layout.teacher.items()})
 
             def teacher(tinputs=tinputs):
-                jax.block_until_ready(trainer.runner.phases["teacher_pass"](trainer.teacher_graphdef, trainer.teacher_state, tinputs,
-                                                            inputs.response_ids, holder["old"].topk_ids))
+                jax.block_until_ready(teacher_pass(state.teacher_graphdef, state.teacher, tinputs, inputs.response_ids,
+                                                   holder["old"].topk_ids))
 
             teacher()  # compile
-            key = "long_teacher_pass_s" if shared == spec.shared_prefix else (
+            key = "long_teacher_pass_s" if shared == spec.shared_prefix_teacher else (
                 "long_teacher_pass_shared_prefix_s" if shared else "long_teacher_pass_full_s")
             passes[key] = teacher
         # Interleaved rounds (forward, then each teacher layout): on a shared machine the load drifts
@@ -127,7 +131,7 @@ def _long_context(trainer, vocab, args):
                                                                           times["long_forward_s"])]
     out["long_teacher_over_forward"] = statistics.median(out["long_teacher_over_forward_rounds"])
     out["long_teacher_over_forward_of_medians"] = out["long_teacher_pass_s"] / out["long_forward_s"]
-    out["long_shared_prefix"] = spec.shared_prefix
+    out["long_shared_prefix"] = spec.shared_prefix_teacher
     return out
 
 
@@ -165,10 +169,10 @@ def _openclaw_case(trainer, vocab, args):
     samples = _openclaw_samples(np.random.default_rng(2), vocab, args)
     cut = [dataclasses.replace(s, prompt_ids=s.prompt_ids[args.oc_system:],
                                hint_prompt_ids=[h[args.oc_system:] for h in s.hint_prompt_ids]) for s in samples]
-    spec = trainer.spec
+    spec = trainer.train_step.spec
     layouts = {"default": pack(samples, spec),   # as the trainer packs them (config defaults)
                "teacher_prefix_only": pack(samples, dataclasses.replace(spec, batch_prefix_min=0)),
-               "full": pack(samples, dataclasses.replace(spec, shared_prefix=False, batch_prefix_min=0)),
+               "full": pack(samples, dataclasses.replace(spec, shared_prefix_teacher=False, batch_prefix_min=0)),
                "no_system_prompt": pack(cut, dataclasses.replace(spec, batch_prefix_min=0))}
     phases = ["old_pass", "teacher_pass", "train_step"] + (["reference_pass"] if trainer.cfg.loss.kl_coef else [])
     times = {name: {k: [] for k in phases + ["step"]} for name in layouts}
@@ -272,14 +276,14 @@ def bench_model(name, args):
     trainer = Trainer(cfg, shard_model(student, mesh), shard_model(teacher, mesh), mesh, samples=cfg.sample_spec())
     if args.openclaw:
         return {"model": name, "layers": mcfg.num_layers, "params_M": sum(
-            int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.trainable)) / 1e6, "batch": args.batch,
+            int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.state.trainable)) / 1e6, "batch": args.batch,
             "micro_batch_size": args.micro, "kl_coef": args.kl_coef, **_openclaw_case(trainer, mcfg.vocab_size, args)}
     if args.only_long:
         return {"model": name, "shared_prefix_teacher": args.shared_prefix == "on", **_long_context(
             trainer, mcfg.vocab_size, args)}
-    packed = pack(samples, trainer.spec)
-    before = pack(samples, dataclasses.replace(trainer.spec, packing=False, bucket_quantum=0))
-    student_tokens, teacher_tokens = _real_tokens(samples, trainer.spec)
+    packed = pack(samples, trainer.train_step.spec)
+    before = pack(samples, dataclasses.replace(trainer.train_step.spec, packing=False, bucket_quantum=0))
+    student_tokens, teacher_tokens = _real_tokens(samples, trainer.train_step.spec)
     trainer.train_on(packed)  # compile
     phases = []
 
@@ -289,7 +293,7 @@ def bench_model(name, args):
     t_jax = median_time(jax_step, args.repeats)
     split = {k: statistics.median(p[f"time/{k}"] for p in phases) for k in ("old_pass", "teacher_pass", "train_step")}
 
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.trainable))
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.state.trainable))
     our_flops = n_params * (6 * student_tokens + 2 * student_tokens + 2 * teacher_tokens)
     sft_flops = 6 * n_params * student_tokens
     row = {"model": name, "params_M": n_params / 1e6, "candidates": args.candidates, "batch": args.batch,

@@ -1,11 +1,11 @@
 """`python -m openclaw_jax.plan --config configs/<x>.yaml [key=value ...] --devices N [--json] [--prompt-len P ...]`
 
 Ahead-of-time memory and FLOP plan of one trainer step, from a model's `config.json` alone (no
-weights, no tokenizer). The trainer's own step runner (`trainer.runner.StepRunner`: the same
-jitted phases `Trainer` calls, in the same order) are lowered with abstract, sharded arguments
-(`jax.ShapeDtypeStruct`) at the largest bucket (`trainer.max_seq_len`) and compiled for N
-simulated CPU devices, as the config sets them up (mesh, dtypes, remat, micro-batches,
-attention). Per device and phase it reports XLA's argument, output and temporary bytes and the
+weights, no tokenizer). The trainer's own step (`trainer.train_step.make_train_step`: the same
+jitted phases the trainer runs, in the same order, through `TrainStep.compile`) is lowered with
+abstract, sharded arguments (`jax.ShapeDtypeStruct`) at the largest bucket (`trainer.max_seq_len`)
+and compiled for N simulated CPU devices, as the config sets them up (mesh, dtypes, remat,
+micro-batches, attention). Per device and phase it reports XLA's argument, output and temporary bytes and the
 phase's peak: everything the trainer holds at that point (student master params, optimizer
 state, the teacher, the batch, earlier phases' outputs) plus the phase's outputs and temporaries
 (minus donated buffers). FLOPs are the matmul FLOPs of the compiled per-device programs, loops
@@ -186,19 +186,12 @@ def _abstract(state, shardings):
     return jax.tree.map(one, state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def _outputs(compiled, lowered):
-    import jax
-
-    return jax.tree.map(lambda info, s: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=s),
-                        lowered.out_info, compiled.output_shardings)
-
-
 def _largest_shapes(spec, ladder, T: int) -> tuple[dict, dict]:
     """(student, teacher) {name: (shape, dtype)} of the largest batch the batcher makes (`shape_ladder`):
     every sequence max_seq_len long, packed one per row (the most rows of the ladder), or unpacked
     [B, L] / [B, C, L]; with a shared prefix one row per sample, the ladder's longest [B, C * L] (no
     prefix shared at all)."""
-    B, C, L = spec.batch_size, spec.max_candidates, spec.max_seq_len
+    B, C, L = spec.samples_per_step, spec.max_candidates, spec.max_seq_len
     i32, f32 = np.int32, np.float32
 
     def packed(r, lead, length=L):
@@ -236,7 +229,7 @@ def _openclaw_shapes(spec, *, prompt: int, response: int, hint: int, shared: int
     rng = np.random.default_rng(0)
     system = [int(x) for x in rng.integers(1, 1000, shared)]
     samples = []
-    for i in range(spec.batch_size):
+    for i in range(spec.samples_per_step):
         p = system + [int(x) for x in rng.integers(1, 1000, prompt - shared)]
         hints = [p[:-3] + [7 + c] * hint + p[-3:] for c in range(spec.max_candidates)]
         samples.append(Sample(session_id=f"plan{i}", turn_index=0, kind="opd+rl" if hints else "rl", reward=1.0,
@@ -257,42 +250,39 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     student's and the teacher's rows (`trainer/vision_batch.py`), the vision tower in every pass."""
     import jax
 
-    from openclaw_jax.trainer import step as S   # imports JAX: after main's XLA_FLAGS (see the imports)
+    # these import JAX: after main's XLA_FLAGS (see the imports)
+    from openclaw_jax.trainer import step as S
+    from openclaw_jax.trainer.state import optimizer
+    from openclaw_jax.trainer.train_step import make_train_step
 
-    mcfg, runner, trainable = _abstract_runner(cfg, hf_config)
-    vision = _vision_inputs(runner, hf_config, images, (trainable, runner.frozen))
-    if vision:
-        runner.phases = runner.phases_for(vision["grid"])   # the phases of batches with these images
+    opt = optimizer(cfg)
+    mcfg, state, mesh = _abstract_state(cfg, hf_config, opt[0])
+    train_step = make_train_step(cfg, cfg.sample_spec(), state, mesh, opt)
+    vision = _vision_inputs(train_step.spec, hf_config, images, state.student)
     T = response_len or cfg.trainer.max_seq_len
-    with jax.set_mesh(runner.mesh):
-        init_lowered = jax.jit(runner.tx.init, out_shardings=runner.opt_shardings).lower(trainable)
-        opt_state = _outputs(init_lowered.compile(), init_lowered)
 
-        def arr(shape, dtype):
-            return jax.ShapeDtypeStruct(shape, dtype, sharding=runner.batch_sharding)
+    def arr(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=train_step.batch_sharding)
 
-        spec, ladder = runner.spec, runner.shape_ladder
-        if lengths is None:
-            student_shapes, teacher_shapes = _largest_shapes(spec, ladder, T)
-        else:  # the batch the batcher packs from B samples of these lengths (the same `pack`)
-            student_shapes, teacher_shapes, T = _openclaw_shapes(spec, **lengths)
-        if vision:
-            student_shapes["pixel_values"] = ((spec.batch_size,) + vision["row_patches"], "float32")
-            teacher_shapes["pixel_values"] = ((spec.batch_size, spec.max_candidates) + vision["row_patches"],
-                                              "float32")
-        inputs = S.StudentInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in student_shapes.items()})
-        tinputs = S.TeacherInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in teacher_shapes.items()})
-        resident = {"student_params": _tree_bytes(trainable) + _tree_bytes(runner.frozen),
-                    "optimizer_state": _tree_bytes(opt_state), "teacher_params": _tree_bytes(runner.teacher_state),
-                    "batch": _tree_bytes(inputs) + _tree_bytes(tinputs)}
-        report: dict[str, Any] = {}
-        # the step of a weight sync (the largest): the train step that also writes the serving weights,
-        # one more copy of the model in the compute dtype (LoRA merged), live until the hand-off
-        out = runner.run_phases(_lowering_call(runner, report, sum(resident.values())), trainable, opt_state, inputs,
-                                tinputs, run_teacher=True, folded_reference="reference_offset" in teacher_shapes,
-                                serve=True)
-    plan = _plan_report(cfg, mcfg, runner, report, resident, inputs, tinputs, trainable, lengths, T,
-                        serving_bytes=_tree_bytes(out[4]), device_memory=device_memory)
+    spec, ladder = train_step.spec, train_step.shape_ladder
+    if lengths is None:
+        student_shapes, teacher_shapes = _largest_shapes(spec, ladder, T)
+    else:  # the batch the batcher packs from B samples of these lengths (the same `pack`)
+        student_shapes, teacher_shapes, T = _openclaw_shapes(spec, **lengths)
+    if vision:
+        student_shapes["pixel_values"] = ((spec.samples_per_step,) + vision["row_patches"], "float32")
+        teacher_shapes["pixel_values"] = ((spec.samples_per_step, spec.max_candidates) + vision["row_patches"],
+                                          "float32")
+    inputs = S.StudentInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in student_shapes.items()})
+    tinputs = S.TeacherInputs(**{k: arr(shape, dtype) for k, (shape, dtype) in teacher_shapes.items()})
+    resident = {"student_params": _tree_bytes(state.student), "optimizer_state": _tree_bytes(state.opt_state),
+                "teacher_params": _tree_bytes(state.teacher), "batch": _tree_bytes(inputs) + _tree_bytes(tinputs)}
+    # the step of a weight sync (the largest): the update that also writes the serving weights, one more
+    # copy of the model in the compute dtype (LoRA merged), live until the hand-off
+    phases = train_step.compile(state, inputs, tinputs, serve=True, image_grid=vision["grid"] if vision else ())
+    report = _phase_report(phases, sum(resident.values()))
+    plan = _plan_report(cfg, mcfg, train_step, report, resident, inputs, tinputs, state.trainable, lengths, T,
+                        serving_bytes=_tree_bytes(phases[-1].outputs[4]), device_memory=device_memory)
     if vision:
         plan["vision"] = {"images_per_sample": images[0], "image_size": list(images[1:]),
                           "grid": [list(g) for g in vision["grid"]], "image_tokens_per_sample": vision["tokens"],
@@ -300,7 +290,7 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     return plan
 
 
-def _vision_inputs(runner, hf_config: dict[str, Any], images: tuple[int, int, int], states) -> dict[str, Any] | None:
+def _vision_inputs(spec, hf_config: dict[str, Any], images: tuple[int, int, int], states) -> dict[str, Any] | None:
     """For a Qwen2.5-VL student: the images' grid, patches per row `(N_row, D)`, image tokens and the
     vision tower's parameter count (None for a text decoder)."""
     # qwen_vl imports JAX: after main's XLA_FLAGS (see the imports)
@@ -309,7 +299,7 @@ def _vision_inputs(runner, hf_config: dict[str, Any], images: tuple[int, int, in
 
     if not is_vl_config(hf_config):
         return None
-    if runner.spec.packing or runner.spec.shares_prefix:
+    if spec.packing or spec.shares_prefix:
         raise ValueError("a vision-language model trains on unpacked batches: set trainer.packing=false and "
                          "trainer.shared_prefix_teacher=false")
     count, width, height = images
@@ -327,18 +317,19 @@ def _vision_inputs(runner, hf_config: dict[str, Any], images: tuple[int, int, in
 
 
 
-def _abstract_runner(cfg, hf_config: dict[str, Any]):
-    """The model config and the trainer's own `StepRunner` over abstract, sharded student and teacher
-    states (no weights): its jitted phases are what the planner lowers."""
+def _abstract_state(cfg, hf_config: dict[str, Any], tx):
+    """(model config, the trainer's `TrainState` of abstract, sharded arrays (no weights), the mesh): the
+    state the planner compiles the trainer's step over."""
+    import jax
     from flax import nnx
 
     # these import JAX: after main's XLA_FLAGS (see the imports)
     from openclaw_jax.models.decoder import Decoder
-    from openclaw_jax.models.lora import LoRAParam, add_lora
+    from openclaw_jax.models.lora import add_lora
     from openclaw_jax.models.weights import apply_dtypes
     from openclaw_jax.parallel.mesh import make_mesh, state_shardings
     from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig, apply_vl_dtypes, is_vl_config
-    from openclaw_jax.trainer.runner import StepRunner
+    from openclaw_jax.trainer.state import TrainState, optimizer_shardings, trained_params
 
     vl = None
     if is_vl_config(hf_config):   # Qwen2.5-VL: the text decoder as below, the vision tower beside it
@@ -359,8 +350,8 @@ def _abstract_runner(cfg, hf_config: dict[str, Any]):
             model = add_lora(model, cfg.model.lora, rngs=nnx.Rngs(1))
         return model
 
-    trainable_filter = LoRAParam if cfg.model.lora.enabled else nnx.Param
-    graphdef, trainable, frozen = nnx.split(nnx.eval_shape(student), trainable_filter, ...)
+    model = nnx.eval_shape(student)
+    graphdef, trainable, frozen = nnx.split(model, trained_params(model, cfg), ...)
     trainable = _abstract(trainable, state_shardings(trainable, mesh, mcfg.family))
     frozen = _abstract(frozen, state_shardings(frozen, mesh, mcfg.family))
     teacher_model = mcfg.replace(param_dtype=cfg.model.dtype)   # the teacher is held in the compute dtype
@@ -371,43 +362,42 @@ def _abstract_runner(cfg, hf_config: dict[str, Any]):
         teacher_graphdef, teacher_state = nnx.split(nnx.eval_shape(lambda: Decoder(teacher_model,
                                                                                    rngs=nnx.Rngs(0))))
     teacher_state = _abstract(teacher_state, state_shardings(teacher_state, mesh, mcfg.family))
-    return mcfg, StepRunner(cfg, cfg.sample_spec(), mesh, graphdef, trainable, frozen, teacher_graphdef,
-                            teacher_state), trainable
+    opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                             jax.eval_shape(tx.init, trainable), optimizer_shardings(tx, trainable, mesh))
+    rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    return mcfg, TrainState(step=0, sample_offset=0, trainable=trainable, frozen=frozen, teacher=teacher_state,
+                            opt_state=opt_state, rng=rng, graphdef=graphdef, teacher_graphdef=teacher_graphdef), mesh
 
 
-def _lowering_call(runner, report: dict[str, Any], live: int):
-    """A `call(name, *args)` for `StepRunner.run_phases` that lowers and compiles the phase instead of
-    running it, records its memory and FLOPs in `report` and returns its abstract outputs. `live`: the
-    bytes resident before the first phase; each phase's outputs stay live (donated buffers leave)."""
-
-    def call(name, *args):
-        nonlocal live
-        lowered = runner.phases[name].lower(*args)
-        compiled = lowered.compile()
-        mem = compiled.memory_analysis()
-        out = _outputs(compiled, lowered)
+def _phase_report(phases, live: int) -> dict[str, Any]:
+    """Per compiled phase (`TrainStep.compile`, in run order): XLA's memory numbers and matmul FLOPs, and
+    its peak: `live` (the bytes resident before the first phase) plus the outputs of the phases before
+    it (donated buffers leave), its own outputs and temporaries."""
+    report: dict[str, Any] = {}
+    for phase in phases:
+        mem = phase.compiled.memory_analysis()
         out_bytes = int(mem.output_size_in_bytes)
         peak = live + out_bytes + int(mem.temp_size_in_bytes) - int(mem.alias_size_in_bytes)
-        # the fused step (trainer.fused_old_pass) is the train step, with the passes it folds in
-        key = "train_step" if name.startswith(("train_step", "fused_step")) else name
+        # the fused step (trainer.fused_old_pass) is the update, with the passes it folds in
+        key = "train_step" if phase.name.startswith(("train_step", "fused_step")) else phase.name
+        text = phase.compiled.as_text()
         report[key] = {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": out_bytes,
                        "temp_bytes": int(mem.temp_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes),
-                       "live_before_bytes": live, "peak_bytes": peak, "flops": hlo_matmul_flops(compiled.as_text()),
-                       "loops_without_trip_count": hlo_loops_without_trip_count(compiled.as_text())}
-        donated = _tree_bytes(args[1]) + _tree_bytes(args[3]) if key == "train_step" else 0   # trainable, opt
+                       "live_before_bytes": live, "peak_bytes": peak, "flops": hlo_matmul_flops(text),
+                       "loops_without_trip_count": hlo_loops_without_trip_count(text)}
+        # the update donates its trained params and optimizer state (args 1 and 3)
+        donated = _tree_bytes(phase.args[1]) + _tree_bytes(phase.args[3]) if key == "train_step" else 0
         live += out_bytes - donated
-        return out
-
-    return call
+    return report
 
 
-def _plan_report(cfg, mcfg, runner, report, resident, inputs, tinputs, trainable, lengths, T, *, serving_bytes: int,
+def _plan_report(cfg, mcfg, train_step, report, resident, inputs, tinputs, trainable, lengths, T, *, serving_bytes: int,
                  device_memory: int) -> dict[str, Any]:
     """The plan's dict from the compiled phases' numbers."""
     import jax
 
-    tcfg, mesh = cfg.trainer, runner.mesh
-    B, C, L = tcfg.samples_per_step, runner.spec.max_candidates, tcfg.max_seq_len
+    tcfg, mesh = cfg.trainer, train_step.mesh
+    B, C, L = tcfg.samples_per_step, train_step.spec.max_candidates, tcfg.max_seq_len
     n_dev = mesh.size
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
     train_flops = report["train_step"]["flops"]
@@ -426,8 +416,8 @@ def _plan_report(cfg, mcfg, runner, report, resident, inputs, tinputs, trainable
         "batch": {"samples_per_step": B, "candidates": C, "seq_len": L, "response_len": T,
                   "micro_batch_size": tcfg.micro_batch_size, "top_k": cfg.loss.top_k, "chunk_size": tcfg.chunk_size,
                   "packing": bool(tcfg.packing), "student_shape": list(inputs.input_ids.shape),
-                  "teacher_shape": list(tinputs.input_ids.shape), "compiled_shape_bound": runner.shape_ladder.bound,
-                  "shared_prefix": bool(runner.spec.shares_prefix),
+                  "teacher_shape": list(tinputs.input_ids.shape), "compiled_shape_bound": train_step.shape_ladder.bound,
+                  "shared_prefix": bool(train_step.spec.shares_prefix),
                   "lengths": lengths},
         "serving_bytes": int(serving_bytes),
         "trainable_params": int(n_params),

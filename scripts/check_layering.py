@@ -3,13 +3,18 @@
     python scripts/check_layering.py [--root openclaw_jax]
 
 Every `import` / `from ... import` of the package counts, wherever it is written: at module top,
-inside functions, in `if __name__ == "__main__":` blocks. Only imports under `if TYPE_CHECKING:`
-are left out of the cycle checks (they never run), but not out of the layer rules.
+inside functions, in `if __name__ == "__main__":` blocks. Imports under `if TYPE_CHECKING:` never
+run, but they are still dependencies a reader follows: they count for the layer rules and for a
+cycle of their own ("type-only"), not for the NumPy-only rule.
 
 Checks:
   * no import cycle between files (modules) and none between packages (the first level under the
-    root: `envs`, `trainer`, ..., and the top-level modules `config`, `train`, ...);
+    root: `envs`, `trainer`, ..., and the top-level modules `config`, `train`, ...), neither of
+    imports that run nor of ones that close the cycle under `TYPE_CHECKING`;
   * the layer rules in `FORBIDDEN`;
+  * the modules in `NUMPY_ONLY` (the trainer's batcher: host code, run on the input pipeline's
+    threads) import no JAX (`JAX_PACKAGES`), neither themselves nor through any module of ours
+    they import (their packages' `__init__` included);
   * a separate check: every function (methods and nested functions too, each on its own) at most
     `--max-function-lines` lines long (default 80), from its `def` to its last line; the ones in
     `LONG_FUNCTIONS_PENDING` are reported but do not fail.
@@ -30,6 +35,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "envs": ("trainer", "gateway", "config"),   # environments take their own config section
     "trainer": ("gateway", "pool"),              # samples/ is the only meeting point with serving
 }
+
+# modules that must run without JAX, and what counts as JAX (a module importing one is "jitted")
+NUMPY_ONLY: tuple[str, ...] = ("trainer.batcher",)
+JAX_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax", "chex")
 
 MAX_FUNCTION_LINES = 80
 # over the limit, in files another change is editing right now: reported, not failed, until split
@@ -71,10 +80,18 @@ def _imports(tree: ast.AST):
 
 
 def collect_edges(root: Path) -> tuple[set[str], list[Edge]]:
+    modules, edges, _ = collect_imports(root)
+    return modules, edges
+
+
+def collect_imports(root: Path) -> tuple[set[str], list[Edge], dict[str, set[str]]]:
+    """(modules, edges between them, each module's runtime imports from outside the package by top-level
+    name)."""
     files = sorted(root.rglob("*.py"))
     modules = {module_name(f, root): f for f in files}
     top = root.name
     edges: list[Edge] = []
+    external: dict[str, set[str]] = {mod: set() for mod in modules}
     for mod, path in modules.items():
         is_pkg = path.name == "__init__.py"
         try:
@@ -97,12 +114,14 @@ def collect_edges(root: Path) -> tuple[set[str], list[Edge]]:
                     targets.append(sub if sub in modules else prefix)
             for t in targets:
                 if t != top and not t.startswith(top + "."):
+                    if not tc and not (isinstance(node, ast.ImportFrom) and node.level):
+                        external[mod].add(t.split(".")[0])
                     continue
                 while t not in modules and "." in t:  # `import a.b.name` -> the deepest module
                     t = t.rsplit(".", 1)[0]
                 if t in modules and t != mod:
                     edges.append(Edge(mod, t, node.lineno, tc))
-    return set(modules), sorted(set(edges), key=lambda e: (e.src, e.line, e.dst))
+    return set(modules), sorted(set(edges), key=lambda e: (e.src, e.line, e.dst)), external
 
 
 def package_of(mod: str) -> str:
@@ -158,34 +177,76 @@ def cycles(nodes: set[str], graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def _cycle_problems(kind: str, nodes: set[str], edges: list[Edge], node_of) -> list[str]:
+    """Import cycles among `nodes` (`node_of(module)`): those of imports that run, then those a
+    `TYPE_CHECKING` import closes (reported as type-only)."""
+    problems = []
+    runtime_comps: list[list[str]] = []
+    for only_runtime in (True, False):
+        graph: dict[str, set[str]] = {}
+        used = [e for e in edges if not (only_runtime and e.type_checking)]
+        for e in used:
+            a, b = node_of(e.src), node_of(e.dst)
+            if a != b:
+                graph.setdefault(a, set()).add(b)
+        for comp in cycles(nodes, graph):
+            if only_runtime:
+                runtime_comps.append(comp)
+            elif comp in runtime_comps:
+                continue
+            inside = [f"{e.src}:{e.line} -> {e.dst}{' (TYPE_CHECKING)' if e.type_checking else ''}" for e in used
+                      if node_of(e.src) in comp and node_of(e.dst) in comp and node_of(e.src) != node_of(e.dst)]
+            what = f"{kind} import cycle" if only_runtime else f"{kind} type-only import cycle"
+            problems.append(f"{what}: " + " <-> ".join(comp) + "\n    " + "\n    ".join(inside))
+    return problems
+
+
+def numpy_only_problems(root: Path, modules: set[str], edges: list[Edge], external: dict[str, set[str]],
+                        numpy_only: tuple[str, ...] = NUMPY_ONLY) -> list[str]:
+    """A `NUMPY_ONLY` module that reaches a JAX import: the chain of our modules that leads to it."""
+    top = root.name
+    runtime: dict[str, list[str]] = {}
+    for e in edges:
+        if not e.type_checking:
+            runtime.setdefault(e.src, []).append(e.dst)
+    problems = []
+    for name in numpy_only:
+        start = f"{top}.{name}"
+        if start not in modules:   # (a package under test without it)
+            continue
+        parent = {start: None}
+        queue = [start]
+        while queue:
+            mod = queue.pop(0)
+            # importing a module runs its packages' __init__ first
+            parts = mod.split(".")
+            nexts = runtime.get(mod, []) + [".".join(parts[:i]) for i in range(1, len(parts))]
+            for dst in nexts:
+                if dst in modules and dst not in parent:
+                    parent[dst] = mod
+                    queue.append(dst)
+            jax_imports = sorted(external.get(mod, set()) & set(JAX_PACKAGES))
+            if jax_imports:
+                chain = [mod]
+                while parent[chain[-1]] is not None:
+                    chain.append(parent[chain[-1]])
+                problems.append(f"NumPy-only rule: {start} must not import JAX, but imports {jax_imports[0]} through "
+                                + " -> ".join(reversed(chain)))
+                break
+    return problems
+
+
 def check(root: Path) -> list[str]:
-    modules, edges = collect_edges(root)
-    problems: list[str] = []
-    runtime = [e for e in edges if not e.type_checking]
-
-    file_graph: dict[str, set[str]] = {}
-    for e in runtime:
-        file_graph.setdefault(e.src, set()).add(e.dst)
-    for comp in cycles(modules, file_graph):
-        inside = [f"{e.src}:{e.line} -> {e.dst}" for e in runtime if e.src in comp and e.dst in comp]
-        problems.append("file-level import cycle: " + " <-> ".join(comp) + "\n    " + "\n    ".join(inside))
-
-    pkg_graph: dict[str, set[str]] = {}
-    for e in runtime:
-        a, b = package_of(e.src), package_of(e.dst)
-        if a != b:
-            pkg_graph.setdefault(a, set()).add(b)
-    packages = {package_of(m) for m in modules}
-    for comp in cycles(packages, pkg_graph):
-        inside = [f"{e.src}:{e.line} -> {e.dst}" for e in runtime
-                  if package_of(e.src) in comp and package_of(e.dst) in comp and package_of(e.src) != package_of(e.dst)]
-        problems.append("package-level import cycle: " + " <-> ".join(comp) + "\n    " + "\n    ".join(inside))
+    modules, edges, external = collect_imports(root)
+    problems = _cycle_problems("file-level", modules, edges, lambda m: m)
+    problems += _cycle_problems("package-level", {package_of(m) for m in modules}, edges, package_of)
 
     for e in edges:
         banned = FORBIDDEN.get(package_of(e.src), ())
         if package_of(e.dst) in banned and package_of(e.src) != package_of(e.dst):
             problems.append(f"layer rule: {package_of(e.src)}/ must not import {package_of(e.dst)}: "
                             f"{e.src}:{e.line} imports {e.dst}")
+    problems += numpy_only_problems(root, modules, edges, external)
     return problems
 
 
@@ -235,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(p)
     print(f"{len(problems)} layering problem(s)" if problems else "layering ok")
+    print("NumPy-only (no JAX imported): " + ", ".join(f"{root.name}.{m}" for m in NUMPY_ONLY
+                                                      if (root / (m.replace(".", "/") + ".py")).exists()))
     long_ones, notes = check_function_lengths(root, args.max_function_lines)
     for p in long_ones + notes:
         print(p)

@@ -3,13 +3,14 @@
 Records, with `sys.setprofile`, every call into a file of the `openclaw_jax` package that receives
 the config or one of its sections (any nested config dataclass) as an argument, in order, and prints
 the sequence of files as *stays* (consecutive calls in one file), how often each file is entered,
-and how many stays return to a file already left (the bar: `trainer/loop.py` entered at most
-twice, at most 4 returns).
+and how many stays return to a file already left. The bar: each file of `trainer/` entered at most
+twice, with and without `--derived` (`--check` exits 1 otherwise).
 
-  python scripts/trace_cfg_walk.py [--verbose] [--derived]
+  python scripts/trace_cfg_walk.py [--verbose] [--derived] [--check]
 
 `--derived` also follows the settings objects built from the config (`StepSettings`, `BatchSpec`,
-`SampleSpec`): the walk of everything the config decides, not only of the config tree itself.
+`SampleSpec`): the walk of everything the config decides, not only of the config tree itself. The
+step is `trainer.train_on` on a window packed by the trainer's own batcher (`pack`).
 """
 
 from __future__ import annotations
@@ -100,9 +101,8 @@ def trace(verbose: bool = False, derived: bool = False) -> dict:
         sys.setprofile(profile)
         try:
             trainer = train.build_trainer(cfg, base)
-            # (the old key too: the script also measures commits before trainer.samples_per_step)
-            n = getattr(cfg.trainer, "samples_per_step", None) or getattr(cfg.trainer, "rollout_batch_size")
-            trainer.train_on(pack(tiny_samples(n), trainer.spec, current_version=0))
+            spec = trainer.train_step.spec
+            trainer.train_on(pack(tiny_samples(spec.samples_per_step), spec, current_version=0))
         finally:
             sys.setprofile(None)
 
@@ -125,5 +125,17 @@ def trace(verbose: bool = False, derived: bool = False) -> dict:
     return {"stays": len(stays), "files": len(entered), "returns": returns, "entered": entered}
 
 
+TRAINER_FILE_BAR = 2   # the most times following the config may enter one file of trainer/
+
+
+def over_the_bar(result: dict) -> dict[str, int]:
+    """The trainer files the walk entered more than `TRAINER_FILE_BAR` times."""
+    return {path: n for path, n in result["entered"].items()
+            if path.startswith("openclaw_jax/trainer/") and n > TRAINER_FILE_BAR}
+
+
 if __name__ == "__main__":
-    trace(verbose="--verbose" in sys.argv, derived="--derived" in sys.argv)
+    result = trace(verbose="--verbose" in sys.argv, derived="--derived" in sys.argv)
+    over = over_the_bar(result)
+    print(f"trainer files entered more than {TRAINER_FILE_BAR}x: {over or 'none'}")
+    sys.exit(1 if over and "--check" in sys.argv else 0)

@@ -7,7 +7,8 @@ import pytest
 
 from openclaw_jax.samples import Sample
 from openclaw_jax.trainer.advantages import apply_reward_baseline
-from openclaw_jax.trainer.batcher import BatchSpec, pack
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack
 
 
 def _turn(kind: str, reward: float, n: int, *, token_advantages=None) -> Sample:
@@ -21,7 +22,7 @@ def _turn(kind: str, reward: float, n: int, *, token_advantages=None) -> Sample:
 def test_batch_mean_centres_evaluated_turns_only(packing):
     samples = [_turn("rl", 1, 3), _turn("opd+rl", -1, 5), _turn("rl", 1, 2), _turn("opd", 0, 4),
                _turn("rl", -1, 2, token_advantages=[0.3, -0.7])]   # an environment sample: its own advantages
-    spec = BatchSpec(batch_size=6, max_candidates=1, min_seq_bucket=16, min_response_bucket=8, packing=packing)
+    spec = BatchSpec(samples_per_step=6, max_candidates=1, min_seq_bucket=16, min_response_bucket=8, packing=packing)
     packed = pack(samples, spec)
     baseline = apply_reward_baseline(packed, "batch_mean")
     assert baseline == pytest.approx((1 - 1 + 1) / 3)   # the three +-1 conversation turns
@@ -34,7 +35,7 @@ def test_batch_mean_centres_evaluated_turns_only(packing):
 
 
 def test_none_keeps_the_reward_and_equal_rewards_give_no_advantage():
-    spec = BatchSpec(batch_size=2, max_candidates=1, min_seq_bucket=16, min_response_bucket=8)
+    spec = BatchSpec(samples_per_step=2, max_candidates=1, min_seq_bucket=16, min_response_bucket=8)
     packed = pack([_turn("rl", 1, 3), _turn("rl", 1, 2)], spec)
     assert apply_reward_baseline(packed, "none") is None
     assert packed.student["advantages"][0, :3].tolist() == [1.0, 1.0, 1.0]

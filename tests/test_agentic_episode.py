@@ -12,12 +12,14 @@ import math
 import numpy as np
 import pytest
 
-from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
+from openclaw_jax.envs.agentic.config import AgenticConfig
+from openclaw_jax.envs.agentic.episode import EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
 from openclaw_jax.envs.agentic.episode import format_tool_call
 from openclaw_jax.envs.agentic.rollout import episode_sample, group_advantages, token_advantages
 from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.models.tokenizer import smollm2_tokenizer
-from openclaw_jax.trainer.batcher import BatchSpec, pack
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +187,7 @@ def test_prm_step_advantages_and_samples_reach_the_batch(tok, tmp_path):
                             response_ids=[3, 4], rollout_logprobs=[-0.1, -0.2]))
         back = store.read(0)
     assert back[0].response_mask == ep.loss_mask and back[0].token_advantages == advs
-    packed = pack(back, BatchSpec(batch_size=2, max_seq_len=1024, max_candidates=1))
+    packed = pack(back, BatchSpec(samples_per_step=2, max_seq_len=1024, max_candidates=1))
     r = len(ep.response_ids)
     np.testing.assert_array_equal(packed.student["response_mask"][0, :r], np.asarray(ep.loss_mask, np.float32))
     np.testing.assert_allclose(packed.student["advantages"][0, :r], advs)
@@ -202,7 +204,7 @@ def test_demonstrations_fit_the_cpu_configs_limits(tok, config):
     from pathlib import Path
 
     from openclaw_jax.config import load_experiment_config
-    from openclaw_jax.envs.agentic import episode_runner
+    from openclaw_jax.envs.agentic.episode import episode_runner
 
     cfg = load_experiment_config([str(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml")])
     env = make_env(cfg.agentic)
@@ -233,7 +235,7 @@ def test_registered_environments_and_their_lookup_errors():
     """Environments register by decorator (`@register_environment`); the config refuses an unknown
     name at load, naming the registered ones, and `make_env` builds each from its section."""
     from openclaw_jax.configlib import ConfigError
-    from openclaw_jax.envs.agentic import ENVIRONMENTS
+    from openclaw_jax.envs.agentic.catalog import ENVIRONMENTS
 
     assert set(ENVIRONMENTS.names()) >= {"easy", "swe", "terminal", "toolcall"}
     for name in ENVIRONMENTS.names():
@@ -248,7 +250,7 @@ def test_run_wiring_builds_the_driver_and_demonstrations_from_the_experiment_con
     """`runs.agentic` turns the experiment config into the envs' own arguments: the driver's
     environment, task sets and backlog, and the warm-up's demonstrations (each solves its task)."""
     from openclaw_jax.config import ExperimentConfig
-    from openclaw_jax.envs.agentic import episode_runner
+    from openclaw_jax.envs.agentic.episode import episode_runner
     from openclaw_jax.envs.agentic.rollout import demonstrations
     from openclaw_jax.runs.agentic import AgenticDriver
 

@@ -22,8 +22,9 @@ import pytest
 
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.samples import Sample
-from openclaw_jax.trainer.batcher import BatchSpec, pack, shape_ladder
-from openclaw_jax.trainer.runner import batch_spec
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack, shape_ladder
+from openclaw_jax.trainer.train_step import batch_spec
 
 
 def _demo_spec() -> BatchSpec:
@@ -57,7 +58,7 @@ def _rows(sequences: int, groups: int, row_multiple: int) -> set[int]:
 
 def _expected(spec: BatchSpec) -> tuple[set, set]:
     """(student shapes, teacher shapes) as (rows, length, T) sets."""
-    b, c, q, top = spec.batch_size, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
+    b, c, q, top = spec.samples_per_step, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
     t = _lengths(spec.min_response_bucket, top, 0)
     lengths = _lengths(spec.min_seq_bucket, top, q)
     groups = (lambda n: n // spec.micro_batch_size if 0 < spec.micro_batch_size < n else 1)
@@ -69,7 +70,7 @@ def _expected(spec: BatchSpec) -> tuple[set, set]:
     # one row per sample, its candidates' suffixes back to back, when a sample can have 2+ candidates
     # (one candidate shares nothing: the packed layout)
     teacher = {(r, n, x) for r in t_rows for n in lengths for x in t}
-    if spec.shared_prefix and spec.use_hints and c >= 2:   # up to C whole sequences when nothing is shared
+    if spec.shared_prefix_teacher and spec.uses_hints and c >= 2:   # up to C whole sequences when nothing is shared
         # (C + 1 with a KL anchor: the un-hinted prompt rides in the row for the reference log-probs);
         # the packed layout stays possible only with a batch prefix (the batcher takes the smaller)
         shared = {("s", b, n, x) for n in _lengths(spec.min_seq_bucket, (c + spec.reference) * top, q) for x in t}
@@ -107,7 +108,7 @@ def test_the_cpu_demo_states_a_small_bound():
 
 
 def _random_samples(rng: np.random.Generator, spec: BatchSpec) -> list[Sample]:
-    n = int(rng.integers(1, spec.batch_size + 1))
+    n = int(rng.integers(1, spec.samples_per_step + 1))
     system = [int(x) for x in rng.integers(1, 1000, 64)]   # with a batch prefix: prompts start alike
     out = []
     for i in range(n):
@@ -129,27 +130,28 @@ def _random_samples(rng: np.random.Generator, spec: BatchSpec) -> list[Sample]:
 
 SPECS = {
     "demo": None,  # configs/cpu_demo.yaml
-    "micro_shards": BatchSpec(batch_size=8, max_candidates=3, min_seq_bucket=64, min_response_bucket=32,
+    "micro_shards": BatchSpec(samples_per_step=8, max_candidates=3, min_seq_bucket=64, min_response_bucket=32,
                               max_seq_len=1024, packing=True, bucket_quantum=128, micro_batch_size=4, row_multiple=2,
                               rl_only_teacher="none"),
-    "pow2_shards3": BatchSpec(batch_size=6, max_candidates=2, min_seq_bucket=16, min_response_bucket=8,
+    "pow2_shards3": BatchSpec(samples_per_step=6, max_candidates=2, min_seq_bucket=16, min_response_bucket=8,
                               max_seq_len=256, packing=True, bucket_quantum=0, row_multiple=3),
-    "unpacked": BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
+    "unpacked": BatchSpec(samples_per_step=4, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
                           max_seq_len=512, packing=False, bucket_quantum=64),
-    "shared_prefix": BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=32, min_response_bucket=16,
-                               max_seq_len=512, packing=True, bucket_quantum=64, shared_prefix=True),
-    "shared_prefix_micro": BatchSpec(batch_size=8, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
-                                     max_seq_len=512, packing=True, bucket_quantum=64, shared_prefix=True,
+    "shared_prefix": BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=32, min_response_bucket=16,
+                               max_seq_len=512, packing=True, bucket_quantum=64, shared_prefix_teacher=True),
+    "shared_prefix_micro": BatchSpec(samples_per_step=8, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
+                                     max_seq_len=512, packing=True, bucket_quantum=64, shared_prefix_teacher=True,
                                      micro_batch_size=2, row_multiple=2),
-    "shared_prefix_reference": BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=32, min_response_bucket=16,
-                                         max_seq_len=256, packing=True, bucket_quantum=64, shared_prefix=True,
-                                         micro_batch_size=2, reference=True, rl_only_teacher="none"),
-    "shared_prefix_batch_prefix": BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=32,
+    "shared_prefix_reference": BatchSpec(samples_per_step=4, max_candidates=2, min_seq_bucket=32,
+                                         min_response_bucket=16, max_seq_len=256, packing=True, bucket_quantum=64,
+                                         shared_prefix_teacher=True, micro_batch_size=2, kl_coef=0.05,
+                                         rl_only_teacher="none"),
+    "shared_prefix_batch_prefix": BatchSpec(samples_per_step=4, max_candidates=2, min_seq_bucket=32,
                                             min_response_bucket=16, max_seq_len=512, packing=True, bucket_quantum=64,
-                                            shared_prefix=True, batch_prefix_min=16, micro_batch_size=2),
-    "shared_prefix_one_candidate": BatchSpec(batch_size=4, max_candidates=1, min_seq_bucket=32,
+                                            shared_prefix_teacher=True, batch_prefix_min=16, micro_batch_size=2),
+    "shared_prefix_one_candidate": BatchSpec(samples_per_step=4, max_candidates=1, min_seq_bucket=32,
                                              min_response_bucket=16, max_seq_len=512, packing=True,
-                                             bucket_quantum=64, shared_prefix=True),
+                                             bucket_quantum=64, shared_prefix_teacher=True),
 }
 
 
@@ -173,7 +175,8 @@ def test_random_batches_stay_within_the_stated_shapes(name):
         keys.update(k for k in (student, teacher) if k is not None)
         st = packed.student
         if spec.packing:  # every sequence where row/offset say, in its micro-batch's rows
-            groups = spec.batch_size // spec.micro_batch_size if 0 < spec.micro_batch_size < spec.batch_size else 1
+            b, m = spec.samples_per_step, spec.micro_batch_size
+            groups = b // m if 0 < m < b else 1
             assert st["input_ids"].shape[0] % groups == 0 and st["input_ids"].shape[0] % spec.row_multiple == 0
             for i, s in enumerate(samples):
                 seq = s.prompt_ids + s.response_ids
@@ -185,7 +188,8 @@ def test_random_batches_stay_within_the_stated_shapes(name):
             assert int(np.count_nonzero(st["segment_ids"])) == packed.real_tokens["student"]
         te = packed.teacher
         if "prefix_len" in te:  # row i: sample i's prefix, then its candidates' rests; row = i within its micro-batch
-            groups = spec.batch_size // spec.micro_batch_size if 0 < spec.micro_batch_size < spec.batch_size else 1
+            b, m = spec.samples_per_step, spec.micro_batch_size
+            groups = b // m if 0 < m < b else 1
             for i, s in enumerate(samples):
                 n = int(te["prefix_len"][i])
                 assert te["segment_ids"][i, :n].tolist() == [-1] * n

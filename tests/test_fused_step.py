@@ -34,7 +34,7 @@ def _jitted(settings: S.StepSettings):
                     teacher=jax.jit(functools.partial(S.teacher_pass, settings=settings)),
                     old_at=jax.jit(functools.partial(S.old_logprobs_at, settings=settings)),
                     ref=jax.jit(functools.partial(S.reference_pass, settings=settings)),
-                    train=jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx,
+                    train=jax.jit(functools.partial(S.update_step, settings=settings, optimizer=tx,
                                                     lr_schedule=schedule)),
                     fused=jax.jit(fused, static_argnums=(8, 9)))
 
@@ -55,7 +55,7 @@ def _phased(packed, settings: S.StepSettings):
         teach = fn["teacher"](tgd, tstate, tinputs, inputs.response_ids, old.topk_ids)
         old_at = fn["old_at"](gd, (trainable, frozen), old.hidden, teach.topk_ids)
     else:
-        teach = F._teacher_zeros(b, c, t, k)
+        teach = S.no_teacher_outputs(b, c, t, k)
         old_at = teach.logprobs_at_student_ids
     ref = None
     if settings.loss.kl_coef:
@@ -95,7 +95,7 @@ def test_fused_step_equals_the_phased_step_on_packed_rows():
 
 
 def test_fused_step_with_the_reference_folded_into_a_shared_prefix_teacher_pass():
-    spec = dataclasses.replace(_spec(True), shared_prefix=True, reference=True)
+    spec = dataclasses.replace(_spec(True), shared_prefix_teacher=True, kl_coef=0.05)
     packed = pack(_samples(np.random.default_rng(1)), spec)
     assert "reference_offset" in packed.teacher and "prefix_len" in packed.teacher
     _check_same(packed, SETTINGS)

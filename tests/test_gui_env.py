@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
+from openclaw_jax.envs.agentic.config import AgenticConfig
+from openclaw_jax.envs.agentic.episode import EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
 from openclaw_jax.envs.agentic.episode import ToolError
 from openclaw_jax.envs.agentic.gui import (GuiEnv, checker_step_vote, demonstration_conversations,
                                            observation_content)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from openclaw_jax.envs.agentic import EpisodeLimits, EpisodeRunner, ScriptedPolicy
+from openclaw_jax.envs.agentic.episode import EpisodeLimits, EpisodeRunner, ScriptedPolicy
 from openclaw_jax.envs.agentic.episode import Generation
 from openclaw_jax.envs.agentic.gui import GuiEnv
 from openclaw_jax.envs.agentic.gui_tasks import HEIGHT, WIDTH
@@ -141,7 +141,8 @@ def test_env_options_scale_the_screens_the_policy_sees(env):
     actions still in screen pixels; an option an environment does not take is a clear error."""
     from PIL import Image
 
-    from openclaw_jax.envs.agentic import AgenticConfig, make_env
+    from openclaw_jax.envs.agentic.config import AgenticConfig
+    from openclaw_jax.envs.agentic.episode import make_env
 
     gui = make_env(AgenticConfig(env="gui", families=("button",), env_options={"screenshot_scale": 0.5, "terse": True}))
     assert gui.screenshot_scale == 0.5 and len(gui.system_prompt) < len(GuiEnv.system_prompt)

@@ -33,7 +33,6 @@ from openclaw_jax.models.image_processing import ImageProcessorConfig
 from openclaw_jax.models.qwen_vl import load_qwen_vl_checkpoint
 from openclaw_jax.parallel.mesh import make_mesh
 from openclaw_jax.samples.store import SampleStore, image_path
-from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.input_pipeline import WindowPipeline
 from openclaw_jax.trainer.loop import Trainer
 
@@ -112,12 +111,9 @@ def test_one_image_through_gateway_server_store_and_trainer(tmp_path):
                       samples=cfg.sample_spec())
 
     def old_logprobs():
-        with WindowPipeline(store_dir, trainer.spec) as pipeline:
+        with WindowPipeline(store_dir, trainer.train_step.spec) as pipeline:
             (packed,) = pipeline.batches(0, 1)
-        runner_ = trainer.runner
-        with jax.set_mesh(runner_.mesh):
-            old = runner_.phases_for(packed.image_grid)["old_pass"](
-                runner_.graphdef, (trainer.trainable, runner_.frozen), S.StudentInputs(**runner_.put(packed.student)))
+        old = trainer.train_step.loss_batch(trainer.state, packed)
         return packed, np.asarray(old.old_logprobs)[0, :len(sample.response_ids)]
 
     packed, lp = old_logprobs()
@@ -128,16 +124,14 @@ def test_one_image_through_gateway_server_store_and_trainer(tmp_path):
     from openclaw_jax.trainer.vision_batch import attach_images
     from openclaw_jax.trainer.batcher import pack
 
-    other = attach_images(pack([sample], trainer.spec), lambda h: png(22), proc, IMAGE)
-    with jax.set_mesh(trainer.runner.mesh):
-        lp_other = np.asarray(trainer.runner.phases_for(other.image_grid)["old_pass"](
-            trainer.runner.graphdef, (trainer.trainable, trainer.runner.frozen),
-            S.StudentInputs(**trainer.runner.put(other.student))).old_logprobs)[0, :len(sample.response_ids)]
+    other = attach_images(pack([sample], trainer.train_step.spec), lambda h: png(22), proc, IMAGE)
+    lp_other = np.asarray(trainer.train_step.loss_batch(trainer.state, other).old_logprobs)[
+        0, :len(sample.response_ids)]
     assert np.abs(lp_other - lp).max() > 1e-4
 
-    before = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.trainable) if k[0] == "visual"}
+    before = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.state.trainable) if k[0] == "visual"}
     metrics = trainer.train_on(packed)
-    after = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.trainable) if k[0] == "visual"}
+    after = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.state.trainable) if k[0] == "visual"}
     assert np.isfinite(metrics["loss"]) and metrics["time/teacher_pass"] > 0   # the hint's teacher pass ran
     assert any(np.abs(after[k] - before[k]).max() > 0 for k in before)
 

@@ -24,7 +24,6 @@ from openclaw_jax.models.vision_prompt import render_image_prompt
 from openclaw_jax.parallel.mesh import make_mesh
 from openclaw_jax.samples.sample import Sample
 from openclaw_jax.samples.store import SampleStore
-from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.input_pipeline import WindowPipeline
 from openclaw_jax.trainer.loop import Trainer
 
@@ -68,19 +67,16 @@ def test_one_image_from_request_to_trainer_step(tmp_path):
     cfg = load_experiment_config([], BASE + ["trainer.samples_per_step=1"])
     trainer = Trainer(cfg, QwenVL(vl, rngs=nnx.Rngs(0)), QwenVL(vl, rngs=nnx.Rngs(1)),
                       make_mesh((1, 1, 1), devices=jax.devices()[:1]), samples=cfg.sample_spec())
-    assert trainer.spec.image_token_id == IMAGE and trainer.spec.image_processor == proc
-    with WindowPipeline(tmp_path, trainer.spec) as pipeline:   # the trainer loop's reader
+    assert trainer.train_step.spec.image_token_id == IMAGE and trainer.train_step.spec.image_processor == proc
+    with WindowPipeline(tmp_path, trainer.train_step.spec) as pipeline:   # the trainer loop's reader
         (packed,) = pipeline.batches(0, 1)
     assert packed.image_grid == grid and packed.student["pixel_values"].shape[:2] == (1, 24)
-    runner = trainer.runner
-    with jax.set_mesh(runner.mesh):
-        old = runner.phases_for(packed.image_grid)["old_pass"](
-            runner.graphdef, (trainer.trainable, runner.frozen), S.StudentInputs(**runner.put(packed.student)))
+    old = trainer.train_step.loss_batch(trainer.state, packed)
     n = len(out.output_ids)
     np.testing.assert_allclose(np.asarray(old.old_logprobs)[0, :n], out.output_logprobs, atol=2e-4)
 
-    before = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.trainable) if k[0] == "visual"}
+    before = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.state.trainable) if k[0] == "visual"}
     metrics = trainer.train_on(packed)
-    after = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.trainable) if k[0] == "visual"}
+    after = {k: np.array(v.get_value()) for k, v in nnx.to_flat_state(trainer.state.trainable) if k[0] == "visual"}
     assert np.isfinite(metrics["loss"])
     assert any(np.abs(after[k] - before[k]).max() > 0 for k in before)

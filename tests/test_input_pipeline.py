@@ -10,7 +10,8 @@ import pytest
 
 from openclaw_jax.samples import Sample, SampleStore
 from openclaw_jax.samples.sample import encode_sample
-from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import SampleBatcher
 from openclaw_jax.trainer.input_pipeline import WindowPipeline, demonstration_batches, sample_dataset
 
 VOCAB = 200
@@ -59,11 +60,11 @@ def _assert_same(got, want):
 
 
 SPECS = {
-    "packed_shared_prefix": BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8,
-                                      max_seq_len=256, packing=True, shared_prefix=True, batch_prefix_min=16,
+    "packed_shared_prefix": BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8,
+                                      max_seq_len=256, packing=True, shared_prefix_teacher=True, batch_prefix_min=16,
                                       temperature=1.0, max_staleness=2, bucket_quantum=32),
-    "unpacked_rl": BatchSpec(batch_size=3, max_candidates=2, min_seq_bucket=16, min_response_bucket=8,
-                             max_seq_len=256, packing=False, use_hints=False, temperature=1.0, max_staleness=2),
+    "unpacked_rl": BatchSpec(samples_per_step=3, max_candidates=2, min_seq_bucket=16, min_response_bucket=8,
+                             max_seq_len=256, packing=False, uses_hints=False, temperature=1.0, max_staleness=2),
 }
 
 

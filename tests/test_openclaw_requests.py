@@ -199,7 +199,7 @@ class Clock:
 def record(ticket, prompt=(1, 2, 3)) -> TurnRecord:
     return TurnRecord(session_id=ticket.session_id, turn_index=ticket.turn_index, prompt_messages=[],
                       tools=None, chat_template_kwargs={}, prompt_ids=list(prompt), response_ids=[4, 5],
-                      response_logprobs=[-0.1, -0.2], response_text="hi", weight_version="0", temperature=1.0,
+                      rollout_logprobs=[-0.1, -0.2], response_text="hi", weight_version="0", temperature=1.0,
                       finish_reason="stop")
 
 

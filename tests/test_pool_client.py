@@ -60,22 +60,22 @@ def test_client_drives_every_call(workers, tiny_qwen3_dir, tiny_qwen3_dir_b):
             res = await pool.generate([5, 6, 7], sampling_params=greedy, return_logprob=True, top_logprobs_num=3,
                                       logprob_start_len=0)
             raw = res.raw["meta_info"]
-            assert res.output_ids == res.raw["output_ids"] and len(res.output_ids) == 6
-            assert res.output_logprobs == [e[0] for e in raw["output_token_logprobs"]]
+            assert res.response_ids == res.raw["output_ids"] and len(res.response_ids) == 6
+            assert res.rollout_logprobs == [e[0] for e in raw["output_token_logprobs"]]
             assert [[t for _, t in pos] for pos in res.output_top_logprobs] == \
                 [[e[1] for e in pos] for pos in raw["output_top_logprobs"]]
-            assert all(res.output_logprobs[i] == res.output_top_logprobs[i][0][0] for i in range(6))  # greedy
+            assert all(res.rollout_logprobs[i] == res.output_top_logprobs[i][0][0] for i in range(6))  # greedy
             assert res.input_logprobs[0] is None and len(res.input_logprobs) == 3
             assert res.finish_reason.type == "length" and res.finish_reason.length == 6
             assert (res.prompt_tokens, res.completion_tokens, res.weight_version) == (3, 6, "default")
             assert res.worker_url in (a.url, b.url)
 
             text_res = await pool.generate(text="Hello", sampling_params={"max_new_tokens": 3})
-            assert text_res.completion_tokens == len(text_res.output_ids) <= 3
+            assert text_res.completion_tokens == len(text_res.response_ids) <= 3
 
             chunks = [c async for c in pool.generate_stream([5, 6, 7], sampling_params=greedy)]
             assert chunks[-1].finished and not any(c.finished for c in chunks[:-1])
-            assert [c.output_ids for c in chunks] == [res.output_ids[:k + 1] for k in range(6)]
+            assert [c.response_ids for c in chunks] == [res.response_ids[:k + 1] for k in range(6)]
 
             many = await pool.generate_many([[1, 2], [3, 4, 5]], sampling_params={"max_new_tokens": 3, "n": 2})
             assert len(many) == 4 and [m.prompt_tokens for m in many] == [2, 2, 3, 3]
@@ -101,7 +101,7 @@ def test_client_drives_every_call(workers, tiny_qwen3_dir, tiny_qwen3_dir_b):
             assert all(r.success and "v2" in r.message and r.num_paused_requests == 0 for r in results)
             after = await asyncio.gather(*(pool.generate([5, 6, 7], sampling_params=greedy) for _ in range(4)))
             assert {r.weight_version for r in after} == {"v2"} and {r.worker_url for r in after} == {a.url, b.url}
-            assert all(r.output_ids != res.output_ids for r in after)
+            assert all(r.response_ids != res.response_ids for r in after)
             bad = await pool.update_weights_from_disk(str(tiny_qwen3_dir.parent / "no-such-checkpoint"),
                                                       weight_version="v3")
             assert [r.success for r in bad] == [False, False]
@@ -109,7 +109,7 @@ def test_client_drives_every_call(workers, tiny_qwen3_dir, tiny_qwen3_dir_b):
             back = await pool.update_weights_from_disk(str(tiny_qwen3_dir), weight_version="default")
             assert all(r.success for r in back)
             again = await pool.generate([5, 6, 7], sampling_params=greedy)
-            assert again.output_ids == res.output_ids and again.weight_version == "default"
+            assert again.response_ids == res.response_ids and again.weight_version == "default"
 
     run(main())
 
@@ -125,7 +125,7 @@ def test_killed_worker_is_taken_out_and_put_back(workers):
                 await asyncio.sleep(0.005)
             b.kill()  # SIGKILL while requests are in flight
             results = await asyncio.gather(*in_flight)
-            assert all(len(r.output_ids) == 100 for r in results)
+            assert all(len(r.response_ids) == 100 for r in results)
             more = await asyncio.gather(*(pool.generate([7, i + 1], sampling_params={"max_new_tokens": 4})
                                           for i in range(8)))
             assert {r.worker_url for r in more} == {a.url}
@@ -219,7 +219,7 @@ def test_retries_backoff_and_errors(stub):
                               request_timeout_s=1.0) as pool:
             stub.script = [("status", 503, "busy"), ("status", 429, "slow down"), ("ok",)]
             res = await pool.generate([1])
-            assert res.output_ids == [3, 4] and res.weight_version == "w1" and stub.calls == 3
+            assert res.response_ids == [3, 4] and res.weight_version == "w1" and stub.calls == 3
 
             stub.calls, stub.script = 0, [("status", 400, "top_p must be in (0, 1], got 2.0.")]
             with pytest.raises(RequestRejectedError) as err:
@@ -233,7 +233,7 @@ def test_retries_backoff_and_errors(stub):
 
             stub.calls, stub.script = 0, [("sleep", 3.0), ("ok",)]
             res = await pool.generate([1])  # first attempt times out, the retry succeeds
-            assert res.output_ids == [3, 4] and stub.calls == 2
+            assert res.response_ids == [3, 4] and stub.calls == 2
 
             stub.calls, stub.script = 0, [("abort",), ("ok",)]
             res = await pool.generate([1])  # an aborted generation is retried
@@ -251,7 +251,7 @@ def test_retries_backoff_and_errors(stub):
             with pytest.raises(NoHealthyWorkerError):
                 await pool.generate([1])
             stub.healthy = True
-            assert (await pool.generate([1])).output_ids == [3, 4]  # probed again and put back
+            assert (await pool.generate([1])).response_ids == [3, 4]  # probed again and put back
 
     run(main())
 

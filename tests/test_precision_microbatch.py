@@ -25,7 +25,8 @@ from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.parallel.mesh import make_mesh, shard_model
 from openclaw_jax.trainer import step as S
-from openclaw_jax.trainer.batcher import BatchSpec, pack
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack
 from openclaw_jax.trainer.loop import Trainer
 
 from test_trainer_step import VOCAB, _samples
@@ -52,11 +53,11 @@ def _train(dtype: str, param_dtype: str, steps: int):
     # (once for the first step's uncommitted arrays, once for the placed arrays every later step gets)
     student, teacher = (shard_model(_decoder(seed, dtype, param_dtype), mesh) for seed in (0, 1))
     trainer = Trainer(cfg, student, teacher, mesh, samples=cfg.sample_spec())
-    before = _flat(trainer.trainable)
-    packed = pack(_samples(np.random.default_rng(0)), trainer.spec)
+    before = _flat(trainer.state.trainable)
+    packed = pack(_samples(np.random.default_rng(0)), trainer.train_step.spec)
     for _ in range(steps):
         trainer.train_on(packed)
-    return trainer, before, _flat(trainer.trainable)
+    return trainer, before, _flat(trainer.state.trainable)
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +85,10 @@ def test_mixed_precision_master_weights_move_like_float32(runs):
     assert np.mean(bf16 != 0) < 0.05
     assert np.linalg.norm(bf16 - ref) / ref_norm > 0.9
     trainer = runs["mixed"][0]
-    assert {str(x.dtype) for x in jax.tree.leaves(trainer.trainable)} == {"float32"}
-    assert {str(x.dtype) for x in jax.tree.leaves(trainer.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)} \
+    assert {str(x.dtype) for x in jax.tree.leaves(trainer.state.trainable)} == {"float32"}
+    assert {str(x.dtype) for x in jax.tree.leaves(trainer.state.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)} \
         == {"float32"}
-    assert {str(x.dtype) for x in jax.tree.leaves(trainer.teacher_state)} == {"bfloat16"}
+    assert {str(x.dtype) for x in jax.tree.leaves(trainer.state.teacher)} == {"bfloat16"}
 
 
 def _safetensors_dtypes(path) -> set[str]:
@@ -110,14 +111,14 @@ def test_export_keeps_master_dtype_and_serving_gets_compute_dtype(runs, tmp_path
     # the export holds the master weights exactly
     exported = load_pretrained(out, tokenizer=False).model
     np.testing.assert_array_equal(np.asarray(exported.embed_tokens[...]),
-                                  np.asarray(trainer.trainable["embed_tokens"].get_value()))
+                                  np.asarray(trainer.state.trainable["embed_tokens"].get_value()))
     bf16_out = save_hf_checkpoint(trainer.serving_model("bfloat16"), None, tmp_path / "export_bf16")
     assert _safetensors_dtypes(bf16_out / "model.safetensors") == {"BF16"}
 
 
 @pytest.fixture(scope="module")
 def batch():
-    spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
+    spec = BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
     packed = pack(_samples(np.random.default_rng(1)) + _samples(np.random.default_rng(2))[:1], spec)
     inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
     tinputs = S.TeacherInputs(**{k: jnp.asarray(v) for k, v in packed.teacher.items()})
@@ -137,7 +138,7 @@ def _one_step(micro: int, inputs, tinputs):
     batch = S.assemble_batch(inputs, tinputs, old, teach, old_at)
     tx, schedule = S.make_optimizer(1e-2, eps=1e-3)
     opt_state = tx.init(trainable)
-    new, _, metrics, k_star = jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx,
+    new, _, metrics, k_star = jax.jit(functools.partial(S.update_step, settings=settings, optimizer=tx,
                                                 lr_schedule=schedule))(gd, trainable, frozen, opt_state, inputs, batch)
     return old, teach, metrics, _flat(new), _flat(trainable), k_star
 

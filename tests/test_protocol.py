@@ -70,7 +70,7 @@ def test_generate_response_and_client_parse_round_trip():
     assert meta["output_top_logprobs"][1] == [[-1.0, 3, "<3>"], [-1.5, 9, "<9>"]]
     assert meta["e2e_latency"] == 1.0 and meta["completion_tokens"] == 2
     res = parse_generate_response(json.loads(json.dumps(body)), expect_logprobs=True, top_logprobs_num=2)
-    assert res.output_ids == [8, 9] and res.output_logprobs == [-0.5, -1.5]
+    assert res.response_ids == [8, 9] and res.rollout_logprobs == [-0.5, -1.5]
     assert res.output_top_logprobs == [[(-0.5, 8), (-2.0, 4)], [(-1.0, 3), (-1.5, 9)]]
     assert res.input_logprobs == [None, -3.0, -4.0] and res.finish_reason == FinishReason("stop", matched=9)
     broken = json.loads(json.dumps(body))

@@ -15,7 +15,8 @@ import pytest
 from openclaw_jax.samples import Sample, SampleStore, SampleStoreError, SampleTail
 from openclaw_jax.samples.store import encode_record, list_segments, segment_name
 from openclaw_jax.samples.sample import encode_sample
-from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import SampleBatcher
 
 RESPONSE = 200  # tokens per sample: ~3 KB a record, so a rescan of the store is plainly visible
 
@@ -40,7 +41,7 @@ def test_each_step_reads_only_new_records_and_its_window(tmp_path):
         writer.append(_sample(i))
     record_bytes = len(encode_record(encode_sample(_sample(0))))
     window, appended_per_step = 4, 12
-    spec = BatchSpec(batch_size=window, min_seq_bucket=8, max_seq_len=512, min_response_bucket=8)
+    spec = BatchSpec(samples_per_step=window, min_seq_bucket=8, max_seq_len=512, min_response_bucket=8)
     batcher = SampleBatcher(str(tmp_path), spec)
     next_id, offset, per_step = 100, 0, []
     try:

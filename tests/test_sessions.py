@@ -8,7 +8,7 @@ from openclaw_jax.gateway.sessions import SessionTracker, TurnRecord, next_state
 
 def record(ticket, text="reply") -> TurnRecord:
     return TurnRecord(session_id=ticket.session_id, turn_index=ticket.turn_index, prompt_messages=[],
-                      tools=None, chat_template_kwargs={}, prompt_ids=[1], response_ids=[2], response_logprobs=[-0.1],
+                      tools=None, chat_template_kwargs={}, prompt_ids=[1], response_ids=[2], rollout_logprobs=[-0.1],
                       response_text=text, weight_version="0", temperature=1.0, finish_reason="stop")
 
 

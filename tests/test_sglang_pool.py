@@ -78,11 +78,11 @@ def test_generate_ids_logprobs_and_sampling_match_transformers(base_weights, hf_
     greedy, hot, again, top1, info = run(main())
     assert info["weight_version"] == "base" and info["is_generation"] is True
     # greedy: ids are the argmax chain of transformers; log-probs (T=1) match; top-3 ids and values match
-    seq = PROMPT + greedy.output_ids
+    seq = PROMPT + greedy.response_ids
     ref = hf_log_softmax(hf_model, seq)
     n = len(PROMPT)
-    assert greedy.output_ids == [int(np.argmax(ref[n - 1 + i])) for i in range(6)]
-    np.testing.assert_allclose(greedy.output_logprobs, [ref[n - 1 + i, t] for i, t in enumerate(greedy.output_ids)],
+    assert greedy.response_ids == [int(np.argmax(ref[n - 1 + i])) for i in range(6)]
+    np.testing.assert_allclose(greedy.rollout_logprobs, [ref[n - 1 + i, t] for i, t in enumerate(greedy.response_ids)],
                                atol=TOL)
     for i, pos in enumerate(greedy.output_top_logprobs):
         order = np.argsort(-ref[n - 1 + i])[:3]
@@ -96,18 +96,18 @@ def test_generate_ids_logprobs_and_sampling_match_transformers(base_weights, hf_
     assert greedy.raw["meta_info"]["weight_versions"] == [{"version": "base", "start": 0, "end": 6}]
 
     # sampled at T=0.7: log-probs are log_softmax(logits / T) over the full vocabulary (docs/design.md §8)
-    ref_hot = hf_log_softmax(hf_model, PROMPT + hot.output_ids, temperature=0.7)
-    np.testing.assert_allclose(hot.output_logprobs, [ref_hot[n - 1 + i, t] for i, t in enumerate(hot.output_ids)],
+    ref_hot = hf_log_softmax(hf_model, PROMPT + hot.response_ids, temperature=0.7)
+    np.testing.assert_allclose(hot.rollout_logprobs, [ref_hot[n - 1 + i, t] for i, t in enumerate(hot.response_ids)],
                                atol=TOL)
-    ref_cold = hf_log_softmax(hf_model, PROMPT + hot.output_ids)
-    assert np.abs(np.array(hot.output_logprobs) - [ref_cold[n - 1 + i, t] for i, t in enumerate(hot.output_ids)]
+    ref_cold = hf_log_softmax(hf_model, PROMPT + hot.response_ids)
+    assert np.abs(np.array(hot.rollout_logprobs) - [ref_cold[n - 1 + i, t] for i, t in enumerate(hot.response_ids)]
                   ).max() > 0.1  # and not the T=1 values
     # without logprob_start_len SGLang answers an empty input_token_logprobs list
     assert hot.raw["meta_info"]["input_token_logprobs"] == [] and hot.input_logprobs == []
     # sampling_seed is accepted but, without --enable-deterministic-inference, does not make SGLang's
     # sampling reproducible (measured: two equal seeded requests differ); only the shape is checked here
-    assert len(again.output_ids) == 6
-    assert top1.output_ids == greedy.output_ids  # top_k=1 is greedy
+    assert len(again.response_ids) == 6
+    assert top1.response_ids == greedy.response_ids  # top_k=1 is greedy
 
 
 def test_stop_token_stop_string_and_errors(base_weights, sglang_model_dir):
@@ -126,7 +126,7 @@ def test_stop_token_stop_string_and_errors(base_weights, sglang_model_dir):
             for prompt in ([12, 99, 150, 7, 201, 33], PROMPT, [70, 71, 72, 73], [200, 100, 50, 25]):
                 greedy = {"max_new_tokens": 16, "temperature": 0}
                 free = await pool.generate(prompt, sampling_params=greedy)
-                ids = free.output_ids
+                ids = free.response_ids
                 k = next((i for i in range(1, len(ids)) if plain(i, ids)), None)
                 if k is not None:
                     break
@@ -158,17 +158,17 @@ def test_stop_token_stop_string_and_errors(base_weights, sglang_model_dir):
             return free, by_id, by_str, stop_text, errors, kept, no_eos
 
     free, by_id, by_str, stop_text, errors, kept, no_eos = run(main())
-    ids, k = free.output_ids, by_id.completion_tokens - 1
+    ids, k = free.response_ids, by_id.completion_tokens - 1
     assert ids[k] not in ids[:k]
     # a stop token: output_ids include it, text omits it, the log-probs cover it
-    assert by_id.output_ids == ids[:k + 1] and by_id.finish_reason.type == "stop"
-    assert by_id.finish_reason.matched == ids[k] and len(by_id.output_logprobs) == k + 1
+    assert by_id.response_ids == ids[:k + 1] and by_id.finish_reason.type == "stop"
+    assert by_id.finish_reason.matched == ids[k] and len(by_id.rollout_logprobs) == k + 1
     assert by_id.text == tok.decode(ids[:k], skip_special_tokens=True)
     # a stop string: matched is the string, and the text is cut before it
     assert by_str.finish_reason.type == "stop" and by_str.finish_reason.matched == stop_text
-    assert by_str.text == tok.decode(ids[:k]) and by_str.output_ids == ids[:k + 1]
-    assert kept.text == tok.decode(ids[:k + 1]) and kept.output_ids == ids[:k + 1]
-    assert no_eos.output_ids[:k + 1] == ids[:k + 1] and len(no_eos.output_ids) > k + 1
+    assert by_str.text == tok.decode(ids[:k]) and by_str.response_ids == ids[:k + 1]
+    assert kept.text == tok.decode(ids[:k + 1]) and kept.response_ids == ids[:k + 1]
+    assert no_eos.response_ids[:k + 1] == ids[:k + 1] and len(no_eos.response_ids) > k + 1
     assert [e.status for e in errors] == [400, 400, 400]
     assert "temperature" in errors[0].message and "top_p" in errors[1].message and "no_such_param" in errors[2].message
 
@@ -188,11 +188,11 @@ def test_streaming_is_cumulative_and_equals_the_full_answer(base_weights):
     assert chunks[-1].finished and not any(c.finished for c in chunks[:-1])
     # each chunk is the whole answer so far; under load SGLang may fold several tokens into one
     # chunk, so the lengths grow by at least one, not by exactly one
-    lengths = [len(c.output_ids) for c in chunks]
+    lengths = [len(c.response_ids) for c in chunks]
     assert lengths[0] >= 1 and all(b > a for a, b in zip(lengths, lengths[1:])) and lengths[-1] == 5
-    assert [c.output_ids for c in chunks] == [full.output_ids[:n] for n in lengths]
-    assert [len(c.output_logprobs) for c in chunks] == lengths
-    np.testing.assert_allclose(chunks[-1].output_logprobs, full.output_logprobs, atol=TOL)
+    assert [c.response_ids for c in chunks] == [full.response_ids[:n] for n in lengths]
+    assert [len(c.rollout_logprobs) for c in chunks] == lengths
+    np.testing.assert_allclose(chunks[-1].rollout_logprobs, full.rollout_logprobs, atol=TOL)
     assert [[t for _, t in p] for p in chunks[-1].output_top_logprobs] == \
         [[t for _, t in p] for p in full.output_top_logprobs]
     assert chunks[-1].weight_version == "base" and chunks[-1].text == full.text
@@ -225,7 +225,7 @@ def test_killed_worker_is_taken_out_and_put_back_after_restart(sglang_workers, s
                 stream = only_b.generate_stream(PROMPT, sampling_params={"max_new_tokens": 400, "temperature": 0,
                                                                          "ignore_eos": True})
                 first = await stream.__anext__()
-                assert first.output_ids
+                assert first.response_ids
                 b.kill()
                 with pytest.raises(WorkerUnavailableError, match="partial output"):
                     async for _ in stream:
@@ -245,7 +245,7 @@ def test_killed_worker_is_taken_out_and_put_back_after_restart(sglang_workers, s
                 await asyncio.sleep(1)
             both = await asyncio.gather(*(pool.generate(PROMPT, sampling_params=params) for _ in range(4)))
             assert Counter(r.worker_url for r in both) == {a.url: 2, b.url: 2}
-            assert len({tuple(r.output_ids) for r in both + results}) == 1  # same weights, same greedy answer
+            assert len({tuple(r.response_ids) for r in both + results}) == 1  # same weights, same greedy answer
 
             # all down: a clear error naming every worker
             async with PoolClient(["http://127.0.0.1:9"], health_interval_s=0, max_retries=1) as dead:
@@ -276,8 +276,8 @@ def test_router_in_front_of_the_workers(base_weights, tmp_path):
 
         want, got, chunks = run(main())
         for r in got:
-            assert r.output_ids == want.output_ids and r.weight_version == "base"
-            np.testing.assert_allclose(r.output_logprobs, want.output_logprobs, atol=TOL)
-        assert chunks[-1].finished and chunks[-1].output_ids == want.output_ids
+            assert r.response_ids == want.response_ids and r.weight_version == "base"
+            np.testing.assert_allclose(r.rollout_logprobs, want.rollout_logprobs, atol=TOL)
+        assert chunks[-1].finished and chunks[-1].response_ids == want.response_ids
     finally:
         router.kill()

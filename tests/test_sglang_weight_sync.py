@@ -67,22 +67,22 @@ def test_disk_weight_sync_then_sglang_logprobs_equal_ours(sglang_workers, sglang
     infos, results, v8, after, kept = asyncio.run(main())
     assert [i["weight_version"] for i in infos] == ["7", "7"]
     assert {r.worker_url for r in results} == {a.url, b.url}
-    ref = our_log_softmax(trained, PROMPT + results[0].output_ids)
+    ref = our_log_softmax(trained, PROMPT + results[0].response_ids)
     n = len(PROMPT)
     for r in results:
         assert r.weight_version == "7" and r.raw["meta_info"]["weight_versions"][0]["version"] == "7"
-        assert r.output_ids == results[0].output_ids
+        assert r.response_ids == results[0].response_ids
         # greedy under our weights, and the same log-probs (output and prompt) as our decoder
-        assert r.output_ids == [int(np.argmax(ref[n - 1 + i])) for i in range(8)]
-        np.testing.assert_allclose(r.output_logprobs, [ref[n - 1 + i, t] for i, t in enumerate(r.output_ids)],
+        assert r.response_ids == [int(np.argmax(ref[n - 1 + i])) for i in range(8)]
+        np.testing.assert_allclose(r.rollout_logprobs, [ref[n - 1 + i, t] for i, t in enumerate(r.response_ids)],
                                    atol=TOL)
         np.testing.assert_allclose(r.input_logprobs[1:], [ref[j - 1, PROMPT[j]] for j in range(1, n)], atol=TOL)
         for i, pos in enumerate(r.output_top_logprobs):
             assert [t for _, t in pos] == np.argsort(-ref[n - 1 + i])[:2].tolist()
     # and not the log-probs of the untrained weights
-    untrained = our_log_softmax(load_hf_checkpoint(sglang_model_dir_b)[0], PROMPT + results[0].output_ids)
-    assert np.abs(np.array(results[0].output_logprobs) -
-                  [untrained[n - 1 + i, t] for i, t in enumerate(results[0].output_ids)]).max() > 1e-2
+    untrained = our_log_softmax(load_hf_checkpoint(sglang_model_dir_b)[0], PROMPT + results[0].response_ids)
+    assert np.abs(np.array(results[0].rollout_logprobs) -
+                  [untrained[n - 1 + i, t] for i, t in enumerate(results[0].response_ids)]).max() > 1e-2
     assert v8.weight_version == "8" and after == "8" and kept == ["step_8"]
 
 
@@ -109,5 +109,5 @@ def test_pause_and_continue_generation(sglang_workers, sglang_model_dir):
     assert paused[a.url]["status"] == 200 and paused[a.url]["body"]["status"] == "ok"
     assert resumed[a.url]["status"] == 200 and resumed[a.url]["body"]["status"] == "ok"
     assert waited and elapsed >= 3.0
-    assert got.output_ids == want.output_ids and got.finish_reason.type == "length"
-    np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=TOL)
+    assert got.response_ids == want.response_ids and got.finish_reason.type == "length"
+    np.testing.assert_allclose(got.rollout_logprobs, want.rollout_logprobs, atol=TOL)

@@ -22,7 +22,9 @@ from openclaw_jax.samples import Sample
 from openclaw_jax.losses import LossConfig
 from openclaw_jax.models import attention as A
 from openclaw_jax.trainer import step as S
-from openclaw_jax.trainer.batcher import BatchSpec, batch_prefix, bucket_length, pack, pack_rows
+from openclaw_jax.trainer.batch import BatchSpec, bucket_length
+from openclaw_jax.trainer.batcher import pack, pack_rows
+from openclaw_jax.trainer.prefix_rows import batch_prefix
 
 from test_trainer_step import TAU, VOCAB, _model  # the same tiny Qwen3 model
 
@@ -44,7 +46,7 @@ def _samples(rng: np.random.Generator, n: int = 6) -> list[Sample]:
 
 
 def _spec(packing: bool, micro: int = 0) -> BatchSpec:
-    return BatchSpec(batch_size=8, max_candidates=2, min_seq_bucket=8, min_response_bucket=4, max_seq_len=64,
+    return BatchSpec(samples_per_step=8, max_candidates=2, min_seq_bucket=8, min_response_bucket=4, max_seq_len=64,
                      packing=packing, micro_batch_size=micro)
 
 
@@ -62,7 +64,7 @@ def _phases(micro: int):
     return (tx, jax.jit(functools.partial(S.old_pass, settings=settings)),
             jax.jit(functools.partial(S.teacher_pass, settings=settings)),
             jax.jit(functools.partial(S.old_logprobs_at, settings=settings)),
-            jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule)))
+            jax.jit(functools.partial(S.update_step, settings=settings, optimizer=tx, lr_schedule=schedule)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,13 +228,13 @@ def test_shared_prefix_teacher_pass_equals_the_full_one(long_suffix):
             hints=[f"hint {j} long enough" for j in range(n_hints)],
             hint_prompt_ids=[prompt + ids(2 + 3 * j) + tail for j in range(n_hints)], weight_version="0"))
     full = pack(samples, spec)
-    shared = pack(samples, dataclasses.replace(spec, shared_prefix=True))
+    shared = pack(samples, dataclasses.replace(spec, shared_prefix_teacher=True))
     # two hints: the prompt before them; one candidate: all of its prompt but the last token
     assert shared.teacher["prefix_len"].tolist()[:4] == [
         len(s.prompt_ids) - 3 if len(s.hints) > 1 else len((s.hint_prompt_ids or [s.prompt_ids])[0]) - 1
         for s in samples]
     # a sample's candidates share one row (segments 1, 2, ...) after its prefix
-    assert shared.teacher["input_ids"].shape[0] == spec.batch_size
+    assert shared.teacher["input_ids"].shape[0] == spec.samples_per_step
     assert (shared.teacher["input_ids"].shape[1] > A.CPU_BLOCK) is long_suffix
     assert [sorted(set(r) - {0}) for r in shared.teacher["segment_ids"][:4].tolist()] == [
         [A.SHARED_SEGMENT] + list(range(1, int(n) + 1)) for n in full.teacher["candidate_mask"][:4].sum(1)]
@@ -279,7 +281,7 @@ def test_shared_prefix_step_equals_the_unshared_unpacked_one(micro, unshared_ste
     prefix + suffix rows per micro-batch): every phase, the loss, metrics and updated params equal
     the unpacked step without a shared prefix."""
     samples = _prefix_samples(np.random.default_rng(6))
-    packed = pack(samples, dataclasses.replace(_spec(True, micro), shared_prefix=True))
+    packed = pack(samples, dataclasses.replace(_spec(True, micro), shared_prefix_teacher=True))
     assert packed.teacher["input_ids"].shape[0] == 8 and packed.teacher["prefix_len"].min() >= 5
     got, ref = _step(packed, micro), unshared_step
     _assert_phases_equal(got, ref, packed)
@@ -296,8 +298,8 @@ def test_the_teacher_pass_gives_the_reference_log_probs(micro):
     one candidate; hinted ones: one more segment), so the teacher pass returns the reference pass's
     log-probs (the frozen model on the student's own rows) and the candidates' outputs are unchanged."""
     samples = _prefix_samples(np.random.default_rng(8))
-    spec = dataclasses.replace(_spec(True, micro), shared_prefix=True)
-    plain, folded = pack(samples, spec), pack(samples, dataclasses.replace(spec, reference=True))
+    spec = dataclasses.replace(_spec(True, micro), shared_prefix_teacher=True)
+    plain, folded = pack(samples, spec), pack(samples, dataclasses.replace(spec, kl_coef=0.05))
     te = folded.teacher
     for i, s in enumerate(samples):   # where the un-hinted prompt sits: a candidate's place or a segment after them
         n, o = int(te["prefix_len"][i]), int(te["reference_offset"][i])
@@ -339,7 +341,7 @@ def test_a_batch_prefix_runs_once_per_row_and_the_step_is_unchanged(micro, share
     update equal the unpacked step (student and packed teacher rows; or with the per-sample shared
     prefix teacher)."""
     samples, ref = system_prompt_samples
-    spec = dataclasses.replace(_spec(True, micro), shared_prefix=shared, batch_prefix_min=8)
+    spec = dataclasses.replace(_spec(True, micro), shared_prefix_teacher=shared, batch_prefix_min=8)
     packed, plain = pack(samples, spec), pack(samples, dataclasses.replace(spec, batch_prefix_min=0))
     st = packed.student
     held = (st["segment_ids"] > 0).any(1)
@@ -369,7 +371,7 @@ def test_one_candidate_keeps_the_packed_teacher_layout():
     """With one candidate per sample nothing is shared: the batcher keeps the packed layout."""
     samples = [dataclasses.replace(s, hints=s.hints[:1], hint_prompt_ids=s.hint_prompt_ids[:1])
                for s in _prefix_samples(np.random.default_rng(7))]
-    spec = dataclasses.replace(_spec(True), max_candidates=1, shared_prefix=True)
+    spec = dataclasses.replace(_spec(True), max_candidates=1, shared_prefix_teacher=True)
     assert not spec.shares_prefix and dataclasses.replace(spec, max_candidates=2).shares_prefix
     packed = pack(samples, spec)
     assert "prefix_len" not in packed.teacher and packed.teacher["input_ids"].ndim == 2
@@ -379,7 +381,7 @@ def test_packed_rows_may_be_longer_than_the_longest_sequence_when_that_pads_less
     samples = [Sample(session_id="b", turn_index=i, kind="opd", reward=0.0, prompt_ids=[1] * 128,
                       response_ids=[2] * 128, rollout_logprobs=[-1.0] * 128, hints=["h0 long enough", "h1 long enough"],
                       hint_prompt_ids=[[3] * (128 + 16 * (c + 1)) for c in range(2)]) for i in range(4)]
-    spec = BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=64, min_response_bucket=32, max_seq_len=4096,
+    spec = BatchSpec(samples_per_step=4, max_candidates=2, min_seq_bucket=64, min_response_bucket=32, max_seq_len=4096,
                      packing=True, bucket_quantum=128)
     packed = pack(samples, spec)
     # teacher sequences of 272 and 288 tokens bucket to 384: four per row of 1152 instead of one per 384

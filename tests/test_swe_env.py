@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_jax.envs.agentic import AgenticConfig, EpisodeRunner, ScriptedPolicy, episode_runner, make_env
+from openclaw_jax.envs.agentic.config import AgenticConfig
+from openclaw_jax.envs.agentic.episode import EpisodeRunner, ScriptedPolicy, episode_runner, make_env
 from openclaw_jax.envs.agentic import swe_repos
 from openclaw_jax.envs.agentic.episode import format_tool_call
 from openclaw_jax.envs.agentic.swe import SWEEnv, shaped_reward

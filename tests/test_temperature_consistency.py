@@ -11,7 +11,8 @@ import pytest
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.configlib import ConfigError
 from openclaw_jax.samples import Sample, SampleStore
-from openclaw_jax.trainer.batcher import BatchSpec, SampleBatcher
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import SampleBatcher
 
 
 def test_one_temperature_is_the_sampling_temperature_and_the_trainers_tau():
@@ -33,7 +34,7 @@ def test_batcher_refuses_samples_drawn_at_another_temperature(tmp_path, caplog):
         temps = [0.7, 1.0, 0.7, 0.3, 0.7, 1.0]
         for i, t in enumerate(temps):
             store.append(_sample(i, t))
-    batcher = SampleBatcher(str(tmp_path / "s"), BatchSpec(batch_size=8, min_seq_bucket=8, min_response_bucket=4,
+    batcher = SampleBatcher(str(tmp_path / "s"), BatchSpec(samples_per_step=8, min_seq_bucket=8, min_response_bucket=4,
                                                           temperature=0.7))
     with caplog.at_level(logging.WARNING, logger="openclaw_jax.trainer.batcher"):
         batches = list(batcher.batches(0, len(temps)))

@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from openclaw_jax.envs.agentic import AgenticConfig, EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
+from openclaw_jax.envs.agentic.config import AgenticConfig
+from openclaw_jax.envs.agentic.episode import EpisodeLimits, EpisodeRunner, ScriptedPolicy, make_env
 from openclaw_jax.envs.agentic.episode import NoDemonstration, format_tool_call
 from openclaw_jax.envs.agentic.rollout import demonstrations
 from openclaw_jax.envs.agentic.toolcall import ToolCallEnv, gsm_expression, numbers_match

@@ -40,10 +40,10 @@ SCRIPT = textwrap.dedent(r'''
         mesh = make_mesh(shape, devices=devices)
         trainer = Trainer(cfg, shard_model(_model(0), mesh), shard_model(_model(1), mesh), mesh,
                           samples=cfg.sample_spec())
-        packed = pack(samples, trainer.spec)
+        packed = pack(samples, trainer.train_step.spec)
         metrics = trainer.train_on(packed)
         metrics2 = trainer.train_on(packed)   # a second step exercises the optimizer state
-        leaves = jax.tree.leaves(trainer.trainable)
+        leaves = jax.tree.leaves(trainer.state.trainable)
         shardings = {str(l.sharding.spec) for l in leaves}
         results[name] = {"metrics": metrics, "metrics2": metrics2,
                          "params": [np.asarray(l).tolist() for l in leaves], "shardings": sorted(shardings)}
@@ -91,11 +91,11 @@ def test_lora_trains_only_adapters_and_serves_merged(tmp_path):
     student = add_lora(base, LoRAConfig(rank=4, alpha=8.0), rngs=nnx.Rngs(3))
     trainer = Trainer(cfg, shard_model(student, mesh), shard_model(_model(1), mesh), mesh, samples=cfg.sample_spec())
     assert all(isinstance(v, LoRAParam) for v in jax.tree.leaves(
-        trainer.trainable, is_leaf=lambda x: isinstance(x, nnx.Variable)))
-    metrics = trainer.train_on(pack(_samples(np.random.default_rng(0)), trainer.spec))
+        trainer.state.trainable, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    metrics = trainer.train_on(pack(_samples(np.random.default_rng(0)), trainer.train_step.spec))
     assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
     # the base weights did not move; the served model is the merged one and differs from the base
-    model = nnx.merge(trainer.graphdef, trainer.trainable, trainer.frozen)
+    model = nnx.merge(trainer.state.graphdef, trainer.state.trainable, trainer.state.frozen)
     frozen_now = nnx.state(model, nnx.Not(LoRAParam))
     for a, b in zip(jax.tree.leaves(base_state), jax.tree.leaves(frozen_now)):
         np.testing.assert_array_equal(np.asarray(b), a)

@@ -24,7 +24,8 @@ from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.trainer import advantages as A
 from openclaw_jax.trainer import step as S
-from openclaw_jax.trainer.batcher import BatchSpec, bucket_length, pack, parse_version
+from openclaw_jax.trainer.batch import BatchSpec, bucket_length
+from openclaw_jax.trainer.batcher import pack, parse_version
 
 VOCAB = 96
 TAU = 0.7
@@ -62,7 +63,7 @@ def setup():
     rng = np.random.default_rng(0)
     student, teacher = _model(0), _model(1)
     samples = _samples(rng)
-    spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
+    spec = BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
     packed = pack(samples, spec)
     settings = S.StepSettings(loss=LossConfig(), temperature=TAU, chunk_size=4)
     inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
@@ -118,7 +119,7 @@ def test_teacher_pass_and_old_at_teacher_ids_match_reference(setup):
 @pytest.mark.parametrize("packing", [False, True])
 def test_reference_pass_matches_reference(setup, packing):
     """The KL anchor's log-probs: the frozen model on each sample's own (un-hinted) prompt and response."""
-    spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8, packing=packing)
+    spec = BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8, packing=packing)
     packed = pack(setup["samples"], spec)
     inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
     tgd, tstate = nnx.split(setup["teacher"])
@@ -145,8 +146,8 @@ def test_train_step_matches_dense_loss(setup, loss_name, kl_coef):
     tx = optax.sgd(1.0)  # the update is then exactly -grad
     schedule = optax.constant_schedule(1.0)
     opt_state = tx.init(trainable)
-    new, _, metrics, k_star = jax.jit(functools.partial(S.train_step, settings=settings, optimizer=tx, lr_schedule=schedule))(
-        gd, trainable, frozen, opt_state, inputs, batch)
+    update = jax.jit(functools.partial(S.update_step, settings=settings, optimizer=tx, lr_schedule=schedule))
+    new, _, metrics, k_star = update(gd, trainable, frozen, opt_state, inputs, batch)
 
     cfg = LossConfig(w_opd=0.0) if loss_name == "rl" else LossConfig(w_rl=0.0) if loss_name == "opd" else LossConfig()
     cfg = dataclasses.replace(cfg, kl_coef=kl_coef)
@@ -223,12 +224,16 @@ def test_importance_weights_truncate():
     np.testing.assert_allclose(np.asarray(w), [[2.0, 2.0, 1.0]], rtol=1e-6)
     w = A.importance_weights(old, rollout, jnp.ones((1, 3)), cap=5.0)
     np.testing.assert_allclose(np.asarray(w), [[2.0, 3.0, 0.5]], rtol=1e-5)
+    # the same arithmetic on host arrays (NumPy float64): the module takes the arrays' own namespace
+    w = A.importance_weights(np.log([[0.5, 0.9, 0.1]]), np.log([[0.25, 0.3, 0.2]]), np.ones((1, 3)), cap=5.0)
+    assert w.dtype == np.float64 and isinstance(w, np.ndarray)
+    np.testing.assert_allclose(w, [[2.0, 3.0, 0.5]], rtol=1e-12)
 
 
 def test_pack_layout_and_buckets():
     rng = np.random.default_rng(1)
     samples = _samples(rng)
-    spec = BatchSpec(batch_size=4, max_candidates=2, min_seq_bucket=8, min_response_bucket=4)
+    spec = BatchSpec(samples_per_step=4, max_candidates=2, min_seq_bucket=8, min_response_bucket=4)
     packed = pack(samples, spec, current_version=3)
     st, te = packed.student, packed.teacher
     assert st["input_ids"].shape == (4, bucket_length(max(len(s.prompt_ids) + len(s.response_ids) for s in samples), 8))
@@ -245,10 +250,10 @@ def test_pack_layout_and_buckets():
     assert st["sample_mask"].tolist() == [1, 1, 1, 0]
     assert packed.staleness.tolist() == [3, 2, 1]
     assert packed.kinds == {"opd+rl": 1, "opd": 1, "rl": 1}
-    none = pack(samples, BatchSpec(batch_size=4, rl_only_teacher="none"))
+    none = pack(samples, BatchSpec(samples_per_step=4, rl_only_teacher="none"))
     assert none.teacher["candidate_mask"][2].sum() == 0  # RL-only sample: no teacher candidate
     with pytest.raises(ValueError):
-        pack(samples, BatchSpec(batch_size=2))
+        pack(samples, BatchSpec(samples_per_step=2))
 
 
 def test_bucket_length_and_versions():

@@ -4,6 +4,8 @@ passes see the pixels (other pixels, other log-probs) and the vision tower gets 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import io
 
@@ -92,31 +94,25 @@ def trainer_and_cfg():
 
 
 def visual_params(trainer) -> dict[str, np.ndarray]:
-    return {".".join(map(str, p)): np.array(v.get_value(), np.float32) for p, v in nnx.to_flat_state(trainer.trainable)
-            if p[0] == "visual"}
+    return {".".join(map(str, p)): np.array(v.get_value(), np.float32)
+            for p, v in nnx.to_flat_state(trainer.state.trainable) if p[0] == "visual"}
 
 
 def test_images_from_the_store_reach_every_pass_and_train_the_vision_tower(tmp_path, trainer_and_cfg):
     trainer, vl = trainer_and_cfg
     write_store(tmp_path / "a", [png(1), png(2)])
     write_store(tmp_path / "b", [png(3), png(4)])   # the same tokens, other pixels
-    pa, pb = read_batch(tmp_path / "a", trainer.spec, vl), read_batch(tmp_path / "b", trainer.spec, vl)
+    spec = trainer.train_step.spec
+    pa, pb = read_batch(tmp_path / "a", spec, vl), read_batch(tmp_path / "b", spec, vl)
     assert pa.image_grid == ((1, 4, 6),) and pa.student["pixel_values"].shape == (2, 24, 3 * 2 * 14 * 14)
     assert "pixel_values" in pa.teacher and pa.teacher["pixel_values"].shape[:2] == (2, 2)
     np.testing.assert_array_equal(pa.student["input_ids"], pb.student["input_ids"])
     assert not np.allclose(pa.student["pixel_values"], pb.student["pixel_values"])
 
-    runner = trainer.runner
-    phases = runner.phases_for(pa.image_grid)
-    with jax.set_mesh(runner.mesh):
-        outs = []
-        for p in (pa, pb):
-            inputs = S.StudentInputs(**runner.put(p.student))
-            old = phases["old_pass"](runner.graphdef, (trainer.trainable, runner.frozen), inputs)
-            tin = S.TeacherInputs(**runner.put(p.teacher))
-            teach = phases["teacher_pass"](runner.teacher_graphdef, runner.teacher_state, tin, inputs.response_ids,
-                                           old.topk_ids)
-            outs.append((np.asarray(old.old_logprobs), np.asarray(teach.logprobs_at_tokens)))
+    outs = []
+    for p in (pa, pb):
+        seen = trainer.train_step.loss_batch(trainer.state, p)   # the old pass's and the teacher pass's outputs
+        outs.append((np.asarray(seen.old_logprobs), np.asarray(seen.teacher_logprobs_at_tokens)))
     mask = pa.student["response_mask"] > 0
     assert np.all(np.isfinite(outs[0][0][mask]))
     assert np.abs(outs[0][0][mask] - outs[1][0][mask]).max() > 1e-4     # the old pass sees the pixels
@@ -139,13 +135,14 @@ def test_batches_with_images_refuse_packing_and_mixed_grids(tmp_path, trainer_an
     import dataclasses
 
     with pytest.raises(ValueError, match="unpacked batches"):
-        dataclasses.replace(trainer.spec, packing=True)   # a QwenVL student's spec refuses packing
-    packed_spec = dataclasses.replace(trainer.spec, packing=True, image_processor=None)
+        dataclasses.replace(trainer.train_step.spec, packing=True)   # a QwenVL student's spec refuses packing
+    packed_spec = dataclasses.replace(trainer.train_step.spec, packing=True, image_processor=None)
     with pytest.raises(ValueError, match="must not be packed"):
         attach_images(pack(samples, packed_spec), lambda h: read_image(tail.directory, h), PROC, IMAGE)
     bad = dataclasses.replace(samples[1], prompt_ids=[t for t in samples[1].prompt_ids if t != IMAGE][:4] + [IMAGE])
     with pytest.raises(ValueError, match="image tokens"):
-        attach_images(pack([samples[0], bad], trainer.spec), lambda h: read_image(tail.directory, h), PROC, IMAGE)
+        attach_images(pack([samples[0], bad], trainer.train_step.spec), lambda h: read_image(tail.directory, h), PROC,
+                      IMAGE)
     tail.close()
 
 
@@ -169,14 +166,14 @@ def test_old_pass_equals_the_full_forward_with_a_screen_inside_the_response(tmp_
                              response_mask=mask, token_advantages=[1.0 - 2 * i] * len(response),
                              image_sha256=[hashlib.sha256(b).hexdigest() for b in screens]), images=screens)
             rows.append((prompt, response, np.asarray(mask, bool), screens))
-    packed = read_batch(tmp_path, trainer.spec, vl)
-    runner = trainer.runner
-    with jax.set_mesh(runner.mesh):
-        inputs = S.StudentInputs(**runner.put(packed.student))
-        old = runner.phases_for(packed.image_grid)["old_pass"](runner.graphdef, (trainer.trainable, runner.frozen),
-                                                               inputs)
+    packed = read_batch(tmp_path, trainer.train_step.spec, vl)
+    # the old pass alone (the public phase function, with the step's settings for this batch's images)
+    settings = dataclasses.replace(trainer.train_step.settings, image_grid=packed.image_grid)
+    inputs = S.StudentInputs(**{k: jnp.asarray(v) for k, v in packed.student.items()})
+    old = jax.jit(functools.partial(S.old_pass, settings=settings))(trainer.state.graphdef, trainer.state.student,
+                                                                     inputs)
     old_lp = np.asarray(old.old_logprobs)
-    model = nnx.merge(runner.graphdef, trainer.trainable, runner.frozen)
+    model = nnx.merge(trainer.state.graphdef, *trainer.state.student)
     for b, (prompt, response, mask, screens) in enumerate(rows):
         pv, grid = process_images(screens, PROC)
         logits = model(jnp.asarray([prompt + response], jnp.int32), pixel_values=jnp.asarray(pv),
@@ -198,7 +195,7 @@ def test_a_frozen_vision_tower_keeps_its_weights_while_the_decoder_trains(tmp_pa
     trainer = Trainer(cfg, model, QwenVL(vl, rngs=nnx.Rngs(1)), mesh, samples=cfg.sample_spec())
     assert not visual_params(trainer)   # the tower is not trained
     write_store(tmp_path, [png(1), png(2)])
-    assert np.isfinite(trainer.train_on(read_batch(tmp_path, trainer.spec, vl))["loss"])
+    assert np.isfinite(trainer.train_on(read_batch(tmp_path, trainer.train_step.spec, vl))["loss"])
     served = {".".join(map(str, k)): np.array(v.get_value(), np.float32)
               for k, v in nnx.to_flat_state(nnx.state(trainer.serving_model(), nnx.Param))}
     assert served.keys() == loaded.keys()

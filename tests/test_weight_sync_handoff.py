@@ -18,7 +18,8 @@ from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
 from openclaw_jax.models.lora import LoRAConfig, add_lora
 from openclaw_jax.parallel.mesh import make_mesh, shard_model
-from openclaw_jax.trainer.batcher import BatchSpec, pack
+from openclaw_jax.trainer.batch import BatchSpec
+from openclaw_jax.trainer.batcher import pack
 from openclaw_jax.trainer.loop import Trainer
 
 from test_trainer_step import VOCAB, _samples
@@ -53,7 +54,7 @@ def test_step_emits_the_serving_weights_and_later_steps_leave_them_alone(dtype, 
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
     trainer = Trainer(cfg, shard_model(student, mesh), shard_model(_decoder(1, dtype), mesh), mesh,
                       samples=cfg.sample_spec())
-    spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
+    spec = BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8)
     packed = pack(_samples(np.random.default_rng(0))[:4], spec)
 
     trainer.train_on(packed, serve=True)

@@ -102,9 +102,9 @@ def test_train_on_applies_the_reward_baseline():
                                     ("raw", "none", None)]:
         cfg = experiment(loss_name="rl", extra=[f"trainer.reward_baseline={baseline}"])
         trainer = _trainer(cfg)
-        packed = pack(_baseline_samples(rewards, by_hand), trainer.spec)
+        packed = pack(_baseline_samples(rewards, by_hand), trainer.train_step.spec)
         metrics = trainer.train_on(packed)
-        results[name] = (metrics, _flat(trainer.trainable))
+        results[name] = (metrics, _flat(trainer.state.trainable))
     (m_mean, p_mean), (m_hand, p_hand), (m_raw, p_raw) = (results[k] for k in ("batch_mean", "by_hand", "raw"))
     assert m_mean["rollout/reward_baseline"] == pytest.approx(mean)
     np.testing.assert_allclose(m_mean["loss"], m_hand["loss"], rtol=1e-5, atol=1e-7)
@@ -143,11 +143,12 @@ def test_shared_prefix_teacher_counts_its_real_tokens(packing):
     candidate, or not at all). Expected from the samples: each sample's candidates (hint prompts, or
     the un-hinted prompt for a turn without hints) share a prefix (stopping one short of the shortest
     prompt) that runs once, then each candidate's rest and the response."""
-    from openclaw_jax.trainer.batcher import BatchSpec, pack
+    from openclaw_jax.trainer.batch import BatchSpec
+    from openclaw_jax.trainer.batcher import pack
 
     samples = _hinted_samples(np.random.default_rng(5))
-    spec = BatchSpec(batch_size=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8, shared_prefix=True,
-                     packing=packing, batch_prefix_min=0)
+    spec = BatchSpec(samples_per_step=4, max_candidates=3, min_seq_bucket=16, min_response_bucket=8,
+                     shared_prefix_teacher=True, packing=packing, batch_prefix_min=0)
     assert spec.shares_prefix
     packed = pack(samples, spec)
     assert "prefix_len" in packed.teacher          # the shared-prefix layout was taken
@@ -176,7 +177,7 @@ class _FixedRewards:
 
         reward = self.rewards.pop(0)
         return Episode(task=task, prompt_ids=[1, 2, 3], response_ids=[4, 5, 6], loss_mask=[1, 1, 0],
-                       logprobs=[-0.1, -0.2, 0.0], turns=[(0, 2)], reward=reward, end_reason="answer",
+                       rollout_logprobs=[-0.1, -0.2, 0.0], turns=[(0, 2)], reward=reward, end_reason="answer",
                        weight_versions=["0"])
 
 
@@ -296,11 +297,11 @@ def test_serving_weights_merge_lora_as_w_plus_scaled_ab():
                                             "model.param_dtype=float32"])
     student = add_lora(_decoder(0), LoRAConfig(rank=rank, alpha=alpha), rngs=nnx.Rngs(2))
     trainer = _trainer(cfg, student)
-    packed = pack(_baseline_samples([1.0, -1.0, 1.0]), trainer.spec)
+    packed = pack(_baseline_samples([1.0, -1.0, 1.0]), trainer.train_step.spec)
     trainer.train_on(packed, serve=True)
     _, pushed = trainer.take_serving_weights()
     got = _flat(pushed)
-    adapters, base = _flat(trainer.trainable), _flat(trainer.frozen)
+    adapters, base = _flat(trainer.state.trainable), _flat(trainer.state.frozen)
     scale = alpha / rank
     merged = 0
     for name, w in base.items():

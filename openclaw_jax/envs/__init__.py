@@ -1,24 +1,6 @@
-"""Environments: personas (pure preference checks and reactions), question sources with disjoint
-train / held-out splits, and simulated users that drive sessions through the gateway."""
-
-from openclaw_jax.envs.personas import (
-    Persona,
-    PreferenceVerdict,
-    make_persona,
-    persona_from_spec,
-    persona_names,
-    register_persona,
-)
-from openclaw_jax.envs.questions import Question, heldout_questions, train_questions
-
-__all__ = [
-    "Persona",
-    "PreferenceVerdict",
-    "Question",
-    "heldout_questions",
-    "make_persona",
-    "persona_from_spec",
-    "persona_names",
-    "register_persona",
-    "train_questions",
-]
+"""Environments: personas (pure preference checks and reactions, `personas.py`), question sources with
+disjoint train / held-out splits (`questions.py`), simulated users that drive sessions through the
+gateway (`simulated_user.py`), the sandbox, and the agentic environments (`agentic/`). Each section of
+the config is its own module (`config.py`, `agentic/config.py`); this `__init__` imports nothing, so
+loading the config imports no environment.
+"""

@@ -68,7 +68,7 @@ class ChatStream:
             safe -= 1
         emitted = self.emitted
         delta_text = text[len(emitted):safe] if text.startswith(emitted) and safe > len(emitted) else ""
-        new_tokens = len(result.output_ids)
+        new_tokens = len(result.response_ids)
         lp = self._logprobs(result, new_tokens)
         if delta_text or lp:
             await self.chunk(delta={"content": delta_text} if delta_text else {}, logprobs=lp)
@@ -85,7 +85,7 @@ class ChatStream:
             logger.warning("streamed content %r is not a prefix of the final text %r", self.emitted[-40:],
                            final_content[-40:])
         rest = final_content[len(self.emitted):] if final_content.startswith(self.emitted) else ""
-        lp = self._logprobs(result, len(result.output_ids))
+        lp = self._logprobs(result, len(result.response_ids))
         if rest or lp:
             await self.chunk(delta={"content": rest} if rest else {}, logprobs=lp)
         if calls:
@@ -93,7 +93,7 @@ class ChatStream:
         record()
         await self.chunk(delta={}, finish_reason=finish_reason(result, bool(calls)))
         if self.req.include_usage:
-            await self.chunk(delta=None, usage=O.usage(prompt_tokens, len(result.output_ids),
+            await self.chunk(delta=None, usage=O.usage(prompt_tokens, len(result.response_ids),
                                                        cached_tokens=result.cached_tokens), no_choices=True)
         await self.send("[DONE]")
         await self.response.write_eof()

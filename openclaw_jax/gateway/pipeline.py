@@ -103,7 +103,7 @@ class JudgePipeline:
         sample = Sample(
             session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
             reward=judgement.eval_score if kind != "opd" else 0,
-            prompt_ids=list(turn.prompt_ids), response_ids=turn.response_ids, rollout_logprobs=turn.response_logprobs,
+            prompt_ids=list(turn.prompt_ids), response_ids=turn.response_ids, rollout_logprobs=turn.rollout_logprobs,
             hints=list(judgement.hints), hint_prompt_ids=hint_prompts, weight_version=turn.weight_version,
             last_weight_version=turn.last_weight_version,
             temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),

@@ -415,9 +415,9 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
                      result: GenerateResult, params: SamplingParams, images: tuple[SpooledImage, ...] = ()) -> None:
         if ticket is None:
             return
-        if not result.output_ids or len(result.output_logprobs) != len(result.output_ids):
+        if not result.response_ids or len(result.rollout_logprobs) != len(result.response_ids):
             logger.warning("session %s turn %d not recorded: %d output ids with %d log-probs", ticket.session_id,
-                           ticket.turn_index, len(result.output_ids), len(result.output_logprobs))
+                           ticket.turn_index, len(result.response_ids), len(result.rollout_logprobs))
             self.sessions.fail_turn(ticket)
             if images:
                 self.spool.release(ticket.person, images)
@@ -426,7 +426,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             session_id=ticket.session_id, turn_index=ticket.turn_index, prompt_messages=req.messages,
             tools=req.tools, chat_template_kwargs=req.chat_template_kwargs,
             prompt_ids=array("i", prompt_ids),   # 4 bytes a token while it waits (a list takes 36)
-            response_ids=list(result.output_ids), response_logprobs=list(result.output_logprobs),
+            response_ids=list(result.response_ids), rollout_logprobs=list(result.rollout_logprobs),
             response_text=result.text, weight_version=result.weight_version,
             last_weight_version=result.last_weight_version,
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
@@ -438,7 +438,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             self._submit(job)
 
     def _logprobs_block(self, result: GenerateResult, start: int, stop: int, top: int) -> dict[str, Any]:
-        return O.logprobs_of_ids(result.output_ids[start:stop], result.output_logprobs[start:stop],
+        return O.logprobs_of_ids(result.response_ids[start:stop], result.rollout_logprobs[start:stop],
                                  result.output_top_logprobs[start:stop] if top else None,
                                  lambda t: self.tokenizer.decode([t]), top_n=top)
 
@@ -469,10 +469,11 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
         choice = O.chat_choice(
             0, O.chat_message((content or None) if calls else content, calls),
             finish_reason=finish_reason(result, bool(calls)),
-            logprobs=self._logprobs_block(result, 0, len(result.output_ids), req.top_logprobs) if req.logprobs else None)
+            logprobs=self._logprobs_block(result, 0, len(result.response_ids), req.top_logprobs) if req.logprobs
+            else None)
         body = O.chat_completion(completion_id=O.new_id("chatcmpl-"), created=O.now_s(),
                                  model=req.model or self.cfg.served_model_name, choices=[choice],
-                                 usage=O.usage(len(prompt_ids), len(result.output_ids),
+                                 usage=O.usage(len(prompt_ids), len(result.response_ids),
                                                cached_tokens=result.cached_tokens),
                                  metadata=self._metadata(result, ticket))
         return web.json_response(body, dumps=json_safe.dumps, headers=request.get(GATEWAY_HEADERS))
@@ -498,7 +499,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             # cache spared) and its answer
             logger.info("streamed %s turn: %d prompt tokens (%d cached), first token after %.2f s, %d tokens in "
                         "%.2f s", "a main" if ticket is not None else "a side", len(prompt_ids), result.cached_tokens,
-                        first_s, len(result.output_ids), time.monotonic() - started)
+                        first_s, len(result.response_ids), time.monotonic() - started)
         except ClientGone:
             logger.info("client closed the stream early; turn not recorded")
             if ticket is not None:

@@ -85,7 +85,7 @@ class TurnRecord:
     chat_template_kwargs: dict[str, Any]
     prompt_ids: list[int]
     response_ids: list[int]
-    response_logprobs: list[float]
+    rollout_logprobs: list[float]
     response_text: str
     weight_version: str | None
     temperature: float

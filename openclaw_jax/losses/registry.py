@@ -5,7 +5,8 @@ it needs and how it turns the current log-probs there into loss terms. A *named 
 (``register_loss``) is a kind plus the weights it fixes: ``rl`` is the hybrid kind with
 ``w_opd = 0``. ``loss.name`` picks one; the allowed names are this registry's. A weight a loss fixes
 is resolved once, when the ``LossConfig`` is built, and an explicit conflicting weight is refused
-there (``losses/config.py``). This module is a leaf: it never imports the loss files.
+there (``losses/config.py``). Both tables are the package's one ``Registry`` (``openclaw_jax/registry.py``).
+This module never imports the loss files.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from openclaw_jax.losses.policy import finalize_metrics
 from openclaw_jax.ops.logprobs import DEFAULT_CHUNK_SIZE
+from openclaw_jax.registry import Registry
 
-_KINDS: dict[str, Any] = {}  # name -> LossKind instance
-_REGISTRY: dict[str, "RegisteredLoss"] = {}
+KINDS: Registry[Any] = Registry("loss kind")            # name -> LossKind instance
+LOSSES: Registry["RegisteredLoss"] = Registry("loss")   # name -> RegisteredLoss
 WEIGHTS = ("w_rl", "w_opd")   # the loss weights a named loss may fix (default 1.0 each)
 
 K = TypeVar("K", bound=type)
@@ -28,29 +30,20 @@ def loss_kind(name: str, *, overwrite: bool = False) -> Callable[[K], K]:
     """Class decorator: register a ``LossKind`` subclass (one instance) as loss kind ``name``."""
 
     def decorate(cls: K) -> K:
-        if name in _KINDS and not overwrite:
-            raise ValueError(f"a loss kind named {name!r} is already registered ({type(_KINDS[name]).__name__}); "
-                             "pass overwrite=True to replace it")
+        KINDS.add(name, cls(), overwrite=overwrite)   # (a taken name is refused before the class is renamed)
         cls.name = name
-        _KINDS[name] = cls()
         return cls
 
     return decorate
 
 
-def _lookup(table: dict[str, Any], name: str, what: str) -> Any:
-    if name not in table:
-        raise ValueError(f"unknown {what} {name!r}; registered: {tuple(sorted(table))}")
-    return table[name]
-
-
 def get_kind(name: str) -> Any:
     """The registered ``LossKind`` instance called ``name``."""
-    return _lookup(_KINDS, name, "loss kind")
+    return KINDS.get(name)
 
 
 def available_kinds() -> tuple[str, ...]:
-    return tuple(sorted(_KINDS))
+    return KINDS.names()
 
 
 @dataclass(frozen=True)
@@ -97,22 +90,20 @@ class RegisteredLoss:
 def register_loss(name: str, kind: str, fixed_weights: Mapping[str, float] | None = None, description: str = "",
                   *, uses_hints: bool = True, overwrite: bool = False) -> RegisteredLoss:
     """Register ``name`` as loss kind ``kind`` with the weights it fixes (``w_rl`` / ``w_opd``)."""
-    if kind not in _KINDS:
+    if kind not in KINDS:
         raise ValueError(f"cannot register loss {name!r}: kind {kind!r} is not one of {available_kinds()}")
-    if name in _REGISTRY and not overwrite:
-        raise ValueError(f"a loss named {name!r} is already registered; pass overwrite=True to replace it")
     unknown = set(fixed_weights or {}) - set(WEIGHTS)
     if unknown:
         raise ValueError(f"loss {name!r} fixes {sorted(unknown)}; only {WEIGHTS} can be fixed")
     entry = RegisteredLoss(name, kind, MappingProxyType(dict(fixed_weights or {})), description, uses_hints)
-    _REGISTRY[name] = entry
+    LOSSES.add(name, entry, overwrite=overwrite)
     return entry
 
 
 def get_loss(name: str) -> RegisteredLoss:
     """The named loss ``name`` (``combine``, ``rl``, ``opd``, ``token_combine``, ``tail_kl``, ...)."""
-    return _lookup(_REGISTRY, name, "loss")
+    return LOSSES.get(name)
 
 
 def available_losses() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    return LOSSES.names()

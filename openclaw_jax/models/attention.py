@@ -44,6 +44,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from openclaw_jax.models.segments import SHARED_SEGMENT
+
 IMPLEMENTATIONS = ("dense", "blockwise", "fused", "auto")
 
 # Block size (tokens, queries and keys) of the blockwise kernel when none is given (0): on CPU
@@ -58,9 +60,6 @@ CPU_FORWARD_BLOCK = 256
 # `cached_attention` calls with at least this many queries run the blockwise kernel (decode steps,
 # a few tokens, stay dense over the cache)
 CACHED_BLOCKWISE_MIN = 64
-
-# kv segment id of keys every query segment sees (the shared prefix of packed continuations)
-SHARED_SEGMENT = -1
 
 _NEG = -1e30  # finite "minus infinity" for masked scores (exp underflows to exactly 0)
 

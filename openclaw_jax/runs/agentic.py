@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from openclaw_jax.config import ExperimentConfig
-from openclaw_jax.envs.agentic import PoolPolicy, episode_runner, make_env
+from openclaw_jax.envs.agentic.episode import PoolPolicy, episode_runner, make_env
 from openclaw_jax.envs.agentic.rollout import GroupRollouts, StepVote, demonstrations, evaluate
 from openclaw_jax.gateway.judge import ModelJudge, NextState, RuleJudge
 from openclaw_jax.models.hub import load_pretrained, save_checkpoint

@@ -2,7 +2,7 @@
 
 A conversation turn's advantage is its reward (+1 / -1, docs/design.md §6) on every response token; an
 environment sample brings its own per-token advantages (`token_advantages`, group-normalised). The
-runner finishes them in one order: `sample_advantages` (written by `pack`), `apply_reward_baseline`
+step finishes them in one order: `sample_advantages` (written by `pack`), `apply_reward_baseline`
 (host, before the step), `importance_weighted` (inside the jitted step, where pi_old is known).
 
 `batch_mean` subtracts the mean reward of the step's evaluated conversation turns (the REINFORCE
@@ -15,16 +15,12 @@ come with their own advantages.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from openclaw_jax.samples import Sample
-
-if TYPE_CHECKING:   # batcher.py imports this module (pack writes `sample_advantages`)
-    from openclaw_jax.trainer.batcher import PackedBatch
+from openclaw_jax.trainer.batch import PackedBatch
 
 BASELINES = ("none", "batch_mean")
 
@@ -55,14 +51,15 @@ def apply_reward_baseline(packed: PackedBatch, baseline: str) -> float | None:
     return mean
 
 
-def importance_weights(old_logprobs: jax.Array, rollout_logprobs: jax.Array, mask: jax.Array,
-                       cap: float) -> jax.Array:
-    """Truncated importance weights min(pi_old / pi_rollout, cap) per token (1 where masked)."""
-    ratio = jnp.exp(jnp.clip(old_logprobs - rollout_logprobs, -20.0, 20.0))
-    return jnp.where(mask > 0, jnp.minimum(ratio, cap), 1.0)
+def importance_weights(old_logprobs: Any, rollout_logprobs: Any, mask: Any, cap: float) -> Any:
+    """Truncated importance weights min(pi_old / pi_rollout, cap) per token (1 where masked). Written
+    against the arrays' own namespace (jax.numpy inside the jitted step, NumPy on the host), so this
+    module, which the NumPy batcher imports, imports no JAX."""
+    xp = old_logprobs.__array_namespace__()
+    ratio = xp.exp(xp.clip(old_logprobs - rollout_logprobs, -20.0, 20.0))
+    return xp.where(mask > 0, xp.minimum(ratio, cap), 1.0)
 
 
-def importance_weighted(advantages: jax.Array, old_logprobs: jax.Array, rollout_logprobs: jax.Array,
-                        mask: jax.Array, cap: float) -> jax.Array:
+def importance_weighted(advantages: Any, old_logprobs: Any, rollout_logprobs: Any, mask: Any, cap: float) -> Any:
     """The advantages of stale samples weighted by `importance_weights` (`staleness_mode=importance`)."""
     return advantages * importance_weights(old_logprobs, rollout_logprobs, mask, cap)

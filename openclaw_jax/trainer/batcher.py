@@ -12,12 +12,12 @@ Why the layouts look as they do:
   segment id and positions from 0, so attention never crosses a sequence; the per-sample `[B, T]`
   arrays keep their layout, so the loss is that of the unpacked batch. Micro-batch g's sequences
   stay in its own rows.
-- A prompt prefix run once: the candidates' common prefix per sample (`shared_prefix`, when a
+- A prompt prefix run once: the candidates' common prefix per sample (`shared_prefix_teacher`, when a
   sample can have 2+ candidates) or the batch's common prefix per packed row (`batch_prefix_min`,
   OpenClaw's system prompt), as a segment every sequence of the row sees (`prefix_rows.py`); the
   layout with fewer token slots is taken.
 - Staleness: `drop` refuses samples more than `max_staleness` versions old; `importance` keeps them
-  and the runner weights their advantages (`advantages.py`).
+  and the step weights their advantages (`advantages.py`).
 """
 
 from __future__ import annotations
@@ -25,35 +25,19 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from openclaw_jax.models.attention import SHARED_SEGMENT  # keys every segment of a row sees
+from openclaw_jax.models.segments import SHARED_SEGMENT  # keys every segment of a row sees
 from openclaw_jax.samples import Sample, SampleTail
 from openclaw_jax.samples.holdout import is_held_out
 from openclaw_jax.trainer.advantages import sample_advantages
+from openclaw_jax.trainer.batch import BatchSpec, PackedBatch, bucket_length, num_micro_batches
 from openclaw_jax.trainer.prefix_rows import batch_prefix, rows_held, shared_prefix_teacher
-from openclaw_jax.trainer.step import num_micro_batches  # the phases split rows the same way
 
 log = logging.getLogger(__name__)
-
-
-def bucket_length(n: int, minimum: int, maximum: int | None = None, quantum: int = 0) -> int:
-    """The bucket of a length n: the smallest power of two >= max(n, minimum) while that is <= `quantum`,
-    else n rounded up to a multiple of `quantum` (quantum 0: powers of two only); error if it exceeds
-    `maximum` (a bucket past `maximum` is clipped to it)."""
-    size = max(int(minimum), 1)
-    while size < n:
-        size *= 2
-    if quantum > 0 and size > quantum:
-        size = max(-(-max(int(n), int(minimum)) // quantum) * quantum, 1)
-    if maximum is not None and size > maximum:
-        if n > maximum:
-            raise ValueError(f"length {n} exceeds the largest bucket {maximum}")
-        size = maximum
-    return size
 
 
 def parse_version(version: str | int | None) -> int | None:
@@ -66,109 +50,9 @@ def parse_version(version: str | int | None) -> int | None:
         return None
 
 
-@dataclass(frozen=True)
-class BatchSpec:
-    batch_size: int = 4
-    max_candidates: int = 3
-    min_seq_bucket: int = 32
-    max_seq_len: int = 2048
-    min_response_bucket: int = 16
-    rl_only_teacher: Literal["unhinted", "none"] = "unhinted"
-    # False (the `rl` method): no teacher candidates at all, and hint-only samples (kind "opd",
-    # reward 0) are dropped so they do not dilute the GRPO mean with zero-loss rows
-    use_hints: bool = True
-    max_staleness: int = 2
-    staleness_mode: Literal["drop", "importance"] = "drop"
-    # the trainer's tau: a sample sampled at another temperature is refused (None: accept any)
-    temperature: float | None = None
-    pad_id: int = 0
-    packing: bool = False           # several sequences per row (segment ids, per-segment positions)
-    bucket_quantum: int = 0         # lengths past this are multiples of it (0: powers of two)
-    micro_batch_size: int = 0       # packing keeps each micro-batch's sequences in its own rows
-    row_multiple: int = 1           # packed row counts are multiples of this (the batch shards)
-    shared_prefix: bool = False     # teacher: the prompt prefix common to a sample's candidates runs once
-    # the loss has a KL anchor to the frozen initial model (the teacher's weights): with the shared
-    # prefix, the teacher row also holds the un-hinted prompt's rest, so the teacher pass gives the
-    # reference log-probs and no separate reference pass runs (RL-only samples: their candidate)
-    reference: bool = False
-    # packing: a prompt prefix common to every sequence of a batch (OpenClaw's system prompt) at least
-    # this long runs once per packed row, not once per sequence (0: never; `batch_prefix`)
-    batch_prefix_min: int = 0
-    # packing: a shape used before (compiled) is taken over a new one that saves fewer than this
-    # fraction of its token slots (0: always the fewest slots)
-    shape_reuse_slack: float = 0.1
-    # a vision-language student (QwenVL): its `ImageProcessorConfig` and image token id; the input
-    # pipeline reads each batch's images from the store and attaches their patches (trainer/vision_batch.py)
-    image_processor: Any = None
-    image_token_id: int | None = None
-    # samples held out of training for the promotion gate's replay set (samples/holdout.py: 1 in N; 0: none)
-    holdout_every: int = 0
-
-    def __post_init__(self):
-        if self.bucket_quantum < 0:
-            raise ValueError(f"bucket_quantum={self.bucket_quantum} must be >= 0 (0: power-of-two buckets)")
-        if self.row_multiple < 1:
-            raise ValueError(f"row_multiple={self.row_multiple} must be >= 1")
-        if not 0 <= self.shape_reuse_slack < 1:
-            raise ValueError(f"shape_reuse_slack={self.shape_reuse_slack} must be in [0, 1)")
-        if self.image_processor is not None and (self.packing or self.shares_prefix):
-            raise ValueError("a vision-language student trains on unpacked batches: set trainer.packing=false and "
-                             "trainer.shared_prefix_teacher=false")
-
-    @property
-    def shares_prefix(self) -> bool:
-        """Whether the teacher layout is the shared-prefix one: asked for, and a sample can have two
-        or more candidates (one candidate shares nothing; the packed layout pads less)."""
-        return self.shared_prefix and self.use_hints and self.max_candidates >= 2
-
-
-@dataclass
-class PackedBatch:
-    """NumPy arrays for one step plus host-side bookkeeping."""
-
-    student: dict[str, np.ndarray]
-    teacher: dict[str, np.ndarray]
-    samples: list[Sample]
-    staleness: np.ndarray                 # [n_real] versions behind the trainer
-    kinds: dict[str, int] = field(default_factory=dict)
-    real_tokens: dict[str, int] = field(default_factory=dict)   # "student" / "teacher": unpadded tokens
-    # the images' grid of every row, when the batch has `pixel_values` (trainer/vision_batch.py)
-    image_grid: tuple[tuple[int, int, int], ...] = ()
-
-    @property
-    def has_teacher(self) -> bool:
-        """Whether the step runs a teacher pass: a sample has a teacher candidate, or the pass gives the
-        reference log-probs (`BatchSpec.reference`)."""
-        return bool(np.any(self.teacher["candidate_mask"] > 0)) or "reference_offset" in self.teacher
-
-    def slots(self, part: str) -> int:
-        """Token slots (real + padding) of the `part` ("student" / "teacher") model inputs (the teacher's:
-        0 when no teacher pass runs)."""
-        if part == "teacher" and not self.has_teacher:
-            return 0
-        return int(getattr(self, part)["input_ids"].size)
-
-    def padding_fraction(self, part: str | None = None) -> float:
-        """Padded / total token slots of the student and teacher inputs (or of one `part`)."""
-        parts = ("student", "teacher") if part is None else (part,)
-        total = sum(self.slots(p) for p in parts)
-        real = sum(self.real_tokens.get(p, 0) for p in parts)
-        return (total - real) / total if total else 0.0
-
-    def phase_keys(self) -> tuple[tuple, tuple | None]:
-        """(student key, teacher key): the student phases (old pass, train step) compile once per
-        student key, the teacher pass once per teacher key (None: no teacher pass runs)."""
-        t = self.student["response_ids"].shape[1]
-        student = ("student", self.student["input_ids"].shape, t)
-        if not self.has_teacher:
-            return student, None
-        layout = "teacher_shared" if "prefix_len" in self.teacher else "teacher"   # another program
-        return student, (layout, self.teacher["input_ids"].shape, t)
-
-
 def teacher_prompts(sample: Sample, spec: BatchSpec) -> list[list[int]]:
     """The teacher candidates of a sample: its hint prompts, or the un-hinted prompt for RL-only samples."""
-    if not spec.use_hints:
+    if not spec.uses_hints:
         return []
     if sample.hint_prompt_ids:
         return [list(p) for p in sample.hint_prompt_ids[: spec.max_candidates]]
@@ -249,7 +133,7 @@ class ShapeLadder:
 
 def shape_ladder(spec: BatchSpec) -> ShapeLadder:
     """The shapes `pack(..., spec)` can produce (module doc), stated before any batch is seen."""
-    b, c, q, top = spec.batch_size, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
+    b, c, q, top = spec.samples_per_step, spec.max_candidates, spec.bucket_quantum, spec.max_seq_len
     lengths = length_ladder(spec.min_seq_bucket, top, q)
     if spec.packing:
         student_rows = row_ladder(b, num_micro_batches(b, spec.micro_batch_size), spec.row_multiple)
@@ -261,7 +145,7 @@ def shape_ladder(spec: BatchSpec) -> ShapeLadder:
         shared = length_ladder(spec.min_seq_bucket, (c + spec.reference) * top, q)
     packed_too = not spec.shares_prefix or (spec.packing and spec.batch_prefix_min > 0)
     return ShapeLadder(student_rows, lengths, teacher_rows, lengths, length_ladder(spec.min_response_bucket, top),
-                       spec.shares_prefix, spec.use_hints and c > 0, shared, packed_too)
+                       spec.shares_prefix, spec.uses_hints and c > 0, shared, packed_too)
 
 
 def pack_rows(lengths: Sequence[int], groups: Sequence[int], n_groups: int, capacity: int,
@@ -368,9 +252,9 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
     """
     if not samples:
         raise ValueError("pack needs at least one sample")
-    if len(samples) > spec.batch_size:
-        raise ValueError(f"{len(samples)} samples do not fit batch_size={spec.batch_size}")
-    b, c, q = spec.batch_size, spec.max_candidates, spec.bucket_quantum
+    if len(samples) > spec.samples_per_step:
+        raise ValueError(f"{len(samples)} samples do not fit samples_per_step={spec.samples_per_step}")
+    b, c, q = spec.samples_per_step, spec.max_candidates, spec.bucket_quantum
     # T (the per-sample response arrays): powers of two, so it adds few shapes (`shape_ladder`)
     t = bucket_length(max(len(s.response_ids) for s in samples), spec.min_response_bucket, spec.max_seq_len)
     ls = bucket_length(max(len(s.prompt_ids) + len(s.response_ids) for s in samples), spec.min_seq_bucket,
@@ -419,8 +303,7 @@ def pack(samples: Sequence[Sample], spec: BatchSpec, *, current_version: int | N
             seen["teacher"] if not spec.shares_prefix else set(seen["teacher"]))
         real["teacher"] += _pack_teacher(teacher, teacher_seqs, spec, ladder, trial)
     if spec.shares_prefix:
-        shared, shared_real = shared_prefix_teacher(samples, spec, [teacher_prompts(s, spec) for s in samples],
-                                                    bucket_length)
+        shared, shared_real = shared_prefix_teacher(samples, spec, [teacher_prompts(s, spec) for s in samples])
         # per-sample rows (each sample's prefix once) or packed rows (the batch's prefix once per row, each
         # candidate's own context repeated): the fewer token slots (short contexts after a long common
         # system prompt, OpenClaw's first turns: packed)
@@ -436,7 +319,7 @@ def _write_samples(samples: Sequence[Sample], spec: BatchSpec, student: dict[str
                    teacher: dict[str, np.ndarray], with_teacher: bool) -> tuple[list, list]:
     """Each sample's rows of the padded `[B, ...]` student arrays (and, `with_teacher`, of the `[B, C, ...]`
     teacher arrays); returns the student sequences (one per row) and the teacher's (B * C, None: padding)."""
-    b, c = spec.batch_size, spec.max_candidates
+    b, c = spec.samples_per_step, spec.max_candidates
     student_seqs: list[list[int] | None] = [None] * b
     teacher_seqs: list[list[int] | None] = [None] * (b * c)
     for i, s in enumerate(samples):
@@ -464,7 +347,7 @@ def _pack_teacher(teacher: dict[str, np.ndarray], teacher_seqs: list[list[int] |
     """Pack the teacher sequences (candidate f = b * C + c in micro-batch f mod n) into `teacher`, the
     batch's common prefix once per row; returns the change in real teacher tokens (the prefix is no
     longer repeated per sequence)."""
-    b, c = spec.batch_size, spec.max_candidates
+    b, c = spec.samples_per_step, spec.max_candidates
     nt = num_micro_batches(b * c, spec.micro_batch_size)
     starts = teacher["response_start"].reshape(b * c)
     prefix = batch_prefix(teacher_seqs, [int(starts[f]) for f, q in enumerate(teacher_seqs) if q is not None],
@@ -497,7 +380,7 @@ class SampleBatcher:
         if is_held_out(sample.sample_id, self.spec.holdout_every):   # the gate's replay set: never trained on
             self.dropped["held_out"] += 1
             return False
-        if not self.spec.use_hints and sample.kind == "opd":  # no reward: nothing for GRPO to learn
+        if not self.spec.uses_hints and sample.kind == "opd":  # no reward: nothing for GRPO to learn
             self.dropped["hint_only"] += 1
             return False
         if sample_length(sample, self.spec) > self.spec.max_seq_len:
@@ -528,8 +411,8 @@ class SampleBatcher:
         """Batches from store offsets `[start, stop)` (which must exist); the last one may be partial
         (padded rows). Windows are read forward: offsets before `start` are released."""
         kept = [s for s in self.tail.read(start, stop) if self._keep(s, current_version)]
-        for i in range(0, len(kept), self.spec.batch_size):
-            yield pack(kept[i:i + self.spec.batch_size], self.spec, current_version=current_version,
+        for i in range(0, len(kept), self.spec.samples_per_step):
+            yield pack(kept[i:i + self.spec.samples_per_step], self.spec, current_version=current_version,
                        seen=self.seen_shapes)
 
     @property

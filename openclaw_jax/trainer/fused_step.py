@@ -8,12 +8,12 @@ Here the student's forward runs once, under `jax.vjp`: its hidden states (stoppe
 outputs, then the teacher pass (which needs S^q), the reference log-probs and the loss batch run in
 the same program, the loss is differentiated w.r.t. the hidden states and the LM head, and the
 forward's pullback turns that into the parameters' gradients. Values are those of the phased step
-(`runner.StepRunner.run_phases`; tests/test_fused_step.py compares the two). The price: the student's
+(`train_step.TrainStep` without fusion; tests/test_fused_step.py compares the two). The price: the student's
 activations stay live through the teacher and reference forwards (more peak memory), so it is off by
 default and meant for small models (the CPU demo), where the saved forward is ~1/6 of a step.
 
 Not with micro-batches (the teacher rows are packed apart from the student's, so a micro-batch of one
-is not a micro-batch of the other) or image batches: the runner refuses those combinations.
+is not a micro-batch of the other) or image batches: `make_train_step` refuses those combinations.
 """
 
 from __future__ import annotations
@@ -21,19 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
 from openclaw_jax.losses import get_loss
 from openclaw_jax.trainer import advantages as A
 from openclaw_jax.trainer import step as S
-
-
-def _teacher_zeros(b: int, c: int, t: int, k: int) -> S.TeacherPassOutput:
-    """The teacher outputs of a batch without any hint candidate (the loss reads none of them)."""
-    zeros = jnp.zeros((b, c, t, k), jnp.float32)
-    return S.TeacherPassOutput(jnp.zeros((b, c, t, k), jnp.int32), zeros, zeros, jnp.zeros((b, c, t), jnp.float32))
 
 
 def fused_loss_and_grads(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, inputs: S.StudentInputs,
@@ -57,7 +50,7 @@ def fused_loss_and_grads(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: n
                                settings)
         old_at = S.logprobs_at_teacher_ids(hidden0, head0, teach.topk_ids, settings)
     else:
-        teach = _teacher_zeros(b, c, length, settings.top_k)
+        teach = S.no_teacher_outputs(b, c, length, settings.top_k)
         old_at = teach.logprobs_at_student_ids
     ref = None
     if settings.loss.kl_coef != 0:
@@ -87,8 +80,8 @@ def fused_train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.S
                      lr_schedule: optax.Schedule | None = None, importance_cap: float | None = None,
                      serve: bool = False, merge_lora: bool = False):
     """The whole step in one program: (new trainable, new opt state, metrics, k* [B, T]) and, with `serve`,
-    the serving state, as `step.train_step` / `step.train_step_serving` return them. `run_teacher` and
-    `folded_reference` are positional so that jit can hold them static (as the runner's phases are called)."""
+    the serving state, as `step.update_step` / `step.update_step_serving` return them. `run_teacher` and
+    `folded_reference` are positional so that jit can hold them static (as `TrainStep` calls its phases)."""
     if settings.micro_batch_size > 0 or settings.image_grid:
         raise ValueError("trainer.fused_old_pass runs without micro-batches and image batches: set "
                          "trainer.micro_batch_size=0 or trainer.fused_old_pass=false")

@@ -52,7 +52,8 @@ import numpy as np
 from openclaw_jax.samples import Sample, SampleTail
 from openclaw_jax.samples.sample import decode_sample
 from openclaw_jax.samples.store import read_image
-from openclaw_jax.trainer.batcher import BatchSpec, PackedBatch, SampleBatcher, pack
+from openclaw_jax.trainer.batch import BatchSpec, PackedBatch
+from openclaw_jax.trainer.batcher import SampleBatcher, pack
 from openclaw_jax.trainer.vision_batch import attach_images
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,13 @@ def window_dataset(payloads: Sequence[bytes], spec: BatchSpec, keep, *, current_
                    seen: dict[str, set] | None, parse_threads: int = 0,
                    image_bytes: Callable[[str], bytes] | None = None) -> grain.IterDataset:
     """The grain graph of one window: parse -> filter (`keep(sample, current_version)`) -> batches of
-    `spec.batch_size` -> `pack` (in order: the packer's seen shapes and the filter's counters are
+    `spec.samples_per_step` -> `pack` (in order: the packer's seen shapes and the filter's counters are
     stateful, so only the parse runs on several threads)."""
     read = grain.ReadOptions(num_threads=parse_threads, prefetch_buffer_size=max(len(payloads), 1))
     return (sample_dataset(payloads)
             .to_iter_dataset(read)
             .filter(lambda s: keep(s, current_version))
-            .batch(spec.batch_size, batch_fn=list)
+            .batch(spec.samples_per_step, batch_fn=list)
             .map(functools.partial(_pack, spec=spec, current_version=current_version, seen=seen,
                                    image_bytes=image_bytes)))
 

@@ -1,9 +1,10 @@
 """The trainer loop: wait for samples, run the step, sync weights, log, checkpoint.
 
-`Trainer` holds the train state and a `StepRunner` (runner.py: the phases and their order);
-`Trainer.train_on(packed)` runs one step and returns its host metrics; `Trainer.run(...)` is the
-asyncio loop over the sample store. Weights reach the serving pool through the `WeightSync` it is
-given (train.py wraps the pool's push in a background sync); the loop knows nothing of the pool.
+`Trainer` holds the train state (`state.py`: one pytree, what a checkpoint keeps) and the step
+(`train_step.py`: `state, metrics = train_step(state, batch)`); `Trainer.train_on(packed)` runs one
+step and returns its host metrics; `Trainer.run(...)` is the asyncio loop over the sample store.
+Weights reach the serving pool through the `WeightSync` it is given (train.py wraps the pool's push
+in a background sync); the loop knows nothing of the pool.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import jax
 import numpy as np
@@ -21,11 +22,12 @@ from flax import nnx
 
 from openclaw_jax.parallel import multihost
 from openclaw_jax.samples import SampleSpec, SampleTail
-from openclaw_jax.trainer.batcher import PackedBatch
+from openclaw_jax.trainer.batch import PackedBatch
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.input_pipeline import WindowPipeline
 from openclaw_jax.trainer.metrics import MetricsWriter
-from openclaw_jax.trainer.runner import StepRunner, TrainState
+from openclaw_jax.trainer.state import TrainState, init_state, optimizer
+from openclaw_jax.trainer.train_step import make_train_step, student_images
 
 if TYPE_CHECKING:   # the type only: the config tree imports every section's package
     from openclaw_jax.config import ExperimentConfig
@@ -60,15 +62,15 @@ def _agree_on_window(action: int, end: int) -> tuple[int, int]:
 
 
 class Trainer:
-    """The train state, the step runner over the student and the frozen teacher, and the loop."""
+    """The train state, the step over it, and the loop."""
 
     def __init__(self, cfg: ExperimentConfig, student: nnx.Module, teacher: nnx.Module,
                  mesh: jax.sharding.Mesh, *, samples: SampleSpec, pad_id: int = 0):
         self.cfg = cfg
-        self.runner = StepRunner.from_models(cfg, samples, student, teacher, mesh, pad_id=pad_id)
-        self.state = self.runner.init_state(cfg.seed)
-        self.step = 0
-        self.sample_offset = 0
+        images = student_images(student)
+        opt = optimizer(cfg)   # (optax transformation, schedule): the state holds its state, the step updates with it
+        self.state: TrainState = init_state(cfg, student, teacher, mesh, opt[0])
+        self.train_step = make_train_step(cfg, samples, self.state, mesh, opt, pad_id=pad_id, images=images)
         # (step, first offset, end offset) trained since the last checkpoint; written to the
         # run's `steps.jsonl` when a checkpoint makes them durable.
         self._uncommitted_windows: list[tuple[int, int, int]] = []
@@ -77,45 +79,32 @@ class Trainer:
         self._last_hints: list[str] = []
         self._shapes_seen: set[tuple] = set()   # phase shapes trained on (`PackedBatch.phase_keys`): each compiles once
         self._serving_state: nnx.State | None = None   # the serving weights the last `train_on(serve=True)` wrote
-        ladder = self.shape_ladder
+        ladder = self.train_step.shape_ladder
         log.info("compiled step shapes: at most %d (student %d: rows %s x lengths %s x responses %s; teacher %d)",
                  ladder.bound, ladder.student_shapes, list(ladder.student_rows), list(ladder.student_lengths),
                  list(ladder.response), ladder.teacher_shapes)
 
-    # ------------------------------------------------------------------ state (and the runner's parts)
+    @property
+    def step(self) -> int:
+        return self.state.step
 
-    mesh = property(lambda self: self.runner.mesh)
-    spec = property(lambda self: self.runner.spec)
-    settings = property(lambda self: self.runner.settings)
-    shape_ladder = property(lambda self: self.runner.shape_ladder)
-    graphdef = property(lambda self: self.runner.graphdef)
-    frozen = property(lambda self: self.runner.frozen)
-    teacher_graphdef = property(lambda self: self.runner.teacher_graphdef)
-    teacher_state = property(lambda self: self.runner.teacher_state)
-    trainable = property(lambda self: self.state.trainable)
-    opt_state = property(lambda self: self.state.opt_state)
-
-    def train_state(self) -> dict[str, Any]:
-        return self.state.as_dict()
-
-    def load_train_state(self, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        self.state = TrainState.from_dict(state)
-        self.step = int(meta["step"])
-        self.sample_offset = int(meta["sample_offset"])
+    @property
+    def sample_offset(self) -> int:
+        return self.state.sample_offset
 
     @property
     def weight_version(self) -> str:
-        return str(self.step)
+        return self.state.weight_version
 
     def serving_model(self, dtype: str | None = "compute") -> nnx.Module:
         """The current student as a plain model (LoRA merged) for serving and export: `dtype` "compute"
         (model.dtype: what serving and weight sync get), "master" (model.param_dtype: checkpoints and
         exports) or a dtype name. LoRA is merged in the master dtype before any cast."""
-        return self.runner.serving_model(self.state, dtype)
+        return self.train_step.serving_model(self.state, dtype)
 
     def serving_graphdef(self) -> nnx.GraphDef:
         """The graphdef of `serving_model()` (traced once, abstractly: no weights are computed)."""
-        return self.runner.serving_graphdef(self.state)
+        return self.train_step.serving_graphdef(self.state)
 
     def take_serving_weights(self) -> tuple[nnx.GraphDef, nnx.State]:
         """The serving model (as `serving_model()`) the last `train_on(..., serve=True)` produced inside
@@ -131,19 +120,17 @@ class Trainer:
         """One optimizer step on `packed`; returns host metrics (the metric names of docs/design.md §6 plus step extras).
 
         `serve`: the step also writes the updated weights for serving (`take_serving_weights`)."""
-        out = self.runner.step(self.state, packed, serve=serve)
-        self.state, self._serving_state = out.state, out.serving
-        self.step += 1
-        metrics = {k: float(v) for k, v in out.metrics.items()}
+        if serve:
+            self.state, metrics, self._serving_state = self.train_step.with_serving_weights(self.state, packed)
+        else:
+            self.state, metrics = self.train_step(self.state, packed)
+        k_star = metrics.pop("sel_k_star")
         metrics.update(self._batch_stats(packed))
         mask = packed.student["response_mask"]
         tokens = float(mask.sum() + sum(len(s.prompt_ids) for s in packed.samples))
-        metrics.update({f"time/{k}": v for k, v in out.times.items()})
-        metrics["tokens_per_s"] = tokens / max(out.times["step"], 1e-9)
+        metrics["tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
         metrics.update(self._sample_stats(packed))
-        if out.baseline is not None:
-            metrics["rollout/reward_baseline"] = out.baseline
-        self._last_k_star = multihost.to_host(out.k_star)[np.asarray(mask) > 0]
+        self._last_k_star = k_star[np.asarray(mask) > 0]
         self._last_hints = [h for s in packed.samples for h in s.hints]
         return metrics
 
@@ -165,7 +152,7 @@ class Trainer:
             if key is not None and key not in self._shapes_seen:
                 self._shapes_seen.add(key)
                 log.info("new %s shape %s, responses %d: %d step shapes compiled so far (at most %d)", key[0],
-                         key[1], key[-1], len(self._shapes_seen), self.shape_ladder.bound)
+                         key[1], key[-1], len(self._shapes_seen), self.train_step.shape_ladder.bound)
         return {"batch/padding_fraction": packed.padding_fraction(),
                 "batch/student_padding_fraction": packed.padding_fraction("student"),
                 "batch/teacher_padding_fraction": packed.padding_fraction("teacher"),
@@ -188,7 +175,7 @@ class Trainer:
             return
         # one reader for the run (each step reads only its window); the next window is parsed and packed
         # on a host thread while the device runs the step
-        pipeline = WindowPipeline(store, self.spec)
+        pipeline = WindowPipeline(store, self.train_step.spec)
         if weight_sync is not None:
             self.serving_graphdef()  # traced now, so that no hand-off waits for it
         last_arrival = time.monotonic()
@@ -213,12 +200,12 @@ class Trainer:
                 input_wait = time.perf_counter() - t
                 if packed is None:  # every sample of the window was dropped (stale or too long)
                     self._uncommitted_windows.append((self.step, start, end))
-                    self.sample_offset = end
+                    self.state = self.state.replace(sample_offset=end)
                     continue
                 self._prefetch_next(pipeline, store, end)
                 sync_now = weight_sync is not None and (self.step + 1) % self.cfg.trainer.sync_every == 0
                 metrics = await asyncio.to_thread(self.train_on, packed, serve=sync_now)
-                self.sample_offset = end
+                self.state = self.state.replace(sample_offset=end)
                 self._uncommitted_windows.append((self.step, start, end))
                 metrics["time/input_wait"] = input_wait
                 metrics.update({f"samples/dropped_{k}": float(pipeline.dropped[k])
@@ -331,8 +318,7 @@ class Trainer:
                 os.fsync(f.fileno())
         self._uncommitted_windows = []
         if checkpointer.latest_step() != self.step:
-            checkpointer.save(self.step, self.train_state(), {
-                "step": self.step, "sample_offset": self.sample_offset, "weight_version": self.weight_version})
+            checkpointer.save(self.step, *self.state.checkpoint_items())
 
     def _reconcile_step_log(self, checkpointer: Checkpointer) -> None:
         """Keep only the logged windows of steps the restored state has trained (last entry per step)."""
@@ -352,10 +338,9 @@ class Trainer:
         os.replace(tmp, path)
 
     def restore(self, checkpointer: Checkpointer) -> bool:
-        restored = checkpointer.restore(self.train_state())
+        restored = checkpointer.restore(self.state.checkpoint_items()[0])
         if restored is not None:
-            state, meta = restored
-            self.load_train_state(state, meta)
+            self.state = self.state.from_checkpoint(*restored)
             log.info("resumed at step %d, sample offset %d", self.step, self.sample_offset)
         self._reconcile_step_log(checkpointer)
         return restored is not None

@@ -8,16 +8,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from openclaw_jax.models.attention import SHARED_SEGMENT  # keys every segment of a row sees
+from openclaw_jax.models.segments import SHARED_SEGMENT  # keys every segment of a row sees
 from openclaw_jax.samples import Sample
-from openclaw_jax.trainer.step import num_micro_batches
-
-if TYPE_CHECKING:   # batcher.py imports this module (pack places the shared prefixes)
-    from openclaw_jax.trainer.batcher import BatchSpec
+from openclaw_jax.trainer.batch import BatchSpec, bucket_length, num_micro_batches
 
 
 def rows_held(packed: dict[str, np.ndarray]) -> int:
@@ -43,8 +40,8 @@ def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec, prompts: Sequence[Sequence[list[int]]],
-                          bucket: Callable[..., int]) -> tuple[dict[str, np.ndarray], int]:
+def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec, prompts: Sequence[Sequence[list[int]]]
+                          ) -> tuple[dict[str, np.ndarray], int]:
     """Teacher arrays with each sample's common candidate-prompt prefix run once (`TeacherInputs`): row i
     of input_ids [B, Ls] holds sample i's prefix (segment `SHARED_SEGMENT`, seen by every segment of
     the row), then its candidates' rests (the prompt past the prefix + the response) back to back,
@@ -52,11 +49,10 @@ def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec, prompts: S
     `spec.reference` the un-hinted prompt is one more sequence of the row (unless it is a candidate
     already): reference_offset / reference_start [B] say where. The prefix stops one token short of
     the shortest prompt, so every rest holds the position that predicts the first response token.
-    `prompts`: each sample's teacher prompts, `bucket`: the length bucketing (`batcher.teacher_prompts`,
-    `batcher.bucket_length`: passed in, as the batcher imports this module). Returns (arrays, real
-    teacher tokens)."""
+    `prompts`: each sample's teacher prompts (`batcher.teacher_prompts`). Returns (arrays, real teacher
+    tokens)."""
 
-    b, c = spec.batch_size, spec.max_candidates
+    b, c = spec.samples_per_step, spec.max_candidates
     n_cand = [len(ps) for ps in prompts]
     ref_index = [0] * len(samples)
     if spec.reference:   # the un-hinted prompt: a candidate already (RL-only samples) or one more sequence
@@ -66,7 +62,7 @@ def shared_prefix_teacher(samples: Sequence[Sample], spec: BatchSpec, prompts: S
     plen = [min(_common_prefix(ps), min(len(p) for p in ps) - 1) if ps else 0 for ps in prompts]
     rests = [[p[n:] + list(s.response_ids) for p in ps] for s, ps, n in zip(samples, prompts, plen)]
     used = [n + sum(map(len, r)) for n, r in zip(plen, rests)]
-    ls = bucket(max(used + [1]), spec.min_seq_bucket, (c + spec.reference) * spec.max_seq_len,
+    ls = bucket_length(max(used + [1]), spec.min_seq_bucket, (c + spec.reference) * spec.max_seq_len,
                        spec.bucket_quantum)
     n_micro = num_micro_batches(b, spec.micro_batch_size)
     teacher = {"input_ids": np.full((b, ls), spec.pad_id, np.int32), "response_start": np.ones((b, c), np.int32),

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from openclaw_jax.trainer.runner import TrainState
+from openclaw_jax.trainer.state import init_optimizer_state
 
 
 def _from_serving(state: nnx.State, served: dict[tuple, Any]) -> nnx.State:
@@ -39,14 +39,12 @@ def _from_serving(state: nnx.State, served: dict[tuple, Any]) -> nnx.State:
 
 def reset_to_serving(trainer: Any, serving: nnx.State) -> None:
     """See the module docstring. ``trainer`` is a `trainer.loop.Trainer`."""
-    runner = trainer.runner
+    state, step = trainer.state, trainer.train_step
     served = {tuple(path): var for path, var in nnx.to_flat_state(serving)}
-    trainable = _from_serving(trainer.state.trainable, served)
+    trainable = _from_serving(state.trainable, served)
     missing = [".".join(map(str, p)) for p, _ in nnx.to_flat_state(trainable)
                if tuple(p) not in served and p[-1] not in ("lora_a", "lora_b")]
     if missing:
         raise ValueError(f"the serving weights lack trained params {missing[:5]}: not this model's serving state")
-    runner.frozen = _from_serving(runner.frozen, served)
-    with jax.set_mesh(runner.mesh):
-        opt_state = jax.jit(runner.tx.init, out_shardings=runner.opt_shardings)(trainable)
-    trainer.state = TrainState(trainable, opt_state, trainer.state.rng)
+    trainer.state = state.replace(trainable=trainable, frozen=_from_serving(state.frozen, served),
+                                  opt_state=init_optimizer_state(step.tx, trainable, step.mesh))

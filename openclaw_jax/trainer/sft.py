@@ -21,7 +21,7 @@ from flax import nnx
 
 from openclaw_jax import ops
 from openclaw_jax.models.image_processing import ImageProcessorConfig, process_images
-from openclaw_jax.trainer.batcher import bucket_length
+from openclaw_jax.trainer.batch import bucket_length
 
 
 def sft_loss(params: nnx.State, graphdef: nnx.GraphDef, input_ids: jax.Array, target_mask: jax.Array,

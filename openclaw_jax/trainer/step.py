@@ -1,6 +1,6 @@
 """Pure, jittable functions of one trainer step (docs/design.md §7): no I/O, no config parsing.
 
-`runner.py` builds the jitted versions (settings, shardings) and runs them in this order:
+`train_step.py` builds the jitted versions (settings, shardings) and runs them in this order:
 
 1. `old_pass`         no grad: the student's log-prob of y_t and top-K (S^q), and its response hidden states.
 2. `teacher_pass`     no grad: the frozen teacher over every hint candidate at once ([B*C, L], or one
@@ -10,8 +10,8 @@
                       log-prob of y_t.
 5. `importance`       (only with `staleness_mode=importance`) the truncated importance weights.
 6. `assemble_batch`   the loss batch (`HybridBatch`) from the phases above.
-7. `train_step`       value_and_grad of the registered loss (chunked over the vocab), the optax update;
-                      `train_step_serving` also returns the serving weights (`serving_state`).
+7. `update_step`      value_and_grad of the registered loss (chunked over the vocab), the optax update;
+                      `update_step_serving` also returns the serving weights (`serving_state`).
 
 Models cross the jit boundary as (graphdef, state) pairs. `settings.compute_dtype` is what floating
 params are cast to inside each phase (the state passed in keeps its master dtype, so gradients and
@@ -37,6 +37,7 @@ from openclaw_jax import ops
 from openclaw_jax.losses import HybridBatch, LossConfig, get_loss
 from openclaw_jax.losses.policy import MetricStat, finalize_metrics
 from openclaw_jax.models.lora import merge_lora as merge_lora_adapters
+from openclaw_jax.trainer.batch import num_micro_batches  # the batcher splits rows the same way
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,20 +114,29 @@ class TeacherPassOutput(NamedTuple):
 
 @dataclass(frozen=True)
 class StepSettings:
-    """Static settings of the jitted phases (hashable; part of the compile cache key). `loss` names the
-    loss and holds its K (`loss.top_k`); `temperature` is tau, the samples' sampling temperature."""
+    """Static settings of the jitted phases (hashable; part of the compile cache key), under the config's
+    names: `loss` (the section: the loss's name and K, `loss.top_k`), `temperature` (tau, the samples'
+    sampling temperature), `chunk_size` and `micro_batch_size` (`trainer.`), `dtype` and `param_dtype`
+    (`model.`: the compute and the master dtype)."""
 
     loss: LossConfig = LossConfig()
     temperature: float = 1.0
     chunk_size: int = 128
-    compute_dtype: str | None = None   # cast floating params to this in every phase (None: as stored)
     micro_batch_size: int = 0          # rows per micro-batch (0: the whole batch at once)
+    dtype: str = "float32"
+    param_dtype: str = "float32"
     # the images of every row of a batch with `pixel_values` (a QwenVL model): one (t, h, w) per image
     image_grid: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def top_k(self) -> int:
         return self.loss.top_k
+
+    @property
+    def compute_dtype(self) -> str | None:
+        """What floating params are cast to in every phase: `dtype` when it differs from the master
+        dtype, else None (used as stored)."""
+        return self.dtype if self.dtype != self.param_dtype else None
 
 
 jax.tree_util.register_static(StepSettings)
@@ -142,15 +152,6 @@ def cast_floating(tree: Any, dtype: str | jnp.dtype | None) -> Any:
         return x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt else x
 
     return jax.tree.map(cast, tree)
-
-
-def num_micro_batches(rows: int, micro_batch_size: int) -> int:
-    """How many micro-batches `rows` rows split into (1 when micro-batching is off or too big)."""
-    if micro_batch_size <= 0 or micro_batch_size >= rows:
-        return 1
-    if rows % micro_batch_size:
-        raise ValueError(f"micro_batch_size={micro_batch_size} must divide the {rows} rows of the batch")
-    return rows // micro_batch_size
 
 
 def split_micro(tree: Any, n: int) -> Any:
@@ -336,6 +337,12 @@ def teacher_pass(graphdef: nnx.GraphDef, state: nnx.State, inputs: TeacherInputs
     )
 
 
+def no_teacher_outputs(b: int, c: int, t: int, k: int) -> TeacherPassOutput:
+    """Phase 2's outputs for a batch without any hint candidate (zeros: the loss reads none of them)."""
+    zeros = jnp.zeros((b, c, t, k), jnp.float32)
+    return TeacherPassOutput(jnp.zeros((b, c, t, k), jnp.int32), zeros, zeros, jnp.zeros((b, c, t), jnp.float32))
+
+
 def old_logprobs_at(graphdef: nnx.GraphDef, state: nnx.State | tuple[nnx.State, ...], old_hidden: jax.Array, ids: jax.Array,
                     settings: StepSettings) -> jax.Array:
     """Phase 3: l_old at `ids [B, C, T, K]` from the old response hidden states `[B, T, H]`."""
@@ -356,7 +363,7 @@ def logprobs_at_teacher_ids(hidden: jax.Array, lm_head: jax.Array, ids: jax.Arra
 def assemble_batch(inputs: StudentInputs, teacher: TeacherInputs, old: OldPassOutput,
                    teach: TeacherPassOutput, old_at_teacher: jax.Array, advantages: jax.Array | None = None,
                    ref_logprobs: jax.Array | None = None) -> HybridBatch:
-    """Phase 6: the loss batch from the no-grad phases (`advantages`: finished by the runner, e.g.
+    """Phase 6: the loss batch from the no-grad phases (`advantages`: finished by the step, e.g.
     importance-weighted, else the inputs'; the reference log-probs when the loss has a KL anchor)."""
     advantages = inputs.advantages if advantages is None else advantages
     return HybridBatch(
@@ -422,10 +429,10 @@ def loss_and_grads(trainable: nnx.State, graphdef: nnx.GraphDef, frozen: nnx.Sta
     return loss, stats, grads, join_micro(k_star)
 
 
-def train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, opt_state: Any,
-               inputs: StudentInputs, batch: HybridBatch, settings: StepSettings,
-               optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None
-               ) -> tuple[nnx.State, Any, dict[str, jax.Array], jax.Array]:
+def update_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, opt_state: Any,
+                inputs: StudentInputs, batch: HybridBatch, settings: StepSettings,
+                optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None
+                ) -> tuple[nnx.State, Any, dict[str, jax.Array], jax.Array]:
     """Phase 7: one optimizer update; returns (new trainable, new opt state, metrics, k* [B, T])."""
     loss, stats, grads, k_star = loss_and_grads(trainable, graphdef, frozen, inputs, batch, settings)
     return (*apply_update(trainable, opt_state, loss, stats, grads, optimizer, lr_schedule), k_star)
@@ -495,16 +502,16 @@ def serving_state(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.Stat
     return nnx.state(serving_model(graphdef, trainable, frozen, merge_lora=merge_lora, dtype=dtype))
 
 
-def train_step_serving(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, opt_state: Any,
-                       inputs: StudentInputs, batch: HybridBatch, settings: StepSettings,
-                       optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None, *,
-                       merge_lora: bool, serving_dtype: str | jnp.dtype | None
-                       ) -> tuple[nnx.State, Any, dict[str, jax.Array], jax.Array, nnx.State]:
-    """`train_step`, plus the updated weights as `serving_state` (an extra output of the same program).
+def update_step_serving(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State, opt_state: Any,
+                        inputs: StudentInputs, batch: HybridBatch, settings: StepSettings,
+                        optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None, *,
+                        merge_lora: bool, serving_dtype: str | jnp.dtype | None
+                        ) -> tuple[nnx.State, Any, dict[str, jax.Array], jax.Array, nnx.State]:
+    """`update_step`, plus the updated weights as `serving_state` (an extra output of the same program).
 
     The weight sync gets arrays the step already wrote, in their own buffers: the next step, which
     donates the trainable state, cannot invalidate them, and nothing is copied outside XLA."""
-    trainable, opt_state, metrics, k_star = train_step(graphdef, trainable, frozen, opt_state, inputs, batch,
-                                                       settings, optimizer, lr_schedule)
+    trainable, opt_state, metrics, k_star = update_step(graphdef, trainable, frozen, opt_state, inputs, batch,
+                                                        settings, optimizer, lr_schedule)
     return trainable, opt_state, metrics, k_star, serving_state(graphdef, trainable, frozen, merge_lora=merge_lora,
                                                                 dtype=serving_dtype)

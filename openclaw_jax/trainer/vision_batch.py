@@ -11,7 +11,7 @@ numbers of screenshots; a shorter row's trailing patches are zeros its placehold
 `QwenVL.flat_images`). Padding rows and padding candidates take a copy of a real row (their masks
 keep them out of the loss). Batches with images are not packed
 (no segments, no shared teacher prefix): `pack` them with `BatchSpec(packing=False,
-shared_prefix=False)`; `attach_images` refuses other layouts.
+shared_prefix_teacher=False)`; `attach_images` refuses other layouts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from openclaw_jax.models.image_processing import ImageProcessorConfig, image_token_count, process_images
-from openclaw_jax.trainer.batcher import PackedBatch
+from openclaw_jax.trainer.batch import PackedBatch
 
 
 def attach_images(packed: PackedBatch, image_bytes: Callable[[str], bytes], processor: ImageProcessorConfig,

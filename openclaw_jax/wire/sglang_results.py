@@ -149,8 +149,10 @@ class GenerateResult:
     """One generated sequence as returned by a worker's `/generate`."""
 
     text: str
-    output_ids: list[int]
-    output_logprobs: list[float]
+    # the sampled tokens and their log-probs (SGLang's `output_ids`, and `output_token_logprobs` in
+    # `meta_info`): from here on, to the loss, they are `response_ids` and `rollout_logprobs`
+    response_ids: list[int]
+    rollout_logprobs: list[float]
     # per output position: [(logprob, token_id), ...] best first; empty lists when not requested
     output_top_logprobs: list[list[tuple[float, int]]]
     # None while a streamed generation is still running
@@ -268,7 +270,7 @@ def parse_generate_response(body: Any, *, worker_url: str = "", expect_logprobs:
     if spans:
         weight_version = spans[0]["version"]
     return GenerateResult(
-        text=text, output_ids=list(output_ids), output_logprobs=[_logprob(item[0]) for item in out_lp_raw],
+        text=text, response_ids=list(output_ids), rollout_logprobs=[_logprob(item[0]) for item in out_lp_raw],
         output_top_logprobs=output_top, finish_reason=finish, prompt_tokens=int(meta.get("prompt_tokens", 0)),
         completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
         weight_version=None if weight_version is None else str(weight_version), input_logprobs=input_logprobs,

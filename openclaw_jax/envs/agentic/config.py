@@ -1,4 +1,5 @@
-"""`agentic:` section of the experiment config (general agentic RL, docs/design.md §13); imports only configlib and the environment registry."""
+"""`agentic:` section of the experiment config (general agentic RL, docs/design.md §13); imports only configlib and
+the environments' names (`catalog.py`: no environment is imported)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openclaw_jax.configlib import require
-from openclaw_jax.envs.agentic.episode import ENVIRONMENTS
+from openclaw_jax.envs.agentic.catalog import ENVIRONMENTS
 
 
 @dataclass(frozen=True)
@@ -14,8 +15,8 @@ class AgenticConfig:
     """Group rollouts of an environment feeding the trainer (instead of the gateway's conversations)."""
 
     enabled: bool = False
-    # a registered environment (`@register_environment`: toolcall | terminal | swe | gui | easy). Importing this
-    # module runs `envs/agentic/__init__.py` first, which imports (and so registers) the built-in ones.
+    # a registered environment (`@register_environment`: toolcall | terminal | swe | gui | easy; the built-in
+    # ones are known by name in `catalog.py` and imported when built)
     env: str = "toolcall"
     families: tuple[str, ...] = ()       # task families of the environment (empty = its defaults)
     # the environment's own keyword options (`from_config`), e.g. gui: {screenshot_scale: 0.5}

@@ -2,7 +2,7 @@
 observations from the environment, until a final answer or a limit (docs/design.md §13).
 
 Token-exact: the opening prompt is rendered with the chat template once; afterwards every
-assistant turn appends exactly the `output_ids` the pool returned (trained, loss mask 1, with
+assistant turn appends exactly the `response_ids` the pool returned (trained, loss mask 1, with
 their rollout log-probs) and every observation appends the tokens the chat template renders for
 the new tool messages (untrained context, loss mask 0). Nothing sampled is ever re-tokenised.
 
@@ -31,7 +31,9 @@ from typing import Any, Protocol, Sequence
 
 from openclaw_jax.models.image_processing import ImageProcessorConfig, image_grid, image_token_count
 from openclaw_jax.models.tokenizer.chat_template import expand_image_placeholders
-from openclaw_jax.registry import Registry
+from openclaw_jax.envs.agentic.catalog import ENVIRONMENTS
+from openclaw_jax.envs.agentic.config import AgenticConfig
+from openclaw_jax.envs.sandbox import SandboxLimits
 from openclaw_jax.wire.images import IMAGE_PLACEHOLDER, ImageInput, image_data_url
 from openclaw_jax.wire.tool_calls import has_tool_call, parse_tool_calls
 
@@ -118,20 +120,6 @@ class Environment(abc.ABC):
         return tuple(families)
 
 
-ENVIRONMENTS: Registry[type[Environment]] = Registry("agentic environment")
-
-
-def register_environment(name: str):
-    """Class decorator: register an `Environment` subclass as `agentic.env: <name>` (sets its `name`)."""
-
-    def decorate(cls: type[Environment]) -> type[Environment]:
-        cls.name = name
-        ENVIRONMENTS.add(name, cls)
-        return cls
-
-    return decorate
-
-
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
 
@@ -141,8 +129,8 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Generation:
-    output_ids: list[int]
-    logprobs: list[float]
+    response_ids: list[int]
+    rollout_logprobs: list[float]
     stopped: bool                    # ended on an end-of-turn token (not cut by the token limit)
     weight_version: str | None = None
 
@@ -168,7 +156,7 @@ class PoolPolicy:
         result = await self.client.generate(list(input_ids), sampling_params=params, return_logprob=True,
                                             image_data=image_data)
         stopped = result.finish_reason is not None and result.finish_reason.type == "stop"
-        return Generation(list(result.output_ids), [float(x) for x in result.output_logprobs], stopped,
+        return Generation(list(result.response_ids), [float(x) for x in result.rollout_logprobs], stopped,
                           result.weight_version)
 
 
@@ -216,7 +204,7 @@ class Episode:
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)
     turns: list[tuple[int, int]] = field(default_factory=list)   # [start, end) of each assistant turn
     images: list[bytes] = field(default_factory=list)             # PNGs the prompt + response show, in order
     turn_images: list[int] = field(default_factory=list)          # how many of them precede each turn
@@ -242,7 +230,7 @@ class Episode:
     def _append(self, ids: Sequence[int], trained: bool, logprobs: Sequence[float] | None = None) -> None:
         self.response_ids.extend(int(i) for i in ids)
         self.loss_mask.extend([1 if trained else 0] * len(ids))
-        self.logprobs.extend(float(x) for x in (logprobs if logprobs is not None else [0.0] * len(ids)))
+        self.rollout_logprobs.extend(float(x) for x in (logprobs if logprobs is not None else [0.0] * len(ids)))
 
 
 def uses_native_tools(tokenizer: Any) -> bool:
@@ -424,17 +412,17 @@ class EpisodeRunner:
             episode.turn_images.append(len(episode.images))
             gen = await policy.generate(episode.prompt_ids + episode.response_ids, max_new_tokens=budget,
                                         temperature=temperature, images=list(episode.images))
-            if not gen.output_ids:
+            if not gen.response_ids:
                 episode.end_reason = "length"
                 return
-            if self.image_marker_ids.intersection(int(i) for i in gen.output_ids):
+            if self.image_marker_ids.intersection(int(i) for i in gen.response_ids):
                 episode.end_reason = "image_token"   # not appended: the episode ends, unsolved, without a sample
                 return
             start = len(episode.response_ids)
-            episode._append(gen.output_ids, True, gen.logprobs)
+            episode._append(gen.response_ids, True, gen.rollout_logprobs)
             episode.turns.append((start, len(episode.response_ids)))
             episode.weight_versions.append(gen.weight_version)
-            text = self._text(gen.output_ids)
+            text = self._text(gen.response_ids)
             history.append({"role": "assistant", "content": text})
             episode.messages.append(history[-1])
             content, attempts = parse_assistant_turn(text, self.tool_names, lim.max_calls_per_turn)
@@ -463,7 +451,7 @@ class EpisodeRunner:
             if screen is not None:   # the screen after the turn's actions, with its last tool message
                 new[-1] = {**new[-1], "content": new[-1]["content"] + "\n" + IMAGE_PLACEHOLDER}
             shown = [screen] if screen is not None else []
-            obs_ids = self.observation_ids(history, new, int(gen.output_ids[-1]), episode.images, shown)
+            obs_ids = self.observation_ids(history, new, int(gen.response_ids[-1]), episode.images, shown)
             if len(episode.response_ids) + len(obs_ids) >= lim.max_response_tokens:
                 episode.end_reason = "max_tokens"
                 return
@@ -483,3 +471,26 @@ def oldest_version(versions: Sequence[str | None]) -> str | None:
         except (TypeError, ValueError):
             continue
     return min(parsed)[1] if parsed else None
+
+
+def make_env(cfg: AgenticConfig) -> Environment:
+    """The environment `cfg.env` names (a ValueError lists the registered ones)."""
+    limits = SandboxLimits(timeout_s=cfg.sandbox_timeout_s, memory_mb=cfg.sandbox_memory_mb)
+    options = dict(cfg.env_options)
+    try:
+        return ENVIRONMENTS.get(cfg.env).from_config(tuple(cfg.families), limits, **options)
+    except TypeError as err:
+        if not options:
+            raise
+        raise ValueError(f"agentic.env_options={options} are not options of the {cfg.env!r} environment "
+                         f"({err})") from None
+
+
+def episode_runner(cfg: AgenticConfig, env: Environment, tokenizer, images: Any = None) -> EpisodeRunner:
+    """The runner of `env`'s episodes with the `agentic:` config's limits and tool prompt (`images`: a
+    vision-language policy's `ImageProcessorConfig`)."""
+    limits = EpisodeLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                           max_response_tokens=cfg.max_response_tokens, max_observation_chars=cfg.max_observation_chars,
+                           timeout_s=cfg.episode_timeout_s)
+    native = None if cfg.tool_prompt == "auto" else cfg.tool_prompt == "native"
+    return EpisodeRunner(env, tokenizer, limits, native_tools=native, images=images)

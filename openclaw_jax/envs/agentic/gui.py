@@ -58,8 +58,8 @@ import re
 import time
 from typing import Any, Sequence
 
-from openclaw_jax.envs.agentic.episode import (Environment, Task, ToolError, format_tool_call, parse_assistant_turn,
-                                              register_environment)
+from openclaw_jax.envs.agentic.catalog import register_environment
+from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, parse_assistant_turn
 from openclaw_jax.envs.agentic.gui_desktop import (APP_SOURCE, FONTS_CONF, INSTALL_HINT, AppJail, GuiError, GuiState,
                                                    kill_group, missing_tools, start_xvfb)
 from openclaw_jax.envs.agentic.gui_tasks import (FAMILIES, HEIGHT, WIDTH, center, check, generate_task, is_heldout,

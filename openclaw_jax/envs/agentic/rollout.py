@@ -81,7 +81,7 @@ def episode_sample(episode: Episode, advantages: list[float], *, group_id: str, 
     return Sample(
         session_id=group_id, turn_index=index, kind="rl", reward=1.0 if episode.success else -1.0,
         prompt_ids=list(episode.prompt_ids), response_ids=list(episode.response_ids),
-        rollout_logprobs=list(episode.logprobs), weight_version=oldest_version(episode.weight_versions),
+        rollout_logprobs=list(episode.rollout_logprobs), weight_version=oldest_version(episode.weight_versions),
         temperature=temperature, eval_score=1 if episode.success else -1,
         eval_votes=list(step_scores or []), judge="agentic-prm" if step_scores else "agentic-outcome",
         next_state={"env_reward": episode.reward, "end_reason": episode.end_reason, "task_id": episode.task.task_id},

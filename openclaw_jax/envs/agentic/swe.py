@@ -24,7 +24,8 @@ import secrets
 from collections import Counter
 from typing import Any
 
-from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
+from openclaw_jax.envs.agentic.catalog import register_environment
+from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call
 from openclaw_jax.envs.agentic.swe_repos import (BUG_KINDS, HELDOUT_FUNCTIONS, Repository, repositories, tests_passing,
                                                  unit_test_names, unit_test_source)
 from openclaw_jax.envs.sandbox import Sandbox, SandboxLimits

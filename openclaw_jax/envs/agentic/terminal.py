@@ -22,7 +22,8 @@ import asyncio
 import random
 from typing import Any
 
-from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call, register_environment
+from openclaw_jax.envs.agentic.catalog import register_environment
+from openclaw_jax.envs.agentic.episode import Environment, Task, ToolError, format_tool_call
 from openclaw_jax.envs.agentic.toolcall import last_number, numbers_match
 from openclaw_jax.envs.sandbox import Sandbox, SandboxLimits
 

@@ -41,8 +41,8 @@ import re
 from typing import Any, Sequence
 
 from openclaw_jax.envs import questions
-from openclaw_jax.envs.agentic.episode import (Environment, NoDemonstration, Task, ToolError, format_tool_call,
-                                               register_environment)
+from openclaw_jax.envs.agentic.catalog import register_environment
+from openclaw_jax.envs.agentic.episode import Environment, NoDemonstration, Task, ToolError, format_tool_call
 from openclaw_jax.envs.sandbox import SandboxLimits, run_code
 
 FAMILIES = ("product", "sum", "bigproduct", "chain", "gsm")
