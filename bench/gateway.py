@@ -280,8 +280,11 @@ def main() -> int:
         elif args.embedded:
             if args.embedded == "random":
                 args.embedded = make_random_model(os.path.join(store_dir, "random_model"))
+            # the sync measurement reloads the same directory, which the server allows from its weight dirs only
+            weight_dir = ["--weight-dir", os.path.dirname(os.path.abspath(args.embedded))] \
+                if os.path.isdir(args.embedded) else []
             proc, worker_url = start([sys.executable, "-m", "openclaw_jax.inference", "--model", args.embedded,
-                                      "--port", "0", "--log-level", "warning"], "READY")
+                                      "--port", "0", "--log-level", "warning", *weight_dir], "READY")
             procs.append(proc)
             args.model = args.embedded if args.model == "tiny" else args.model
             kind = f"embedded JAX server ({args.embedded})"

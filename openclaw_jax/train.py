@@ -347,8 +347,10 @@ def _announce_live(r: _Run, gateway_url: str, gw_cfg) -> None:
                               gw_cfg.default_max_tokens, api_key_env=API_KEY_ENV if gw_cfg.api_key else None)
     log.info("live mode: no simulated users; your OpenClaw is the only client of %s/v1 (model %r)", gateway_url,
              gw_cfg.served_model_name)
+    # the command on a record of its own: log records are one line each (control characters escaped)
     log.info("connect your OpenClaw once (keeps your other providers, plugins and settings; `disconnect` undoes "
-             "it):\n    %s", command)
+             "it) with the command on the next line")
+    log.info("%s", command)
     if gw_cfg.api_key:
         log.info("(--api-key: the gateway.api_key this run was given; put it in $%s first, or write it in place)",
                  API_KEY_ENV)

@@ -112,7 +112,7 @@ def test_cli_scores_an_openai_compatible_judge():
     def labels(body, headers):
         user = body["messages"][1]["content"]
         seen = re.search(r"## What came next: the user's next message\n(.*)\n\n## Your task", user, re.DOTALL).group(1)
-        item = by_reaction[seen]
+        item = by_reaction[json.loads(seen)]  # the prompt quotes the reaction as a JSON string
         if "HINT_START" in body["messages"][1]["content"]:
             return f"\\boxed{{1}} {HINT_START}{item.hint}{HINT_END}" if item.hint and len(item.hint) > 10 \
                 else "\\boxed{-1}"

@@ -196,7 +196,7 @@ def test_live_run_learns_from_a_real_openclaw_connected_with_the_printed_command
                PATH=f"{node_bin().parent}{os.pathsep}{env['PATH']}")
     run = LiveRun(tiny_smollm2_dir, tmp_path / "run", free_port(), tmp_path / "live.log").start()
     try:
-        command = re.search(r"^    (bash scripts/openclaw\.sh connect .*)$", run.log(), re.MULTILINE).group(1)
+        command = re.search(r"INFO openclaw_jax\.train: (bash scripts/openclaw\.sh connect .*)$", run.log(), re.MULTILINE).group(1)
         connected = subprocess.run(command + " --max-tokens 8", shell=True, env=env, cwd=ROOT, capture_output=True,
                                    text=True, timeout=600)
         assert connected.returncode == 0, connected.stderr

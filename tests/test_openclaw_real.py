@@ -248,7 +248,8 @@ def test_recorded_openclaw_requests_replayed_streaming_and_not(played, stack, cl
     assert reply.choices[0].message.role == "assistant" and reply.usage.prompt_tokens > 1000
     stack.lt.run(stack.gateway.drain(60), timeout=90)
     replayed = [s for s in stack.samples() if s.session_id == "replay-1"]
-    assert [(s.turn_index, s.kind, s.reward) for s in replayed] == [(0, "rl", -1)]
+    # the correction's words after its verdict ("No, that's wrong.") are the hint the rule judge extracts
+    assert [(s.turn_index, s.kind, s.reward, s.hints) for s in replayed] == [(0, "opd+rl", -1, ["Show the steps."])]
     assert replayed[0].response_text == text
     assert replayed[0].next_state["content"] == "No, that's wrong. Show the steps."
 

@@ -160,7 +160,9 @@ async def _evaluate_all(args, config: BenchmarkConfig, checkpoints: list[Path], 
             await evaluate(args.server_url, {"kind": "server", "server_url": args.server_url}, args.step or 0)
             return reports
         first = args.model or str(checkpoints[0])
-        server = EmbeddedServer(first, extra_args=args.server_arg, log_path=out / "inference_server.log",
+        # later checkpoints are swapped in over HTTP, which the server allows only from its weight directories
+        server = EmbeddedServer(first, extra_args=args.server_arg, weight_dirs=[c.parent for c in checkpoints],
+                                log_path=out / "inference_server.log",
                                 startup_timeout_s=args.server_startup_timeout)
         await asyncio.to_thread(server.start)
         try:

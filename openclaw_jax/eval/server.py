@@ -36,7 +36,8 @@ class EmbeddedServer:
     """The embedded JAX inference server in a child process.
 
     `model` is what the server loads: "smollm2" or an HF directory (a training export such as
-    `<run>/export/step_<N>/` is an HF directory). `extra_args` are passed through verbatim.
+    `<run>/export/step_<N>/` is an HF directory). `weight_dirs` are the directories it may later
+    load other checkpoints from (`--weight-dir`). `extra_args` are passed through verbatim.
     The child's stdout/stderr go to `log_path` (a temporary file when not given), where the
     READY line is read from and from which a failed start shows its last lines.
     """
@@ -48,6 +49,7 @@ class EmbeddedServer:
         host: str = "127.0.0.1",
         port: int | None = None,
         extra_args: Sequence[str] = (),
+        weight_dirs: Sequence[str | Path] = (),
         log_path: str | Path | None = None,
         startup_timeout_s: float = 900.0,
         env: dict[str, str] | None = None,
@@ -57,6 +59,7 @@ class EmbeddedServer:
         self.port = port
         self._requested_port = port
         self.extra_args = list(extra_args)
+        self.weight_dirs = [str(d) for d in dict.fromkeys(str(d) for d in weight_dirs)]
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s
         self.env = env
@@ -72,7 +75,7 @@ class EmbeddedServer:
     def command(self) -> list[str]:
         port = self._requested_port if self._requested_port is not None else 0
         return [sys.executable, "-m", SERVER_MODULE, "--model", self.model, "--host", self.host,
-                "--port", str(port), *self.extra_args]
+                "--port", str(port), *(a for d in self.weight_dirs for a in ("--weight-dir", d)), *self.extra_args]
 
     def _announced_port(self) -> int | None:
         m = _READY_RE.search(self.log_path.read_bytes()) if self.log_path.exists() else None
