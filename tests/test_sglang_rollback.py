@@ -19,11 +19,13 @@ from openclaw_jax.serving.versions import VersionLog, VersionStore, versions_dir
 pytestmark = pytest.mark.sglang
 
 ADMIN = "admin-key"
+CLIENT = "client-key"   # a gateway with an admin key is not open: the chat requests carry a client key
 
 
 def _logprobs(http: httpx.Client) -> tuple[str, list[float]]:
     reply = http.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "Hi!"}],
-                                                    "temperature": 0, "max_tokens": 8, "logprobs": True})
+                                                    "temperature": 0, "max_tokens": 8, "logprobs": True},
+                      headers={"Authorization": f"Bearer {CLIENT}"})
     assert reply.status_code == 200, reply.text
     body = reply.json()
     return body["metadata"]["weight_version"], [c["logprob"] for c in body["choices"][0]["logprobs"]["content"]]
@@ -50,7 +52,7 @@ def test_rollback_on_sglang_workers_is_exact(sglang_workers, sglang_model_dir, t
 
     lt = LoopThread()
     gw_cfg = GatewayConfig(port=0, policy_urls=tuple(w.url for w in sglang_workers), judge="rule",
-                           store_dir=str(store_dir), model=str(sglang_model_dir), admin_key=ADMIN,
+                           store_dir=str(store_dir), model=str(sglang_model_dir), api_key=CLIENT, admin_key=ADMIN,
                            request_timeout_s=120.0)
     gateway, runner, url = lt.run(start_gateway(gw_cfg), timeout=120)
     try:

@@ -158,7 +158,7 @@ def test_train_embedded_pool_serves_images_and_takes_the_trainers_pushes(tmp_pat
                                     ImageProcessorConfig.for_vision(trainer.serving_model().vl_cfg.vision))
 
     async def scenario():
-        run = SimpleNamespace(cfg=cfg, base=base, trainer=trainer, is_main=True, cleanups=[])
+        run = SimpleNamespace(cfg=cfg, base=base, trainer=trainer, is_main=True, cleanups=[], run_dir=tmp_path)
         (url,), push = await T._start_embedded_pool(run)
         try:   # the run's own key (made per run); without it the server serves nothing
             assert (await asyncio.to_thread(requests.post, url + "/generate", json={"input_ids": [1]})).status_code == 401
