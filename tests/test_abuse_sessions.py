@@ -192,6 +192,27 @@ def test_keys_and_persons(tmp_path):
             GatewayAuth(keys_file=_keys_file(tmp_path, entries))
 
 
+def test_the_browser_sign_in_takes_every_configured_key_and_changes_with_them(tmp_path):
+    """The status page's sign-in (gateway/status_routes.py): any configured key is valid, nothing else; the
+    cookie's secret is none of the keys, and changing any key (or adding a person) changes it."""
+    alice = "a" * 24
+    keys = {alice: "alice", f"sha256:{key_digest('b' * 24)}": "bob"}
+    auth = GatewayAuth(keys_file=_keys_file(tmp_path, keys), admin_key=ADMIN, api_key="s" * 24)
+    for key in (alice, "b" * 24, ADMIN, "s" * 24):
+        assert auth.valid_key(key.encode()), key
+    for key in ("", "c" * 24, alice[:-1], key_digest("b" * 24), f"sha256:{key_digest('b' * 24)}"):
+        assert not auth.valid_key(key.encode()), key
+    secret = auth.browser_secret()
+    assert secret and all(k.encode() not in secret for k in (alice, ADMIN, "s" * 24))
+    assert GatewayAuth(keys_file=_keys_file(tmp_path, keys), admin_key=ADMIN, api_key="s" * 24).browser_secret() == secret
+    for changed in (GatewayAuth(keys_file=_keys_file(tmp_path, keys), admin_key=ADMIN + "x", api_key="s" * 24),
+                    GatewayAuth(keys_file=_keys_file(tmp_path, keys), admin_key=ADMIN, api_key="t" * 24),
+                    GatewayAuth(keys_file=_keys_file(tmp_path, {**keys, "d" * 24: "dan"}), admin_key=ADMIN,
+                                api_key="s" * 24)):
+        assert changed.browser_secret() != secret
+    assert GatewayAuth().browser_secret() is None and GatewayAuth().valid_key(b"anything") is False
+
+
 def _keys_file(tmp_path, entries: dict[str, str]) -> str:
     path = tmp_path / f"keys{len(list(tmp_path.iterdir()))}.json"   # JSON is YAML too
     path.write_text(json.dumps(entries))
