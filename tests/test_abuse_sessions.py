@@ -211,6 +211,11 @@ def test_the_browser_sign_in_takes_every_configured_key_and_changes_with_them(tm
                                 api_key="s" * 24)):
         assert changed.browser_secret() != secret
     assert GatewayAuth().browser_secret() is None and GatewayAuth().valid_key(b"anything") is False
+    # an admin key alone guards the admin routes only: the client routes (and the page) stay open, on loopback
+    admin_only = GatewayAuth(admin_key=ADMIN)
+    assert admin_only.browser_secret() is None and admin_only.caller({}).person == "default"
+    assert not admin_only.caller({"Authorization": "Bearer x" * 20}).admin and admin_only.caller(
+        {"Authorization": f"Bearer {ADMIN}"}).admin
 
 
 def _keys_file(tmp_path, entries: dict[str, str]) -> str:
