@@ -19,12 +19,12 @@ if ! command -v Xvfb >/dev/null || ! command -v xdotool >/dev/null; then
     { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends xvfb xdotool; } \
         || echo "warning: could not install xvfb/xdotool; tests/envs/agentic/test_gui_env.py will fail under CI, skip elsewhere" >&2
 fi
-# A real browser for the status page's tests (tests/test_status_page.py, driven by selenium): Debian's
+# A real browser for the status page's tests (tests/gateway/test_status_page.py, driven by selenium): Debian's
 # chromium and chromium-driver, installed once when missing.
 if ! [ -x /usr/bin/chromium ] || ! [ -x /usr/bin/chromedriver ]; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver; } \
-        || echo "warning: could not install chromium/chromium-driver; tests/test_status_page.py will fail" >&2
+        || echo "warning: could not install chromium/chromium-driver; tests/gateway/test_status_page.py will fail" >&2
 fi
 # The sandbox's system parts (docs/sandbox.md): util-linux (unshare, nsenter, setpriv), libseccomp
 # (its filter) and a system python3 that an ordinary user can run (the escape probes' second mode).
