@@ -35,7 +35,7 @@ def test_reset_serves_the_served_weights_and_trains_on(lora):
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
     trainer = Trainer(cfg, shard_model(student, mesh), shard_model(_decoder(1, "float32"), mesh), mesh,
                       samples=cfg.sample_spec())
-    packed = pack(_samples(np.random.default_rng(0))[:4], BatchSpec(batch_size=4, max_candidates=3,
+    packed = pack(_samples(np.random.default_rng(0))[:4], BatchSpec(samples_per_step=4, max_candidates=3,
                                                                      min_seq_bucket=16, min_response_bucket=8))
     trainer.train_on(packed, serve=True)
     _, served = trainer.take_serving_weights()          # version 1: what the gate serves

@@ -126,7 +126,7 @@ def test_holdout_rule_is_one_in_n_and_the_batcher_skips_it(tmp_path):
             store.append(s)
     held = sum(is_held_out(s.sample_id, 3) for s in samples)
     assert 0 < held < len(samples)
-    batcher = SampleBatcher(tmp_path / "samples", BatchSpec(batch_size=64, holdout_every=3, min_seq_bucket=8,
+    batcher = SampleBatcher(tmp_path / "samples", BatchSpec(samples_per_step=64, holdout_every=3, min_seq_bucket=8,
                                                             min_response_bucket=1))
     packed = list(batcher.batches(0, len(samples)))
     trained = {s.sample_id for p in packed for s in p.samples}
