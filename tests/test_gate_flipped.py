@@ -43,7 +43,7 @@ OVERRIDES = ["loss.name=rl", "loss.w_opd=0", "trainer.staleness_mode=importance"
 
 def _train(trainer, store_dir: str, first_version: int):
     """STEPS steps over the store's first windows; returns the candidate (serving graphdef, state)."""
-    pipeline = WindowPipeline(store_dir, trainer.spec)
+    pipeline = WindowPipeline(store_dir, trainer.train_step.spec)
     try:
         for k in range(STEPS):
             packed = pipeline.batch(k * PER_STEP, (k + 1) * PER_STEP, first_version + k)

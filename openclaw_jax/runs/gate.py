@@ -41,6 +41,16 @@ def judge_verdict(judge: Judge) -> Callable[[Sample], Any]:
     return verdict
 
 
+class LateJudge:
+    """The judge ``judge_of()`` returns at each call: the gate starts before the gateway whose judge it asks."""
+
+    def __init__(self, judge_of: Callable[[], Judge]):
+        self.judge_of = judge_of
+
+    async def judge(self, response_text: str, next_state: NextState, *, seed: int = 0) -> Any:
+        return await self.judge_of().judge(response_text, next_state, seed=seed)
+
+
 async def start_gate(cfg: ExperimentConfig, trainer: Any, base: Any, push: Any, judge: Judge | None,
                      *, store_dir: str | Path) -> PromotionGate:
     """The run's gate around ``push`` (an `InProcessWeightSync`-like ``push(graphdef, state, version)``, or a
@@ -69,9 +79,9 @@ async def start_gate(cfg: ExperimentConfig, trainer: Any, base: Any, push: Any, 
     loss = cfg.loss
     setup = ScoringSetup(temperature=cfg.gateway.temperature, chunk_size=cfg.trainer.chunk_size, w_rl=loss.w_rl,
                          w_opd=loss.w_opd if loss.uses_hints else 0.0, max_candidates=cfg.gateway.max_candidates,
-                         pad_id=trainer.spec.pad_id,
-                         teacher_graphdef=trainer.teacher_graphdef if loss.uses_hints else None,
-                         teacher_state=trainer.teacher_state if loss.uses_hints else None, mesh=trainer.mesh)
+                         pad_id=trainer.train_step.spec.pad_id,
+                         teacher_graphdef=trainer.state.teacher_graphdef if loss.uses_hints else None,
+                         teacher_state=trainer.state.teacher if loss.uses_hints else None, mesh=trainer.train_step.mesh)
     replay = ReplayReader(store_dir, holdout_every=cfg.gate.holdout_every, size=cfg.gate.replay_size,
                           max_tokens=cfg.trainer.max_seq_len) if enabled else None
     if enabled and judge is None:
