@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real OpenClaw agent (npm `openclaw`, pinned) with its pinned Node 24, and our plugin.
 #
-# For the real-OpenClaw tests (tests/test_openclaw_real.py) and runs where a person's OpenClaw agent
+# For the real-OpenClaw tests (tests/integrations/test_openclaw_real.py) and runs where a person's OpenClaw agent
 # talks to the gateway. Everything comes from the npm registry; Debian's Node 20 is too old.
 #
 #   scripts/openclaw.sh setup      install Node + OpenClaw into the install dir (idempotent, locked,

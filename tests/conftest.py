@@ -1,4 +1,6 @@
-"""Shared pytest fixtures. Each engineer keeps their fixtures in a clearly named section."""
+"""The suite's shared fixtures (a section each) and its machinery: one compilation cache per session,
+XLA and PyTorch settings, and which tests share a pytest-xdist worker. A fixture that only one folder
+uses lives in that folder's conftest.py (tests/sglang/conftest.py: the SGLang workers)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 # optimising the generated code. LLVM at -O0 without its expensive passes: the same HLO programs
 # (XLA's own passes unchanged, no fast-math), compiled in about half the CPU time (the hybrid train
 # step of test_precision_microbatch: 17.0 -> 9.1 s CPU, the same loss to the last bit); the tests'
-# arithmetic is small. Processes the tests start inherit it (tests/_xla_flags.py keeps it when a
+# arithmetic is small. Processes the tests start inherit it (tests/helpers/xla_flags.py keeps it when a
 # test changes the device count). XLA reads XLA_FLAGS when its CPU backend starts, after this.
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 if _OWNS_SESSION_DIR:  # the controller (or a lone process); xdist workers inherit its environment
@@ -176,55 +178,6 @@ def tiny_run_dir(tmp_path_factory):
     assert proc.returncode == 0, f"tiny run failed:\n{proc.stderr[-4000:]}"
     assert (run_dir / "summary.json").is_file()
     return run_dir
-
-
-# ==============================================================================================
-# sglang (pytest -m sglang): real SGLang 0.5.23 workers on CPU, started by scripts/sglang_cpu.sh
-# (its venv: `bash scripts/sglang_cpu.sh setup`). Two workers serve sglang_model_dir for the whole
-# session; a test that kills one restarts it; a test that changes weights loads what it needs first.
-# ==============================================================================================
-
-
-@pytest.fixture(scope="session")
-def sglang_model_dir(tmp_path_factory):
-    """The tiny random Qwen3 (seed 0) with a 2048-token context: the judge's prompts are ~700 tokens."""
-    return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("sglang_model") / "model", seed=0, max_positions=2048)
-
-
-@pytest.fixture(scope="session")
-def sglang_model_dir_b(tmp_path_factory):
-    """Same shape as `sglang_model_dir`, other random weights (seed 1): for weight updates."""
-    return make_tiny_qwen3_checkpoint(tmp_path_factory.mktemp("sglang_model_b") / "model", seed=1, max_positions=2048)
-
-
-_SGLANG_PAIRS: list = []
-
-
-@pytest.fixture(scope="session")
-def sglang_pair(sglang_model_dir, tmp_path_factory):
-    """Manager of the two SGLang workers (tests/_sglang.py `WorkerPair`); fails under CI without the venv."""
-    from _sglang import WorkerPair, require_sglang_venv
-
-    require_sglang_venv()
-    pair = WorkerPair(sglang_model_dir, tmp_path_factory.mktemp("sglang_logs"))
-    _SGLANG_PAIRS.append(pair)
-    yield pair
-    pair.stop()
-    _SGLANG_PAIRS.remove(pair)
-
-
-@pytest.fixture
-def sglang_workers(sglang_pair):
-    """[worker0, worker1], both healthy, serving `sglang_model_dir` (weights: whatever the last test left)."""
-    return sglang_pair.ensure()
-
-
-def pytest_runtest_teardown(item, nextitem):
-    # Idle SGLang workers still burn CPU: stop them as soon as the sglang tests are over.
-    if _SGLANG_PAIRS and item.get_closest_marker("sglang") is not None and (
-            nextitem is None or nextitem.get_closest_marker("sglang") is None):
-        for pair in _SGLANG_PAIRS:
-            pair.stop()
 
 
 # ==============================================================================================

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from openclaw_jax.plan import hlo_matmul_flops, parse_bytes
-from _xla_flags import env_without_device_count
+from tests.helpers.xla_flags import env_without_device_count
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from flax import nnx
 
 from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig
 
-from _vl_models import tiny_hf_vl_config
+from tests.helpers.vl_models import tiny_hf_vl_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -76,7 +76,7 @@ def session_record(number: int, result: SessionResult, step: int | None) -> dict
 class SessionLog:
     """The person's sessions in order, appended to `path` (JSON lines) and to TensorBoard (`writer`).
 
-    Reopening an existing file continues it (a resumed run keeps counting from its last session)."""
+    Reopening an existing file continues it (a resumed run keeps counting after the sessions already in it)."""
 
     def __init__(self, path: str | os.PathLike | None, *, writer: Any = None, run: int = STABLE_RUN):
         self.path = Path(path) if path is not None else None

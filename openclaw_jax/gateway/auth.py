@@ -12,8 +12,9 @@ The gateway knows three kinds of key (docs/security.md):
 * **the admin key** ``gateway.admin_key``: the operator's. It is the only key that opens admin
   routes (rollback, ...); used on a client route it acts as the person ``admin``.
 
-With no key at all (the default on 127.0.0.1) every request is accepted, as the ``X-Person-Id``
-person or ``default``, and no request is an admin's.
+With no client key (neither a keys file nor a shared key; the default on 127.0.0.1) every client
+request is accepted, as the ``X-Person-Id`` person or ``default``; an admin key then guards the admin
+routes alone.
 
 Handlers call :func:`request_person` (the person, or 401/403), :func:`is_admin` and
 :func:`require_admin`; the gateway's :class:`GatewayAuth` is found on the application. Keys are
@@ -139,6 +140,12 @@ class GatewayAuth:
         return self._shared is None and self._admin is None and not self._people
 
     @property
+    def clients_open(self) -> bool:
+        """No client key (shared or a person's) is configured: the client routes accept every request, as
+        its ``X-Person-Id`` person or ``default``; an admin key alone guards the admin routes only."""
+        return self._shared is None and not self._people
+
+    @property
     def people(self) -> frozenset[str]:
         return frozenset(self._people.values())
 
@@ -151,9 +158,9 @@ class GatewayAuth:
         return self._shared is not None and hmac.compare_digest(key, self._shared)
 
     def browser_secret(self) -> bytes | None:
-        """What a browser's sign-in cookie is signed with (None on an open gateway): derived from every
-        configured key, so that changing any of them signs every browser out."""
-        if self.open:
+        """What a browser's sign-in cookie is signed with (None while the client routes are open: no sign-in
+        then): derived from every configured key, so that changing any of them signs every browser out."""
+        if self.clients_open:
             return None
         h = hashlib.sha256(b"openclaw_jax browser sign-in v1")
         for part in (self._admin or b"", self._shared or b"", *(d.encode() for d in sorted(self._people))):
@@ -186,7 +193,7 @@ class GatewayAuth:
                 return Caller(person, authenticated=True)
         if self._shared is not None and hmac.compare_digest(token, self._shared):
             return Caller(self._claimed_person(headers, DEFAULT_PERSON), authenticated=True)
-        if self.open:
+        if self.clients_open:
             return Caller(self._claimed_person(headers, DEFAULT_PERSON))
         raise _unauthorized()
 

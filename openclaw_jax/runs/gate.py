@@ -45,7 +45,7 @@ async def start_gate(cfg: ExperimentConfig, trainer: Any, base: Any, push: Any, 
                      *, store_dir: str | Path) -> PromotionGate:
     """The run's gate around ``push`` (an `InProcessWeightSync`-like ``push(graphdef, state, version)``, or a
     `DiskWeightSync`: then kept directories are pushed by path), started on the trainer's current weights."""
-    if multihost.is_multiprocess():
+    if cfg.gate.enabled and multihost.is_multiprocess():
         raise RuntimeError("the promotion gate runs with one trainer process; set gate.enabled=false for a "
                            "multi-process trainer")
     versions_dir = versions_dir_for(store_dir)
@@ -67,18 +67,20 @@ async def start_gate(cfg: ExperimentConfig, trainer: Any, base: Any, push: Any, 
 
     enabled = cfg.gate.enabled
     loss = cfg.loss
+    # the scoring reads the trainer's step (pad id, mesh) and state (the frozen teacher): a gated run trains
     setup = ScoringSetup(temperature=cfg.gateway.temperature, chunk_size=cfg.trainer.chunk_size, w_rl=loss.w_rl,
                          w_opd=loss.w_opd if loss.uses_hints else 0.0, max_candidates=cfg.gateway.max_candidates,
-                         pad_id=trainer.spec.pad_id,
-                         teacher_graphdef=trainer.teacher_graphdef if loss.uses_hints else None,
-                         teacher_state=trainer.teacher_state if loss.uses_hints else None, mesh=trainer.mesh)
+                         pad_id=trainer.train_step.spec.pad_id,
+                         teacher_graphdef=trainer.state.teacher_graphdef if loss.uses_hints else None,
+                         teacher_state=trainer.state.teacher if loss.uses_hints else None,
+                         mesh=trainer.train_step.mesh) if enabled else None
     replay = ReplayReader(store_dir, holdout_every=cfg.gate.holdout_every, size=cfg.gate.replay_size,
                           max_tokens=cfg.trainer.max_seq_len) if enabled else None
     if enabled and judge is None:
         raise RuntimeError("gate.enabled=true needs the gateway's judge (a run with the gateway)")
     gate = PromotionGate(cfg.gate, versions_dir, serve=serve, write_kept=write_kept,
                          load_kept=lambda version: kept.load_state(version, dtype), replay=replay,
-                         setup=setup if enabled else None, verdict=judge_verdict(judge) if judge else None)
+                         setup=setup, verdict=judge_verdict(judge) if judge else None)
     graphdef = state = None
     if enabled:
         # its own arrays: in the master dtype the serving model shares the trainer's, which the next step donates

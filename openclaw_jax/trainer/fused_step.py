@@ -8,7 +8,7 @@ Here the student's forward runs once, under `jax.vjp`: its hidden states (stoppe
 outputs, then the teacher pass (which needs S^q), the reference log-probs and the loss batch run in
 the same program, the loss is differentiated w.r.t. the hidden states and the LM head, and the
 forward's pullback turns that into the parameters' gradients. Values are those of the phased step
-(`train_step.TrainStep` without fusion; tests/test_fused_step.py compares the two). The price: the student's
+(`train_step.TrainStep` without fusion; tests/trainer/test_fused_step.py compares the two). The price: the student's
 activations stay live through the teacher and reference forwards (more peak memory), so it is off by
 default and meant for small models (the CPU demo), where the saved forward is ~1/6 of a step.
 

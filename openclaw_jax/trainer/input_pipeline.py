@@ -22,7 +22,7 @@ the current step, so the loop finds its batch ready.
     pipeline.close()
 
 `batches(start, end, current_version=...)` gives exactly what `SampleBatcher.batches` gives for the
-same window (every array; tests/test_input_pipeline.py), since the filter and the packer are the
+same window (every array; tests/trainer/test_input_pipeline.py), since the filter and the packer are the
 batcher's own (`SampleBatcher._keep`, `pack`, with the same seen-shapes set). Windows must be
 asked for in order (the tail reads forward and the packer reuses the shapes it has seen): a
 prefetch must be of the window that is asked for next; asking for another one discards it

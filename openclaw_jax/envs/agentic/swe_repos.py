@@ -5,7 +5,7 @@ A repository is one function (`lib.py`) with one of its bugs injected and the fu
 near-copies: a function carries 1-3 alternative bugs, so the training split sees the same function
 broken in different ways. Held-out functions never appear in training, with any of their bugs.
 Every bug breaks at least one test and most leave some passing, so a shaped reward has room between
-"nothing fixed" and "all pass" (tests/test_swe_env.py checks both for every repository).
+"nothing fixed" and "all pass" (tests/envs/agentic/test_swe_env.py checks both for every repository).
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def unit_test_names(fn: Function) -> tuple[str, ...]:
 @functools.cache
 def tests_passing(source: str, tests: tuple[str, ...]) -> tuple[bool, ...]:
     """Which `tests` hold for `source`, run in this process: the table's own code (terminating on every
-    bug, which tests/test_swe_env.py checks), so no sandbox is needed. The shaped reward's baseline."""
+    bug, which tests/envs/agentic/test_swe_env.py checks), so no sandbox is needed. The shaped reward's baseline."""
     namespace: dict = {}
     exec(compile(source, "lib.py", "exec"), namespace)  # noqa: S102 - the table's code, not an agent's
     passing = []

@@ -1,0 +1,1 @@
+"""Code the tests share that is not a fixture: scripted servers, reference implementations, process helpers."""

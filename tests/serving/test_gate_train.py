@@ -1,0 +1,89 @@
+"""The promotion gate in real training runs (`python -m openclaw_jax.train`, simulated users).
+
+* **tiny_cpu, gate on, killed-free restart**: every candidate is logged promoted or refused with the
+  numbers its rule read; at least one is promoted and served (the weight version the users' turns
+  were answered by advances); no turn was ever answered by a version the log does not say was served;
+  the held-out turns were never trained on; a second run in the same directory serves, from its first
+  request, the version the first run served last.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from openclaw_jax.samples import SampleStore
+from openclaw_jax.samples.holdout import is_held_out
+from openclaw_jax.serving.versions import VersionLog, VersionStore
+from tests.helpers.tb_events import read_event_tags
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+GATE = ["gate.enabled=true", "trainer.staleness_mode=importance", "gate.holdout_every=2", "gate.min_replay=1",
+        "gate.reset_after=0"]
+
+
+def _train(run_dir: Path, config: str, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "openclaw_jax.train", "--config", str(ROOT / "configs" / config),
+           f"run_dir={run_dir}", "progress=false", "gateway.port=0", *GATE, *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def served_versions(events: list[dict]) -> list[str]:
+    """Every version the log says was served, in order."""
+    return [e["version"] for e in events if e["event"] in ("start", "promoted", "rollback")]
+
+
+def check_decisions(events: list[dict], *, min_score: float = 0.0, max_kl: float) -> None:
+    """Each decision is the rule applied to the numbers logged with it."""
+    for e in events:
+        check = e.get("check") or {}
+        if e["event"] == "promoted":
+            assert check["score"] >= min_score and check["drift"] <= max_kl, e
+            assert e["served_version"] == e["version"]
+        elif e["event"] == "refused":
+            broken = {"min_replay": check["with_signal"] < 1, "min_score": check["score"] < min_score,
+                      "max_kl": check["drift"] > max_kl}
+            assert broken[e["rule"]], e
+            assert e["served_version"] != e["version"]
+
+
+def test_tiny_run_with_the_gate_then_a_restart(tmp_path):
+    run_dir = tmp_path / "run"
+    _train(run_dir, "tiny_cpu.yaml", "trainer.max_steps=4", "env.heldout_questions=2", "gate.max_kl=2.0")
+    events = VersionLog(run_dir / "versions").events()
+    assert events[0]["event"] == "start" and events[0]["version"] == "0" and events[0]["holdout_every"] == 2
+    decisions = [e for e in events if e["event"] in ("promoted", "refused")]
+    assert [e["step"] for e in decisions] == [1, 2, 3, 4]
+    check_decisions(events, max_kl=2.0)
+    served = served_versions(events)
+    assert len(served) >= 2, events                         # a trained version was promoted and served
+    assert set(VersionStore(run_dir / "versions").kept()) == set(served)   # kept: 0 and the promoted (keep=3)
+
+    with SampleStore(run_dir / "samples", readonly=True) as store:
+        samples = store.read(0)
+    answered_by = {s.weight_version for s in samples} | {s.last_weight_version for s in samples}
+    assert answered_by <= set(served) and len(answered_by) >= 2   # users met a promoted version, never a refused one
+    # held-out turns were never trained on: the trainer counted each one in its windows as skipped
+    windows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    end = windows[-1]["end_offset"]
+    held = sum(is_held_out(s.sample_id, 2) for s in samples[:end])
+    logged = read_event_tags(run_dir / "tb")["samples/dropped_held_out"]
+    assert held > 0 and max(v.simple_value for _, v in logged) == held
+
+    last_served = served[-1]
+    _train(run_dir, "tiny_cpu.yaml", "trainer.max_steps=5", "env.heldout_questions=2", "gate.max_kl=2.0")
+    events2 = VersionLog(run_dir / "versions").events()[len(events):]
+    assert events2[0]["event"] == "start" and events2[0]["version"] == last_served
+    assert "before the restart" in events2[0]["reason"]
+    with SampleStore(run_dir / "samples", readonly=True) as store:
+        first_new = store.read(len(samples), 1)[0]
+    # the restarted run's first answers come from the version served before, whatever the trainer's checkpoint
+    assert first_new.weight_version in {last_served} | set(served_versions(events2))
