@@ -105,9 +105,12 @@ def main() -> None:
         raise SystemExit(f"prompts of {longest} tokens do not fit the context ({cfg.max_position_embeddings})")
 
     pool = max(r * (n + 1) for r, n in shapes) + 256
+    # --mem-fraction-static given: from a chunked-prefill size of thousands of tokens SGLang's own estimate of
+    # activation memory exceeds a small machine's and it refuses to start; the pool is --max-total-tokens anyway
     server, sglang_note = start_sglang(args, pre, "prefill", [
         "--disable-radix-cache", "--max-total-tokens", str(pool), "--max-prefill-tokens", str(pool),
-        "--chunked-prefill-size", str(pool), "--context-length", str(cfg.max_position_embeddings)])
+        "--chunked-prefill-size", str(pool), "--context-length", str(cfg.max_position_embeddings),
+        "--mem-fraction-static", "0.8"])
 
     engine = Engine(pre.model, pre.tokenizer, context_length=cfg.max_position_embeddings,
                     config=EngineConfig(max_batch_size=most_rows, prefix_cache_bytes=0, batch_wait_s=0.02,

@@ -88,9 +88,8 @@ def max_diff(a, b) -> float:
     return float(diff)
 
 
-def run_session(warm, cold, tok, system, tools, turns, new_tokens, *, measure: bool, cold_buckets: set,
-                swap=None):
-    from openclaw_jax.inference.engine import bucket, spec_for
+def run_session(warm, cold, tok, system, tools, turns, new_tokens, *, measure: bool, swap=None):
+    from openclaw_jax.inference.engine import spec_for
     messages = [{"role": "system", "content": system}]
     rows = []
     for turn in range(turns):
@@ -100,14 +99,12 @@ def run_session(warm, cold, tok, system, tools, turns, new_tokens, *, measure: b
         spec = spec_for(prompt, max_new_tokens=new_tokens, temperature=0, return_logprob=True, top_logprobs_num=5,
                         ignore_eos=True)
         t_warm, w = timed(warm, spec)
-        if measure or bucket(len(prompt), warm.config.min_prompt_bucket) not in cold_buckets:
-            cold_buckets.add(bucket(len(prompt), warm.config.min_prompt_bucket))
-            t_cold, c = timed(cold, spec)
-            rows.append(dict(turn=turn + 1, prompt_tokens=len(prompt), cached_tokens=w.cached_tokens,
-                             ttft_warm_s=t_warm, ttft_cold_s=t_cold, diff=max_diff(w, c), swap_s=swap_s))
-            if measure:
-                logger.info("turn %d: %d tokens (%d cached) warm %.3fs cold %.3fs%s", turn + 1, len(prompt),
-                            w.cached_tokens, t_warm, t_cold, f" (after a {swap_s:.1f} s swap)" if swap_s else "")
+        t_cold, c = timed(cold, spec)  # every turn in both passes: the first compiles every shape the second uses
+        rows.append(dict(turn=turn + 1, prompt_tokens=len(prompt), cached_tokens=w.cached_tokens,
+                         ttft_warm_s=t_warm, ttft_cold_s=t_cold, diff=max_diff(w, c), swap_s=swap_s))
+        if measure:
+            logger.info("turn %d: %d tokens (%d cached) warm %.3fs cold %.3fs%s", turn + 1, len(prompt),
+                        w.cached_tokens, t_warm, t_cold, f" (after a {swap_s:.1f} s swap)" if swap_s else "")
         messages.append({"role": "assistant", "content": tok.decode(w.output_ids, skip_special_tokens=True)})
     return rows
 
@@ -136,7 +133,6 @@ def main() -> None:
     ctx = pre.config.max_position_embeddings
     warm = Engine(pre.model, tok, context_length=ctx, config=EngineConfig(**kw))
     cold = Engine(pre.model, tok, context_length=ctx, config=EngineConfig(prefix_cache_bytes=0, **kw))
-    cold_buckets: set = set()
     swap = None
     if args.swap:
         base = warm.params
@@ -148,12 +144,12 @@ def main() -> None:
             seconds = time.perf_counter() - start
             cold.swap_weights(scaled if turn % 2 else base, f"v{turn}")
             return seconds
-    run_session(warm, cold, tok, system, tools, args.turns, args.new_tokens, measure=False, cold_buckets=cold_buckets,
-                swap=swap)
+    run_session(warm, cold, tok, system, tools, args.turns, args.new_tokens, measure=False, swap=swap)
+    if swap is not None:
+        swap(0)  # back to the base weights: the timed pass sees the same answers, so the same shapes
     warm.flush_prefix_cache()
     compiled = (warm.compile_counts(), cold.compile_counts())
-    rows = run_session(warm, cold, tok, system, tools, args.turns, args.new_tokens, measure=True,
-                       cold_buckets=cold_buckets, swap=swap)
+    rows = run_session(warm, cold, tok, system, tools, args.turns, args.new_tokens, measure=True, swap=swap)
     after = (warm.compile_counts(), cold.compile_counts())
     recompiled = sorted({name for before, now in zip(compiled, after) for name in now if now[name] != before.get(name)})
     stats = warm.prefix_cache_stats()
