@@ -39,6 +39,7 @@ from openclaw_jax.config import ExperimentConfig, load_experiment_config
 from openclaw_jax.configlib import ConfigError, dump_yaml
 from openclaw_jax.envs.openclaw_connect import connect_command
 from openclaw_jax.gateway.server import API_KEY_ENV, start_gateway, stop_gateway
+from openclaw_jax.gateway.status import trainer_summary
 from openclaw_jax.inference.engine import Engine, EngineConfig
 from openclaw_jax.inference.server import API_KEY_ENV as POLICY_API_KEY_ENV, InferenceServer
 from openclaw_jax.inference.vision import VisionGenerator
@@ -55,7 +56,7 @@ from openclaw_jax.parallel.mesh import make_mesh, maybe_initialize_distributed, 
 from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.pool.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
 from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
-from openclaw_jax.runs.gate import start_gate
+from openclaw_jax.runs.gate import LateJudge, start_gate
 from openclaw_jax.runs.policy_process import PolicyProcess, lower_priority, server_command
 from openclaw_jax.runs.untrained import UntrainedLearner
 from openclaw_jax.runs.users import env_runner
@@ -329,7 +330,10 @@ async def _start_gateway(r: _Run, policy_urls: list[str]) -> str:
                                  store_dir=str(r.run_dir / "samples"), model=r.base.model_dir,
                                  worker_urls=r.cfg.gateway.worker_urls or tuple(r.cfg.policy.worker_urls),
                                  judge_hints=r.cfg.gateway.judge_hints and r.cfg.loss.uses_hints,
-                                 policy_api_key=r.pool_api_key)
+                                 policy_api_key=r.pool_api_key,
+                                 # the run's seed: the same conversation holds out the same turns for the gate
+                                 sample_id_seed=r.cfg.gateway.sample_id_seed if r.cfg.gateway.sample_id_seed is not
+                                 None else r.cfg.seed)
     gateway, gw_runner, gateway_url = await start_gateway(gw_cfg, tokenizer=r.base.tokenizer)
     # on a stop, turns whose next state already arrived are judged and stored first (the next run trains them)
     r.cleanups.append(lambda: stop_gateway(gateway, gw_runner, grace_s=gw_cfg.shutdown_grace_s))
@@ -354,8 +358,16 @@ def _announce_live(r: _Run, gateway_url: str, gw_cfg) -> None:
     if gw_cfg.api_key:
         log.info("(--api-key: the gateway.api_key this run was given; put it in $%s first, or write it in place)",
                  API_KEY_ENV)
-    log.info("serving weight version %s, trained on samples [0, %d); Ctrl-C saves and stops, the same command "
-             "continues", r.trainer.weight_version, r.trainer.sample_offset)
+    gate = r.cfg.gate
+    served = r.gate.served_version if r.gate is not None else r.trainer.weight_version
+    if gate.enabled:
+        log.info("promotion gate on: a trained version serves only after it passes the check on your held-out turns "
+                 "(1 scored turn in %d is held out; a promotion needs %d of them: about %d scored turns); what it "
+                 "decided: %s/", gate.holdout_every, gate.min_replay, gate.holdout_every * gate.min_replay, gateway_url)
+    trained = (f"trained on samples [0, {r.trainer.sample_offset})" if served == r.trainer.weight_version else
+               f"the last one the gate promoted (the trainer is at step {r.trainer.step}, trained on samples "
+               f"[0, {r.trainer.sample_offset}))")
+    log.info("serving weight version %s, %s; Ctrl-C saves and stops, the same command continues", served, trained)
 
 
 async def _start_agentic(r: _Run, policy_urls: list[str], stop: asyncio.Event):
@@ -482,10 +494,13 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             evaluate, agentic, task = await _start_agentic(r, policy_urls, stop)
             env_tasks.append(task)
         elif r.is_main:
-            gateway_url = await _start_gateway(r, policy_urls)
-            # what is served, and logged, goes through the gate (before any user sees the served version)
-            r.gate = await start_gate(cfg, trainer, r.base, push, r.gateway.judge, store_dir=str(run_dir / "samples"))
+            # What is served, and logged, goes through the gate, which starts first: on a restart it brings the pool
+            # back to the version served before (kept weights), so the gateway's first answer comes from that one.
+            # Its judge is the gateway's (nothing is judged before the gateway runs).
+            r.gate = await start_gate(cfg, trainer, r.base, push, LateJudge(lambda: r.gateway.judge),
+                                      store_dir=str(run_dir / "samples"))
             r.cleanups.append(r.gate.close)
+            gateway_url = await _start_gateway(r, policy_urls)
             if cfg.env.enabled:
                 evaluate, task = await _start_users(r, gateway_url, stop)
                 env_tasks.append(task)
@@ -517,7 +532,9 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
         checkpointer.close()
     summary["end_step"] = trainer.step
     if r.gate is not None:
-        summary["served_version"] = r.gate.log.served_version()   # a rollback may have changed it
+        events = r.gate.log.events()
+        summary["served_version"] = r.gate.log.served_version(events)   # a rollback may have changed it
+        summary["versions"] = trainer_summary(events)   # the run directory's gate decisions, as the status page counts
     summary["wall_time_s"] = time.monotonic() - t_start
     if r.sessions is not None:   # the person's sessions as they ended (envs/sessions.py)
         summary.update(r.sessions.summary())

@@ -116,6 +116,9 @@ class GatewayConfig:
     max_sessions: int = 100_000
     shutdown_grace_s: float = 30.0          # on SIGTERM, wait this long for running judgements
     segment_max_bytes: int = 64 << 20
+    # The ids of scored turns decide which are held out for the promotion gate (samples/holdout.py): random
+    # (None), or a reproducible sequence from this seed (`python -m openclaw_jax.train` passes the run's seed)
+    sample_id_seed: int | None = None
     # A failed store write is retried with back-off (up to this many seconds apart) for as long as it
     # fails; meanwhile up to store_queue_max samples wait in memory (more are dropped and counted), and
     # after store_degraded_after_s of failure /healthz says "degraded" and /readyz answers 503.

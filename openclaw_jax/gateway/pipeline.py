@@ -37,6 +37,7 @@ class JudgePipeline:
     _release_images: Any   # ImageTurns
     _store_images_now: Any
     _hint_prompt_with_images: Any
+    _next_sample_id: Any   # () -> the next sample's id (samples/holdout.py sample_ids)
 
     def _submit(self, job: ScoringJob) -> None:
         assert self._queue is not None
@@ -101,7 +102,7 @@ class JudgePipeline:
                 hint_prompts.append(await self.budget.render(messages, tools=turn.tools, **turn.chat_template_kwargs))
             await asyncio.sleep(0)
         sample = Sample(
-            session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
+            sample_id=self._next_sample_id(), session_id=turn.session_id, turn_index=turn.turn_index, kind=kind,
             reward=judgement.eval_score if kind != "opd" else 0,
             prompt_ids=list(turn.prompt_ids), response_ids=turn.response_ids, rollout_logprobs=turn.rollout_logprobs,
             hints=list(judgement.hints), hint_prompt_ids=hint_prompts, weight_version=turn.weight_version,

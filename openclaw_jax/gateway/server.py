@@ -61,6 +61,7 @@ from openclaw_jax.gateway.status_routes import StatusRoutes
 from openclaw_jax.gateway.protocol import (ChatCompletionRequest, GatewayHTTPError, bad_request,
                                            parse_agent_chat_request, parse_session_info)
 from openclaw_jax.samples import SampleStore
+from openclaw_jax.samples.holdout import sample_ids
 from openclaw_jax.gateway.store_writer import StoreWriter
 from openclaw_jax.gateway.sessions import ScoringJob, SessionLimitError, SessionTracker, TurnRecord, TurnTicket
 from openclaw_jax.http import http_guard as G
@@ -208,6 +209,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
         if self.store is None:
             self.store = SampleStore(cfg.store_dir, segment_max_bytes=cfg.segment_max_bytes)
             self._owned.append(self.store)
+        self._next_sample_id = sample_ids(cfg.sample_id_seed, len(self.store))
         self.budget = TextBudget(self.tokenizer, max_tokens=cfg.max_prompt_tokens)
         self.spool = ImageSpool(os.path.join(self.store.directory, "image-spool"), max_bytes=cfg.image_spool_bytes,
                                 max_bytes_per_person=cfg.image_spool_bytes_per_person)

@@ -41,6 +41,16 @@ def judge_verdict(judge: Judge) -> Callable[[Sample], Any]:
     return verdict
 
 
+class LateJudge:
+    """The judge ``judge_of()`` returns at each call: the gate starts before the gateway whose judge it asks."""
+
+    def __init__(self, judge_of: Callable[[], Judge]):
+        self.judge_of = judge_of
+
+    async def judge(self, response_text: str, next_state: NextState, *, seed: int = 0) -> Any:
+        return await self.judge_of().judge(response_text, next_state, seed=seed)
+
+
 async def start_gate(cfg: ExperimentConfig, trainer: Any, base: Any, push: Any, judge: Judge | None,
                      *, store_dir: str | Path) -> PromotionGate:
     """The run's gate around ``push`` (an `InProcessWeightSync`-like ``push(graphdef, state, version)``, or a

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +33,18 @@ from tests.helpers.xla_flags import env_without_device_count
 
 ROOT = Path(__file__).resolve().parents[2]
 ANNOUNCED = "connect your OpenClaw once"
+# The restart test follows the trainer sample by sample, a step every two turns; the gate's hold-out would take
+# turns out of its windows (the gated run, and its restart: tests/e2e/test_live_openclaw.py).
+UNGATED = ("trainer.samples_per_step=2", "gate.enabled=false")
 
 
 @pytest.mark.parametrize("name", ["live_cpu", "live_gpu"])
 def test_live_configs_have_no_simulated_users_a_fixed_port_and_openclaw_sized_rows(name):
     cfg = load_experiment_config([str(ROOT / "configs" / f"{name}.yaml")])
     assert not cfg.env.enabled and not cfg.agentic.enabled
+    # the gate is on: a person's run never serves a version that scores worse on their held-out turns
+    assert cfg.gate.enabled and cfg.trainer.staleness_mode == "importance" and cfg.gate.min_score == 0.0
+    assert cfg.gate.holdout_every * cfg.gate.min_replay <= 16 and cfg.gate.max_kl <= 0.1
     assert cfg.gateway.port == 8000 and cfg.gateway.host == "127.0.0.1"
     assert cfg.trainer.max_seq_len >= cfg.gateway.max_prompt_tokens >= 8192   # a whole OpenClaw session trains
     assert cfg.model.remat and cfg.trainer.samples_per_step <= 4 and cfg.trainer.optimizer.schedule == "constant"
@@ -62,10 +69,10 @@ def test_live_gpu_config_fits_with_openclaws_default_prompt():
 class LiveRun:
     """One `python -m openclaw_jax.train --config configs/live_cpu.yaml` process."""
 
-    def __init__(self, model_dir: Path, run_dir: Path, port: int, log_path: Path):
+    def __init__(self, model_dir: Path, run_dir: Path, port: int, log_path: Path, *overrides: str):
         self.cmd = [sys.executable, "-m", "openclaw_jax.train", "--config", str(ROOT / "configs/live_cpu.yaml"),
                     f"model.path={model_dir}", f"run_dir={run_dir}", f"gateway.port={port}",
-                    "trainer.samples_per_step=2", "progress=false"]
+                    "progress=false", *overrides]
         self.log_path = log_path
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
@@ -109,6 +116,11 @@ class LiveRun:
         tokens = r.choices[0].logprobs.content
         return r.to_dict()["metadata"]["weight_version"], [t.token for t in tokens], [t.logprob for t in tokens]
 
+    def status(self) -> dict:
+        """``GET /v1/status``: what the status page shows (no gateway key in the live config)."""
+        with urllib.request.urlopen(self.url + "/v1/status", timeout=60) as r:
+            return json.loads(r.read())
+
     def probe_at(self, version: str, timeout_s: float = 900):
         deadline = time.monotonic() + timeout_s
         while True:
@@ -124,7 +136,7 @@ class LiveRun:
 @pytest.mark.slow
 def test_live_run_stops_on_ctrl_c_and_continues_the_same_model(tiny_smollm2_dir, tmp_path):
     run_dir, port = tmp_path / "run", free_port()
-    first = LiveRun(tiny_smollm2_dir, run_dir, port, tmp_path / "first.log").start()
+    first = LiveRun(tiny_smollm2_dir, run_dir, port, tmp_path / "first.log", *UNGATED).start()
     try:
         log = first.log()
         # the run says where OpenClaw connects, with the one command that does it
@@ -145,7 +157,7 @@ def test_live_run_stops_on_ctrl_c_and_continues_the_same_model(tiny_smollm2_dir,
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["end_step"] == 1
 
-    second = LiveRun(tiny_smollm2_dir, run_dir, port, tmp_path / "second.log").start()
+    second = LiveRun(tiny_smollm2_dir, run_dir, port, tmp_path / "second.log", *UNGATED).start()
     try:
         log = second.log()
         assert "resumed at step 1, sample offset 2" in log
@@ -182,37 +194,3 @@ def test_live_run_stops_on_ctrl_c_and_continues_the_same_model(tiny_smollm2_dir,
     assert re.search(r"checkpoint saved: step 2\b", second.log())
 
 
-@pytest.mark.slow
-def test_live_run_learns_from_a_real_openclaw_connected_with_the_printed_command(tiny_smollm2_dir, tmp_path):
-    """The person's path end to end: the live run, the connect command it prints (run as printed, OpenClaw
-    finding its own config), real OpenClaw turns with a correction and thanks, a step, the new version served."""
-    from tests.integrations.test_openclaw_real import require_openclaw
-    require_openclaw()
-    state = tmp_path / "openclaw"
-    (state / "home").mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCLAW_")}
-    env.update(OPENCLAW_STATE_DIR=str(state), OPENCLAW_CONFIG_PATH=str(state / "openclaw.json"),
-               HOME=str(state / "home"), NO_COLOR="1", PYTHON=sys.executable,
-               PATH=f"{node_bin().parent}{os.pathsep}{env['PATH']}")
-    run = LiveRun(tiny_smollm2_dir, tmp_path / "run", free_port(), tmp_path / "live.log").start()
-    try:
-        command = re.search(r"INFO openclaw_jax\.train: (bash scripts/openclaw\.sh connect .*)$", run.log(), re.MULTILINE).group(1)
-        connected = subprocess.run(command + " --max-tokens 8", shell=True, env=env, cwd=ROOT, capture_output=True,
-                                   text=True, timeout=600)
-        assert connected.returncode == 0, connected.stderr
-        said = ["What is 2 + 3?", "No, that's wrong. You should answer with just the number.", "Thanks, that's perfect!"]
-        for text in said:
-            turn = subprocess.run([str(openclaw_bin()), "agent", "--local", "--session-id", "live-a", "-m", text,
-                                   "--json", "--timeout", "500"], env=env, capture_output=True, text=True, timeout=600)
-            assert turn.returncode == 0, turn.stderr[-3000:]
-            assert parse_result(turn.stdout)["meta"].get("stopReason") not in (None, "error"), turn.stdout[-2000:]
-        version, _, _ = run.probe_at("1")
-    finally:
-        assert run.stop() == 0, run.log()[-4000:]
-    with SampleStore(tmp_path / "run" / "samples", readonly=True) as store:
-        samples = store.read(0)
-    # OpenClaw's wrapper (timestamp, Runtime line) stripped: the judge read the person's words
-    assert [(s.session_id, s.next_state["content"], s.reward) for s in samples] == [
-        ("live-a", said[1], -1), ("live-a", said[2], 1)]
-    assert samples[0].hints == ["You should answer with just the number."]
-    assert len(samples[0].prompt_ids) > 1500   # OpenClaw's own system prompt came with every turn

@@ -20,6 +20,8 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 from openclaw_jax.samples import SampleStore
 from openclaw_jax.samples.holdout import is_held_out
@@ -95,6 +97,8 @@ def _sign_in(driver, url: str, key: str) -> None:
     field.clear()
     field.send_keys(key)
     driver.find_element(By.ID, "sign-in").click()
+    # the click only starts the form's POST: wait until the browser has left the sign-in page it was on
+    WebDriverWait(driver, 120).until(expected_conditions.staleness_of(field))
 
 
 def test_the_page_shows_the_runs_numbers(live, browser):

@@ -40,14 +40,14 @@ class Served:
         self.engine = Engine(model, tok, context_length=512, seed=0, config=EngineConfig(**TINY_ENGINE_KW),
                              weight_version="0")
         self.store_dir = store_dir = tmp_path / "run" / "samples"
-        # as the trainer's embedded server: a rollback loads kept versions, and nothing else, over HTTP
+        self.versions = versions_dir_for(store_dir)
+        # a rollback loads kept weights over HTTP: the server's only weight directory is the versions directory
         self.server_runner, server_url = self.lt.run(serve_app(InferenceServer(
             self.engine, tok, model_path=str(model_dir), served_model_name="tiny",
-            weight_dirs=[versions_dir_for(store_dir)]).make_app()))
+            weight_dirs=[self.versions]).make_app()))
         cfg = GatewayConfig(port=0, policy_urls=(server_url,), judge="rule", store_dir=str(store_dir), model=str(model_dir),
                             api_key=API_KEY, admin_key=ADMIN_KEY, request_timeout_s=60.0)
         self.gateway, self.gw_runner, self.url = self.lt.run(start_gateway(cfg, tokenizer=tok), timeout=120)
-        self.versions = versions_dir_for(store_dir)
         kept = VersionStore(self.versions)
         push = InProcessWeightSync(self.engine)
         # by default a gate that promotes whatever it is given (its check is tested elsewhere): a promoted

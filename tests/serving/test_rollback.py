@@ -77,8 +77,8 @@ def test_rollback_serves_the_old_weights_bit_for_bit(served):
 
 
 @pytest.mark.parametrize("key, body, status, needle", [
-    (None, {"version": "0"}, 401, "API key"),             # no key at all
-    (API_KEY, {"version": "0"}, 403, "admin key"),        # the person's key is not the admin key
+    (None, {"version": "0"}, 401, "API key"),
+    (API_KEY, {"version": "0"}, 403, "admin key"),        # the person's key is valid, and not the admin key
     (ADMIN_KEY, {"version": "../v0"}, 400, "must be a weight version"),
     (ADMIN_KEY, {"ver": "0"}, 400, '{"version"'),
     (ADMIN_KEY, {"version": "7"}, 404, "kept versions: ["),
@@ -95,7 +95,8 @@ def test_versions_route_and_admin_off(served, tmp_path):
     reply = served.admin("GET", "/v1/admin/versions")
     assert reply.status_code == 200
     assert set(reply.json()["kept"]) == {"0", "1"} and reply.json()["events"][0]["event"] in ("promoted", "rollback")
-    assert served.admin("GET", "/v1/admin/versions", key=API_KEY).status_code == 403   # a client key
+    assert served.admin("GET", "/v1/admin/versions", key=API_KEY).status_code == 403
+    assert served.admin("GET", "/v1/admin/versions", key=None).status_code == 401
 
     cfg = GatewayConfig(port=0, policy_urls=(served.gateway.policy.urls[0],), judge="rule", model="tiny",
                         store_dir=str(tmp_path / "samples"))

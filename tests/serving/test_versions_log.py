@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from openclaw_jax.samples import Sample, SampleStore
-from openclaw_jax.samples.holdout import is_held_out
+from openclaw_jax.samples.holdout import is_held_out, sample_ids
 from openclaw_jax.serving.versions import (VersionError, VersionLog, VersionStore, check_version, refusals_in_a_row,
                                            versions_dir_for)
 
@@ -133,3 +133,19 @@ def test_holdout_rule_is_one_in_n_and_the_batcher_skips_it(tmp_path):
     assert batcher.dropped["held_out"] == held
     assert trained == {s.sample_id for s in samples if not is_held_out(s.sample_id, 3)}
     batcher.close()
+
+
+def draw(seed: int | None, start: int, n: int) -> list[str]:
+    ids = sample_ids(seed, start)
+    return [ids() for _ in range(n)]
+
+
+def test_seeded_sample_ids_repeat_a_run_and_never_collide_with_its_earlier_turns():
+    first = draw(0, 0, 200)
+    assert first == draw(0, 0, 200)                                # the same seed holds out the same turns
+    assert len(set(first)) == 200 and all(len(i) == 32 and int(i, 16) >= 0 for i in first)
+    resumed = draw(0, 200, 200)                                    # a restarted gateway, 200 samples stored
+    assert not set(first) & set(resumed) and not set(first) & set(draw(1, 0, 200))
+    assert abs(np.mean([is_held_out(i, 2) for i in first + resumed]) - 0.5) < 0.08
+    unseeded = draw(None, 0, 50)
+    assert len(set(unseeded + draw(None, 0, 50))) == 100          # random without a seed
