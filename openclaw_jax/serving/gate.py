@@ -41,7 +41,8 @@ from flax import nnx
 from openclaw_jax.samples import Sample
 from openclaw_jax.serving.config import GateConfig
 from openclaw_jax.serving.replay import ReplayReader
-from openclaw_jax.serving.scoring import TurnTerms, aggregate, decide, replay_arrays, replay_terms
+from openclaw_jax.serving.scoring import (TurnTerms, aggregate, decide, not_replayed, replay_arrays, replay_terms,
+                                          signal_count)
 from openclaw_jax.serving.versions import VersionLog, VersionStore, refusals_in_a_row
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,13 @@ class PromotionGate:
         verdicts = list(await asyncio.gather(*(self._verdict(s) for s in samples)))   # the judge pool bounds its calls
         live = {s.sample_id for s in samples}
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in live}
+        setup = self.setup
+        signal = signal_count(verdicts, [bool(s.hint_prompt_ids) for s in samples], w_rl=setup.w_rl,
+                              w_opd=setup.w_opd, teacher=setup.teacher_graphdef is not None)
+        if signal < self.cfg.min_replay:
+            # too little evidence to promote whatever the replay shows: refuse without the replay's forward passes
+            # (minutes at OpenClaw's prompt sizes on a CPU, taken from the person's turns)
+            return not_replayed(signal)
         turns = await asyncio.to_thread(self._score, graphdef, served, candidate, samples, verdicts)
         return aggregate(turns, w_rl=self.setup.w_rl, w_opd=self.setup.w_opd)
 

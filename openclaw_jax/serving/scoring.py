@@ -191,6 +191,19 @@ def aggregate(turns: Sequence[TurnTerms], *, w_rl: float, w_opd: float) -> Repla
                        agreement=mean(pairs) if pairs else None)
 
 
+def signal_count(verdicts: Sequence[int], has_hints: Sequence[bool], *, w_rl: float, w_opd: float,
+                 teacher: bool) -> int:
+    """How many turns `aggregate` will count as carrying a signal, known before any replay: a verdict (when the
+    reward term is on) or hints the teacher reads (when it is on)."""
+    return sum((w_rl > 0 and v != 0) or (w_opd > 0 and teacher and h) for v, h in zip(verdicts, has_hints))
+
+
+def not_replayed(with_signal: int) -> ReplayCheck:
+    """The check of a candidate refused for too little evidence before anything was replayed (`replayed` 0)."""
+    return ReplayCheck(replayed=0, with_signal=with_signal, score=0.0, drift=0.0, reward_term=0.0, teacher_term=0.0,
+                       agreement=None)
+
+
 def decide(check: ReplayCheck, *, min_replay: int, min_score: float, max_kl: float) -> tuple[str | None, str]:
     """(the rule that failed or None, why): the candidate passes with at least ``min_replay`` turns with
     a signal, ``score >= min_score`` and ``drift <= max_kl``; the reason gives the numbers."""

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from openclaw_jax.ops import kl_divergence
-from openclaw_jax.serving.scoring import (ReplayCheck, TurnTerms, aggregate, bucket, decide, replay_arrays,
-                                          replay_terms)
+from openclaw_jax.serving.scoring import (ReplayCheck, TurnTerms, aggregate, bucket, decide, not_replayed,
+                                          replay_arrays, replay_terms, signal_count)
 
 
 def _log_softmax64(z: np.ndarray) -> np.ndarray:
@@ -145,3 +145,20 @@ def test_decide_names_the_rule_that_failed():
     assert failed == "min_score" and "-1e-06" in why
     assert decide(check(drift=0.06), **rules)[0] == "max_kl"
     assert decide(check(score=float("nan")), **rules)[0] == "min_score"   # a broken check never promotes
+
+
+@pytest.mark.parametrize("w_rl,w_opd,teacher", [(1.0, 0.5, True), (1.0, 0.0, True), (0.0, 1.0, True),
+                                                (1.0, 0.5, False)])
+def test_the_signal_known_before_replay_is_what_the_replay_counts(w_rl, w_opd, teacher):
+    """The gate refuses for too little evidence without replaying; it must count what `aggregate` would."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        verdicts = rng.integers(-1, 2, size=rng.integers(0, 8)).tolist()
+        hints = rng.random(len(verdicts)) < 0.5
+        # the replay gives a teacher term exactly where the teacher reads the turn's hints
+        turns = [TurnTerms(str(i), v, 0.1, 0.0, 0.2 if (teacher and w_opd > 0 and h) else None)
+                 for i, (v, h) in enumerate(zip(verdicts, hints))]
+        assert signal_count(verdicts, hints.tolist(), w_rl=w_rl, w_opd=w_opd, teacher=teacher) == \
+            aggregate(turns, w_rl=w_rl, w_opd=w_opd).with_signal
+    check = not_replayed(3)
+    assert check.replayed == 0 and decide(check, min_replay=4, min_score=0.0, max_kl=0.1)[0] == "min_replay"
