@@ -148,7 +148,8 @@ def _people(people: Sequence[dict[str, Any]]) -> str:
         versions = ", ".join(f"v{v['version']}: {_rate(v['rate'])} ({v['satisfied']}/{v['satisfied'] + v['corrected']})"
                              for v in p["satisfaction"])
         rows.append(
-            f"<tr class=\"person\" data-person=\"{_e(p['person'])}\" data-rate=\"{'' if p['rate'] is None else repr(p['rate'])}\">"
+            f"<tr class=\"person\" data-person=\"{_e(p['person'])}\" "
+            f"data-rate=\"{'' if p['rate'] is None else repr(p['rate'])}\">"
             + _cell("person", p["person"]) + _cell("sessions", p["sessions"]) + _cell("open", p["open_sessions"])
             + _cell("main", p["main_requests"]) + _cell("side", p["side_requests"])
             + _cell("scored", p["scored_turns"]) + _cell("satisfied", p["satisfied"])
@@ -169,8 +170,8 @@ def _turns(turns: Sequence[dict[str, Any]]) -> str:
             + _cell("version", t["weight_version"]) + _cell("reward", _num(t["reward"]))
             + _cell("eval", t["eval_score"]) + _cell("reaction", t["reaction"]) + _cell("hint", t["hint"])
             + _cell("held_out", "yes" if t["held_out"] else "") + "</tr>")
-    return _table("scored-turns", ["time", "person", "session", "turn", "version", "reward", "judge", "your reaction", "hint",
-                                   "held out"], rows, "No scored turn yet.")
+    return _table("scored-turns", ["time", "person", "session", "turn", "version", "reward", "judge", "your reaction",
+                                   "hint", "held out"], rows, "No scored turn yet.")
 
 
 def _sessions(sessions: Sequence[dict[str, Any]]) -> str:
