@@ -358,6 +358,9 @@ def _announce_live(r: _Run, gateway_url: str, gw_cfg) -> None:
     if gw_cfg.api_key:
         log.info("(--api-key: the gateway.api_key this run was given; put it in $%s first, or write it in place)",
                  API_KEY_ENV)
+    log.info("several people on this gateway: each connects their own OpenClaw with that command and %s; the status "
+             "page shows each person's numbers (docs/household.md)",
+             "--api-key <their key of gateway.keys_file>" if gw_cfg.keys_file else "--person-id <their name>")
     gate = r.cfg.gate
     served = r.gate.served_version if r.gate is not None else r.trainer.weight_version
     if gate.enabled:

@@ -9,15 +9,19 @@
 #   scripts/openclaw.sh check      exit 0 (and print the install dir) when ready, 1 and what is missing
 #   scripts/openclaw.sh agent --gateway URL --session-id S --message TEXT
 #                                  [--max-tokens N] [--state DIR] [--api-key K] [--profile minimal|default]
+#                                  [--person-id P]
 #                                  one OpenClaw turn (minimal tools profile, no skills, no bootstrap
 #                                  files, our plugin on; state isolated under DIR, default
 #                                  <repo>/runs/openclaw-state; the same DIR and id continue the session)
 #                                  and print OpenClaw's --json result (python -m openclaw_jax.envs.openclaw_agent)
 #   scripts/openclaw.sh connect --gateway URL [--openclaw-config PATH] [--model-id ID] [--api-key K]
 #                                  [--context-window N] [--max-tokens N] [--profile keep|minimal]
+#                                  [--person-id P]
 #                                  point YOUR OpenClaw at the gateway: our provider and plugin merged into
 #                                  your openclaw.json by `openclaw config patch` (everything else kept,
-#                                  a backup first, validated; running it again changes nothing)
+#                                  a backup first, validated; running it again changes nothing); with
+#                                  --person-id, whose turns these are when several people share the
+#                                  gateway (docs/household.md)
 #   scripts/openclaw.sh disconnect [--openclaw-config PATH]
 #                                  undo connect: the original back byte for byte, or, if you changed the
 #                                  file since, only what connect added taken out (it says which)

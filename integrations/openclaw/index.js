@@ -25,7 +25,7 @@ const DEFAULTS = Object.freeze({
   sideSessionPrefixes: [],
 });
 
-// The gateway's person ids (openclaw_jax/gateway/auth.py PERSON_ID).
+// The gateway's person ids (openclaw_jax/samples/person.py PERSON_ID).
 const PERSON_ID = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$/;
 
 /** Whether an http(s) URL names this machine: 127.0.0.0/8, ::1 or localhost. */

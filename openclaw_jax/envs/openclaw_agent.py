@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
+from openclaw_jax.samples.person import check_person_id
+
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,6 +95,9 @@ class OpenClawAgentConfig:
     # Sessions named with one of these (OpenClaw session key, or the `user` of a request to OpenClaw's
     # OpenAI endpoint) are side runs for the plugin: held-out evaluation that must never train.
     side_session_prefixes: tuple[str, ...] = ()
+    # Whose turns these are (the plugin's personId, sent as X-Person-Id): "" names nobody (the gateway's
+    # default person, or the person of a key of its keys file).
+    person_id: str = ""
 
     def __post_init__(self) -> None:
         if not re.match(r"^https?://[^/\s]+", self.gateway_url):
@@ -114,6 +119,8 @@ class OpenClawAgentConfig:
                              "non-empty string when the gateway has none")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s={self.timeout_s!r} must be > 0")
+        if self.person_id:
+            check_person_id(self.person_id, "person_id")
 
 
 def provider_block(gateway_url: str, model_id: str, api_key: str, context_window: int, max_tokens: int) -> dict:
@@ -124,12 +131,15 @@ def provider_block(gateway_url: str, model_id: str, api_key: str, context_window
     return {"baseUrl": f"{gateway_url}/v1", "apiKey": api_key, "api": "openai-completions", "models": [model]}
 
 
-def plugin_entry(gateway_url: str, api_key: str, **config: Any) -> dict:
+def plugin_entry(gateway_url: str, api_key: str, person_id: str = "", **config: Any) -> dict:
     """`plugins.entries.openclaw-jax`: enabled, its hooks allowed to see runs (without that every request goes
-    out as side and nothing trains), session-done notices to `gateway_url` ("": none)."""
+    out as side and nothing trains), session-done notices to `gateway_url` ("": none), the person whose
+    turns these are (`personId`, when given)."""
     plugin_cfg: dict[str, Any] = {"gatewayUrl": gateway_url, **config}
     if api_key != "none":
         plugin_cfg["apiKey"] = api_key
+    if person_id:
+        plugin_cfg["personId"] = person_id
     return {"enabled": True, "hooks": {"allowConversationAccess": True}, "config": plugin_cfg}
 
 
@@ -147,7 +157,7 @@ def openclaw_config(cfg: OpenClawAgentConfig, plugin_dir: Path = PLUGIN_DIR,
         defaults.update(skills=[], skipBootstrap=True)
         out["tools"] = {"profile": "minimal"}
     extra = {"sideSessionPrefixes": list(cfg.side_session_prefixes)} if cfg.side_session_prefixes else {}
-    entry = plugin_entry(cfg.gateway_url if cfg.notify_session_done else "", cfg.api_key, **extra)
+    entry = plugin_entry(cfg.gateway_url if cfg.notify_session_done else "", cfg.api_key, cfg.person_id, **extra)
     out["plugins"] = {"allow": [PLUGIN_ID], "load": {"paths": [str(plugin_dir)]}, "entries": {PLUGIN_ID: entry}}
     if daemon_port is not None:
         out["gateway"] = {"mode": "local", "port": int(daemon_port), "bind": "loopback", "auth": {"mode": "none"},
@@ -207,12 +217,12 @@ class OpenClawAgent:
                  context_window: int = 8192, max_tokens: int = 256, api_key: str = "none",
                  profile: Profile = "minimal", *, timeout_s: float = 600.0,
                  notify_session_done: bool = True, install: Path | None = None,
-                 side_session_prefixes: Sequence[str] = ()):
+                 side_session_prefixes: Sequence[str] = (), person_id: str = ""):
         self.cfg = OpenClawAgentConfig(gateway_url=gateway_url, state_dir=Path(state_dir), model_id=model_id,
                                        context_window=context_window, max_tokens=max_tokens,
                                        api_key=api_key, profile=profile, timeout_s=timeout_s,
                                        notify_session_done=notify_session_done,
-                                       side_session_prefixes=tuple(side_session_prefixes))
+                                       side_session_prefixes=tuple(side_session_prefixes), person_id=person_id)
         self.install = Path(install) if install else install_dir()
         missing = missing_install(self.install)
         if missing:
@@ -463,6 +473,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the gateway's bearer key (default $OPENCLAW_JAX_API_KEY or 'none')")
     p.add_argument("--profile", choices=["minimal", "default"], default="minimal",
                    help="minimal: tools.profile minimal, no skills, no bootstrap files (default)")
+    p.add_argument("--person-id", default="",
+                   help="whose turns these are (sent as X-Person-Id; default: nobody named, the gateway's default "
+                        "person or the person of the key)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole turn (default 600)")
     return p
 
@@ -474,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         agent = OpenClawAgent(args.gateway, state, model_id=args.model_id, context_window=args.context_window,
                               max_tokens=args.max_tokens, api_key=args.api_key, profile=args.profile,
-                              timeout_s=args.timeout)
+                              timeout_s=args.timeout, person_id=args.person_id)
         turn = agent.run_turn(args.session_id, args.message)
     except (OpenClawError, ValueError) as err:
         logger.error("%s", err)

@@ -1,6 +1,7 @@
 """Connect a person's existing OpenClaw to the gateway, and disconnect it again.
 
-`scripts/openclaw.sh connect --gateway URL [--openclaw-config PATH] [--model-id ID] [--api-key K] ...`
+`scripts/openclaw.sh connect --gateway URL [--openclaw-config PATH] [--model-id ID] [--api-key K]
+[--person-id P] ...`
 (`python -m openclaw_jax.envs.openclaw_connect connect ...`) adds to the person's `openclaw.json`:
 
 * the provider `models.providers.openclaw-jax` (`baseUrl` = the gateway's `/v1`, the model `--model-id`
@@ -8,7 +9,8 @@
   (`agents.defaults.model.primary`; the person's fallbacks stay);
 * our plugin (`integrations/openclaw/`): its directory appended to `plugins.load.paths`, its entry
   `plugins.entries.openclaw-jax` (enabled, conversation access for its hooks, the gateway URL and key for
-  session-done notices), and its id appended to `plugins.allow` and the model to
+  session-done notices, and with `--person-id` the person whose turns these are: the plugin sends it as
+  `X-Person-Id` on every request, docs/household.md), and its id appended to `plugins.allow` and the model to
   `agents.defaults.modelPolicy.allow` when the person keeps such allowlists (never created: an allowlist
   that was not there would shut out the person's other plugins or models);
 * with `--profile minimal` (small models: the default profile's system prompt is ~10.5 k SmolLM2 tokens),
@@ -48,6 +50,7 @@ from typing import Any, Literal, Sequence
 
 from openclaw_jax.envs.openclaw_agent import (PLUGIN_DIR, PLUGIN_ID, PROVIDER_ID, OpenClawError, install_dir,
                                               missing_install, node_bin, openclaw_bin, plugin_entry, provider_block)
+from openclaw_jax.samples.person import check_person_id
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ class ConnectSpec:
     max_tokens: int = 256
     profile: Profile = "keep"
     plugin_dir: Path = PLUGIN_DIR
+    person_id: str = ""                   # the plugin's personId: whose turns these are ("" names nobody)
 
     def __post_init__(self) -> None:
         if not self.gateway_url.startswith(("http://", "https://")) or len(self.gateway_url) < 10:
@@ -86,6 +90,8 @@ class ConnectSpec:
             raise ValueError(f"--max-tokens {self.max_tokens} must be in (0, --context-window {self.context_window})")
         if self.profile not in ("keep", "minimal"):
             raise ValueError(f"--profile {self.profile!r}: use keep or minimal")
+        if self.person_id:
+            check_person_id(self.person_id, "--person-id")
 
     @property
     def model_ref(self) -> str:
@@ -138,7 +144,7 @@ def our_settings(spec: ConnectSpec, current: dict) -> list[Setting]:
     else:  # a plain "provider/model" string
         out.append(Setting(("agents", "defaults", "model"), {"primary": spec.model_ref}))
     out.append(Setting(("plugins", "load", "paths"), str(spec.plugin_dir), "append"))
-    out.append(Setting(("plugins", "entries", PLUGIN_ID), plugin_entry(spec.gateway_url, spec.api_key)))
+    out.append(Setting(("plugins", "entries", PLUGIN_ID), plugin_entry(spec.gateway_url, spec.api_key, spec.person_id)))
     if isinstance(get_path(current, ("plugins", "allow")), list):
         out.append(Setting(("plugins", "allow"), PLUGIN_ID, "append"))
     if isinstance(get_path(current, ("agents", "defaults", "modelPolicy", "allow")), list):
@@ -445,6 +451,11 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--profile", choices=["keep", "minimal"], default="keep",
                            help="minimal: OpenClaw's minimal tools profile, no skills, no bootstrap files (for "
                                 "small models); keep (default): your tools as they are")
+            s.add_argument("--person-id", default="",
+                           help="who uses this OpenClaw, when several people share the gateway (e.g. alice): "
+                                "1 to 64 letters, digits and . _ @ + -; sent as X-Person-Id on every request, so "
+                                "the gateway keeps and scores each person's turns apart (docs/household.md). "
+                                "Default: nobody named (the gateway's default person, or the person of your key)")
     return p
 
 
@@ -455,7 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli = OpenClawCLI(args.openclaw_config)
         if args.command == "connect":
             spec = ConnectSpec(gateway_url=args.gateway, model_id=args.model_id, api_key=args.api_key,
-                               context_window=args.context_window, max_tokens=args.max_tokens, profile=args.profile)
+                               context_window=args.context_window, max_tokens=args.max_tokens, profile=args.profile,
+                               person_id=args.person_id)
             report = connect(spec, cli)
         else:
             report = disconnect(cli)

@@ -38,13 +38,12 @@ from aiohttp import web
 from openclaw_jax.configlib import ConfigError, load_yaml
 from openclaw_jax.gateway.protocol import GatewayHTTPError
 from openclaw_jax.http.http_guard import bearer_token
+from openclaw_jax.samples.person import DEFAULT_PERSON, check_person_id
 
 logger = logging.getLogger(__name__)
 
 PERSON_HEADER = "X-Person-Id"
-DEFAULT_PERSON = "default"
 ADMIN_PERSON = "admin"
-PERSON_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 HASHED_PREFIX = "sha256:"
 MIN_KEY_CHARS = 16
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -67,14 +66,6 @@ class Caller:
 def key_digest(key: bytes | str) -> str:
     """The hex SHA-256 of a key (what a keys file may hold instead of the key: ``sha256:<digest>``)."""
     return hashlib.sha256(key.encode("utf-8") if isinstance(key, str) else key).hexdigest()
-
-
-def check_person_id(person: Any, where: str) -> str:
-    """A person id: 1 to 64 letters, digits and ``. _ @ + -``, starting with a letter or digit."""
-    if not isinstance(person, str) or not PERSON_ID.fullmatch(person):
-        raise ValueError(f"{where}={str(person)[:80]!r} is not a person id: 1 to 64 letters, digits and . _ @ + -, "
-                         "starting with a letter or digit")
-    return person
 
 
 def load_keys_file(path: str) -> dict[str, str]:

@@ -131,8 +131,8 @@ class JudgePipeline:
     def _sample_written(self, offset: int, sample: Sample) -> None:
         """Called by the store writer once ``sample`` is durable at ``offset``."""
         self.stats.samples += 1
-        logger.info("sample %d: session %s turn %d kind %s reward %s, %d hint(s)", offset, sample.session_id,
-                    sample.turn_index, sample.kind, sample.reward, len(sample.hints))
+        logger.info("sample %d: person %s session %s turn %d kind %s reward %s, %d hint(s)", offset, sample.person,
+                    sample.session_id, sample.turn_index, sample.kind, sample.reward, len(sample.hints))
 
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Wait until every queued judgement is done and its sample written (tests, benchmarks, shutdown)."""

@@ -147,7 +147,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
                                        max_next_state_chars=cfg.judge_max_next_state_chars,
                                        on_drop=self._release_images)
         self.spool: ImageSpool | None = None
-        self.activity = SessionActivity()   # requests per session, for the status page
+        self.activity = SessionActivity()   # requests per person and session, for the status page
         self.stats = GatewayStats()
         self.started_at = O.now_s()
         self._queue: asyncio.Queue[ScoringJob] | None = None
@@ -342,7 +342,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
         session = parse_session_info(request.headers, body)
-        self.activity.note(session.session_id, session.turn_type, session.done)
+        self.activity.note(caller.person, session.session_id, session.turn_type, session.done)
         messages = body.get("messages")
         if isinstance(messages, list) and len(messages) > self.cfg.max_prompt_tokens:  # before validating each
             raise bad_request(f"the conversation is too long: {self.budget.conversation_too_long(messages, 0)} "

@@ -44,6 +44,7 @@ class SessionRoutes:
 
     cfg: Any
     sessions: Any
+    activity: Any   # the status page's SessionActivity
     guard: Any
     _check_auth: Any  # the Gateway's key check: the request's caller
     _submit: Any  # the Gateway's hand-off of a scoring job to the judge
@@ -69,6 +70,7 @@ class SessionRoutes:
             dropped = self.sessions.end_session(sid, person=person)
         if job is not None:
             self._submit(job)
+        self.activity.ended(person, sid)
         logger.info("session %s of %s done (%s): %s, %s, %d unscored turn(s) dropped", sid, person,
                     reason or "no reason given", "ended" if ended else "not active",
                     "last turn scored" if job else "no turn scored", dropped)

@@ -60,9 +60,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from openclaw_jax.counters import counters
-from openclaw_jax.gateway.auth import DEFAULT_PERSON
 from openclaw_jax.gateway.judge import NextState
 from openclaw_jax.gateway.openclaw_text import person_words
+from openclaw_jax.samples.person import DEFAULT_PERSON
 
 DEFAULT_MAX_NEXT_STATE_CHARS = 32768
 _UNSET: Any = object()

@@ -43,6 +43,10 @@ def _num(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def _rate(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate * 100:.0f}%"
+
+
 def _page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
             f"<meta name=\"viewport\" content=\"width=device-width\"><style>{_STYLE}</style></head>"
@@ -81,7 +85,7 @@ def satisfaction_svg(rows: Sequence[dict[str, Any]], served: str | None, width: 
         x = left + i * slot + (slot - bar_w) / 2
         h = plot_h * (rate or 0.0)
         fill = "#2a7" if str(row["version"]) == str(served) else "#69c"
-        label = "n/a" if rate is None else f"{rate * 100:.0f}%"
+        label = _rate(rate)
         parts.append(
             f"<g class=\"bar\" data-version=\"{_e(row['version'])}\" data-rate=\"{'' if rate is None else repr(rate)}\" "
             f"data-satisfied=\"{row['satisfied']}\" data-corrected=\"{row['corrected']}\">"
@@ -138,24 +142,44 @@ def _versions(events: Sequence[dict[str, Any]]) -> str:
                                "why"], rows, "No weight version recorded yet.")
 
 
+def _people(people: Sequence[dict[str, Any]]) -> str:
+    rows = []
+    for p in people:
+        versions = ", ".join(f"v{v['version']}: {_rate(v['rate'])} ({v['satisfied']}/{v['satisfied'] + v['corrected']})"
+                             for v in p["satisfaction"])
+        rows.append(
+            f"<tr class=\"person\" data-person=\"{_e(p['person'])}\" "
+            f"data-rate=\"{'' if p['rate'] is None else repr(p['rate'])}\">"
+            + _cell("person", p["person"]) + _cell("sessions", p["sessions"]) + _cell("open", p["open_sessions"])
+            + _cell("main", p["main_requests"]) + _cell("side", p["side_requests"])
+            + _cell("scored", p["scored_turns"]) + _cell("satisfied", p["satisfied"])
+            + _cell("corrected", p["corrected"]) + _cell("hint_only", p["hint_only"])
+            + _cell("rate", _rate(p["rate"])) + _cell("by_version", versions)
+            + _cell("last_seen", _time(p["last_request"])) + "</tr>")
+    return _table("people", ["person", "sessions", "open", "main requests", "side requests", "scored turns",
+                             "satisfied", "corrected", "hint only", "satisfaction", "per version", "last request"],
+                  rows, "Nobody yet.")
+
+
 def _turns(turns: Sequence[dict[str, Any]]) -> str:
     rows = []
     for t in turns:
         rows.append(
             f"<tr class=\"turn\" data-offset=\"{t['offset']}\">" + _cell("time", _time(t.get("time")))
-            + _cell("session", t["session_id"]) + _cell("turn", t["turn_index"])
+            + _cell("person", t["person"]) + _cell("session", t["session_id"]) + _cell("turn", t["turn_index"])
             + _cell("version", t["weight_version"]) + _cell("reward", _num(t["reward"]))
             + _cell("eval", t["eval_score"]) + _cell("reaction", t["reaction"]) + _cell("hint", t["hint"])
             + _cell("held_out", "yes" if t["held_out"] else "") + "</tr>")
-    return _table("scored-turns", ["time", "session", "turn", "version", "reward", "judge", "your reaction", "hint",
-                                   "held out"], rows, "No scored turn yet.")
+    return _table("scored-turns", ["time", "person", "session", "turn", "version", "reward", "judge", "your reaction",
+                                   "hint", "held out"], rows, "No scored turn yet.")
 
 
 def _sessions(sessions: Sequence[dict[str, Any]]) -> str:
-    rows = ["<tr class=\"session\">" + _cell("session", s["session_id"]) + _cell("main", s["main_turns"])
+    rows = ["<tr class=\"session\">" + _cell("person", s["person"]) + _cell("session", s["session_id"])
+            + _cell("main", s["main_turns"])
             + _cell("side", s["side_turns"]) + _cell("last_seen", _time(s["last_seen"]))
             + _cell("open", "yes" if s["open"] else "") + "</tr>" for s in sessions]
-    return _table("sessions", ["session", "main turns", "side turns", "last request", "open"], rows,
+    return _table("sessions", ["person", "session", "main turns", "side turns", "last request", "open"], rows,
                   "No session since the gateway started.")
 
 
@@ -167,6 +191,9 @@ def status_page(status: dict[str, Any]) -> str:
             + "<h2>Satisfaction per served version</h2><p class=\"muted\">Scored turns the judge read as satisfied "
               "(+1), over those it read as satisfied or corrected (-1), by the weight version that answered.</p>"
             + satisfaction_svg(status["satisfaction"], status["served_version"])
+            + "<h2>People</h2><p class=\"muted\">Each person's sessions and requests since the gateway started, "
+              "their sessions open now, and their scored turns in the store: satisfied (+1), corrected (-1), hint "
+              "only, and the satisfaction rate, overall and per weight version.</p>" + _people(status["people"])
             + "<h2>Weight versions and the gate's decisions</h2>" + _versions(status["versions"])
             + "<h2>Scored turns</h2>" + _turns(status["scored_turns"])
             + "<h2>Sessions</h2>" + _sessions(status["sessions"]))

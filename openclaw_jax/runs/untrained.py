@@ -16,6 +16,7 @@ import numpy as np
 
 from openclaw_jax.config import ExperimentConfig
 from openclaw_jax.samples import SampleTail
+from openclaw_jax.trainer.metrics import person_stats
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ class UntrainedLearner:
     `sample_offset`, `weight_version` and `serving_model()`, with no optimizer, teacher or checkpoint.
 
     A "step" takes the next `samples_per_step` samples of the store and changes nothing; its metrics are
-    the window's rewards and kinds (`rollout/reward`, `samples/*`), as a training step logs them."""
+    the window's rewards, kinds and people (`rollout/reward`, `samples/*`, `people/*`), as a training step
+    logs them."""
 
     def __init__(self, cfg: ExperimentConfig, model: Any):
         self.cfg = cfg
@@ -84,6 +86,7 @@ class UntrainedLearner:
                            "samples/waiting": float(max(available - end, 0)), "weight_version": 0.0}
                 for kind in ("opd+rl", "opd", "rl"):
                     metrics[f"samples/{kind.replace('+', '_')}"] = float(sum(s.kind == kind for s in samples))
+                metrics.update(person_stats(samples))
                 if writer is not None:
                     writer.scalars(self.step, metrics)
                     writer.flush()

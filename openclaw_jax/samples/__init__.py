@@ -1,6 +1,7 @@
 """Training samples and where they live: the one meeting point of the serving side and the trainer.
 
-Modules: ``sample`` (:class:`Sample`, one scored turn, and its JSON encoding), ``store`` (the
+Modules: ``sample`` (:class:`Sample`, one scored turn, and its JSON encoding), ``person`` (person
+ids: whose turn a sample is, ``DEFAULT_PERSON`` when nobody was named), ``store`` (the
 durable append-only :class:`SampleStore`: the gateway and the agentic runner write it), ``tail``
 (:class:`SampleTail`, the trainer's incremental reader), ``source`` (a grain data source over a
 fixed range, for notebooks and offline pipelines). Imports nothing else of ours.

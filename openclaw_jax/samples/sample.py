@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from openclaw_jax.samples.person import DEFAULT_PERSON, check_person_id
+
 SAMPLE_FORMAT_VERSION = 1
 SAMPLE_KINDS = ("opd+rl", "opd", "rl")
 
@@ -73,9 +75,10 @@ class Sample:
     # store (`SampleStore.append(sample, images=...)`, `samples.store.read_image`). Hint prompts show
     # the same images.
     image_sha256: list[str] = field(default_factory=list)
-    # Who the turn came from: the person of the client's key (or, with one shared key, the person id the
-    # client named), beside `session_id`. "" in records written before persons were recorded.
-    person: str = ""
+    # Who the turn came from (samples/person.py): the person of the client's key (or, with one shared key,
+    # the person id the client named), beside `session_id`; DEFAULT_PERSON when nobody was named, and in
+    # records written before samples had a person. Session ids are unique per person only.
+    person: str = DEFAULT_PERSON
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLE_KINDS:
@@ -86,6 +89,10 @@ class Sample:
                 "log-probs; they must be one per response token")
         if not self.response_ids:
             raise SampleError("sample has no response tokens; an empty response cannot be trained on")
+        try:
+            check_person_id(self.person, "sample person")
+        except ValueError as err:
+            raise SampleError(str(err)) from None
         for name in ("response_mask", "token_advantages"):
             value = getattr(self, name)
             if value is not None and len(value) != len(self.response_ids):
@@ -120,6 +127,8 @@ class Sample:
         data = {**data}
         if "loss_mask" in data:   # records written before the field was named response_mask
             data.setdefault("response_mask", data.pop("loss_mask"))
+        if not data.get("person"):   # written before samples had a person (absent, or "")
+            data["person"] = DEFAULT_PERSON
         return cls(**{k: v for k, v in data.items() if k in names})
 
 

@@ -25,7 +25,7 @@ from openclaw_jax.samples import SampleSpec, SampleTail
 from openclaw_jax.trainer.batch import PackedBatch
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.input_pipeline import WindowPipeline
-from openclaw_jax.trainer.metrics import MetricsWriter
+from openclaw_jax.trainer.metrics import MetricsWriter, person_stats
 from openclaw_jax.trainer.state import TrainState, init_state, optimizer
 from openclaw_jax.trainer.train_step import make_train_step, student_images
 
@@ -144,6 +144,7 @@ class Trainer:
         out["samples/per_step"] = float(n_real)
         out["staleness/mean"] = float(packed.staleness.mean()) if n_real else 0.0
         out["staleness/max"] = float(packed.staleness.max()) if n_real else 0.0
+        out.update(person_stats(packed.samples))
         return out
 
     def _batch_stats(self, packed: PackedBatch) -> dict[str, float]:

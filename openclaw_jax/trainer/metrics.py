@@ -1,4 +1,4 @@
-"""Token-weighted metrics and the TensorBoard writer.
+"""Token-weighted metrics, per-person sample metrics and the TensorBoard writer.
 
 Metrics are carried as (sum, count) pairs so that means are exact across micro-batches,
 devices and hosts (MaxText style): combine by adding sums and counts, divide once at the end.
@@ -7,11 +7,14 @@ devices and hosts (MaxText style): combine by adding sums and counts, divide onc
 from __future__ import annotations
 
 import logging
+import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from openclaw_jax.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,28 @@ class MetricAccumulator:
     def reset(self) -> None:
         self._sums.clear()
         self._counts.clear()
+
+
+def person_tag(person: str) -> str:
+    """A person id as one TensorBoard tag part: letters, digits, ``.``, ``_`` and ``-`` as they are, any
+    other character (``@``, ``+``: tags cannot hold them) as ``_`` and its two hex digits."""
+    return re.sub(r"[^A-Za-z0-9._-]", lambda m: f"_{ord(m.group()):02x}", person)
+
+
+def person_stats(samples: Sequence[Sample]) -> dict[str, float]:
+    """A step's samples per person (samples/person.py): ``people/<person>/samples``, ``/reward`` (their
+    mean reward), ``/satisfied`` and ``/corrected`` (turns the judge scored +1 and -1)."""
+    by_person: dict[str, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_person[sample.person].append(sample)
+    out: dict[str, float] = {}
+    for person, own in by_person.items():
+        tag = f"people/{person_tag(person)}"
+        out[f"{tag}/samples"] = float(len(own))
+        out[f"{tag}/reward"] = float(np.mean([s.reward for s in own]))
+        out[f"{tag}/satisfied"] = float(sum(s.eval_score > 0 for s in own))
+        out[f"{tag}/corrected"] = float(sum(s.eval_score < 0 for s in own))
+    return out
 
 
 class MetricsWriter:

@@ -53,6 +53,12 @@ def test_side_session_prefixes_reach_the_plugin_config():
     assert "sideSessionPrefixes" not in oa.openclaw_config(config())["plugins"]["entries"]["openclaw-jax"]["config"]
 
 
+def test_a_person_id_reaches_the_plugin_config():
+    out = oa.openclaw_config(config(person_id="bob@home"))
+    assert out["plugins"]["entries"]["openclaw-jax"]["config"]["personId"] == "bob@home"
+    assert "personId" not in oa.openclaw_config(config())["plugins"]["entries"]["openclaw-jax"]["config"]
+
+
 def test_gateway_url_may_end_in_v1():
     assert config(gateway_url="http://h:1/v1/").gateway_url == "http://h:1"
 
@@ -65,6 +71,7 @@ def test_gateway_url_may_end_in_v1():
     ({"profile": "coding"}, "profile='coding'"),
     ({"model_id": "a/b"}, "model_id='a/b'"),
     ({"timeout_s": 0}, "timeout_s=0"),
+    ({"person_id": "two words"}, "person_id='two words' is not a person id: 1 to 64 letters"),
 ])
 def test_bad_configs_say_what_and_which_value(kw, words):
     with pytest.raises(ValueError) as err:

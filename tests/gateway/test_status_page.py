@@ -7,8 +7,11 @@ again: score 0, no drift) and refuses version 2 (weights far from the served one
 each after a real check on the held-out turns. The page must then show, read from the DOM of the
 page Chromium rendered: the numbers of ``GET /v1/status`` (served version, counts, the satisfaction
 bars, the scored turns, the versions log, the sessions), which must equal what the sample store and
-the event log hold; the person's words as text (escaped, never markup); no script at all. Signing in
-takes the gateway's key once; the cookie it sets is HttpOnly and is not the key.
+the event log hold; the person's words as text (escaped, never markup); no script at all. Two people
+(alice and bob, one shared key, each naming themselves in ``X-Person-Id`` as the OpenClaw plugin does)
+hold the conversations: the page's people table shows each one's sessions, requests, scored turns,
+satisfied, corrected and satisfaction rate, as the store holds them. Signing in takes the gateway's key
+once; the cookie it sets is HttpOnly and is not the key.
 """
 
 from __future__ import annotations
@@ -40,8 +43,12 @@ CONVERSATIONS = [   # (question, the person's reaction to the answer)
 ]
 
 
-def _converse(http: httpx.Client, session: str, question: str, reaction: str) -> None:
-    headers = {"Authorization": f"Bearer {API_KEY}", "X-Session-Id": session, "X-Turn-Type": "main"}
+PEOPLE = ("alice", "bob")   # conversation i is PEOPLE[i % 2]'s
+
+
+def _converse(http: httpx.Client, session: str, question: str, reaction: str, person: str) -> None:
+    headers = {"Authorization": f"Bearer {API_KEY}", "X-Session-Id": session, "X-Turn-Type": "main",
+               "X-Person-Id": person}
     first = http.post("/v1/chat/completions", headers=headers, json={
         "model": "tiny", "messages": [{"role": "user", "content": question}], "max_tokens": 8})
     assert first.status_code == 200, first.text
@@ -49,7 +56,8 @@ def _converse(http: httpx.Client, session: str, question: str, reaction: str) ->
     side = http.post("/v1/chat/completions", headers={**headers, "X-Turn-Type": "side"}, json={
         "model": "tiny", "messages": [{"role": "user", "content": "heartbeat"}], "max_tokens": 2})
     assert side.status_code == 200, side.text
-    closing = http.post(f"/v1/sessions/{session}/done", headers={"Authorization": f"Bearer {API_KEY}"}, json={
+    closing = http.post(f"/v1/sessions/{session}/done", headers={"Authorization": f"Bearer {API_KEY}",
+                                                                 "X-Person-Id": person}, json={
         "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer},
                      {"role": "user", "content": reaction}]})
     assert closing.status_code == 200 and closing.json()["scored_turn"], closing.text
@@ -62,11 +70,11 @@ def live(tiny_qwen3_dir, tmp_path_factory):
                                    max_kl=0.5))   # the drift bound alone decides here
     http = httpx.Client(base_url=stack.url, timeout=120)
     for i, (question, reaction) in enumerate(CONVERSATIONS):
-        _converse(http, f"person-{i}", question, reaction)
+        _converse(http, f"person-{i}", question, reaction, PEOPLE[i % 2])
     stack.lt.run(stack.gateway.drain(60))
     stack.lt.run(stack.gate(stack.graphdef, stack.state0, "1"))                       # the same weights: promoted
     for i, (question, reaction) in enumerate(CONVERSATIONS[:3]):
-        _converse(http, f"person-v1-{i}", question, reaction)
+        _converse(http, f"person-v1-{i}", question, reaction, PEOPLE[i % 2])
     stack.lt.run(stack.gateway.drain(60))
     stack.lt.run(stack.gate(stack.graphdef, perturbed(stack.state0, 2, scale=1.0), "2"))   # far away: refused
     stack.http_client = http
@@ -153,6 +161,7 @@ def test_the_page_shows_the_runs_numbers(live, browser):
         assert cell("reaction") == sample.next_state["content"]
         assert cell("held_out") == ("yes" if is_held_out(sample.sample_id, 2) else "")
         assert cell("hint") == (sample.hints[0] if sample.hints else "")
+        assert cell("person") == sample.person and sample.person in PEOPLE
     assert any(r.find_element(By.CSS_SELECTOR, "td[data-field='reaction']").text == INJECTED for r in rows)
 
     # the versions log, newest first, with the refusal's reason and numbers
@@ -164,12 +173,42 @@ def test_the_page_shows_the_runs_numbers(live, browser):
     assert float(logged[0].find_element(By.CSS_SELECTOR, "td[data-field='drift']").text) == \
         pytest.approx(events[2]["check"]["drift"], rel=1e-3)
 
-    # sessions: main and side requests per session
+    # sessions: main and side requests per session, with its person
     sessions = {r.find_element(By.CSS_SELECTOR, "td[data-field='session']").text:
-                (r.find_element(By.CSS_SELECTOR, "td[data-field='main']").text,
+                (r.find_element(By.CSS_SELECTOR, "td[data-field='person']").text,
+                 r.find_element(By.CSS_SELECTOR, "td[data-field='main']").text,
                  r.find_element(By.CSS_SELECTOR, "td[data-field='side']").text)
                 for r in browser.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")}
-    assert sessions["person-0"] == ("1", "1") and len(sessions) == len(CONVERSATIONS) + 3
+    assert sessions["person-0"] == ("alice", "1", "1") and sessions["person-v1-1"] == ("bob", "1", "1")
+    assert len(sessions) == len(CONVERSATIONS) + 3
+
+    # people: each one's sessions and requests (one main and one side request per conversation) and, from
+    # the store, their scored turns, satisfied (+1), corrected (-1) and rate, overall and per version
+    _check_people(browser, status, samples)
+
+
+def _check_people(browser, status: dict, samples: list) -> None:
+    rows = browser.find_elements(By.CSS_SELECTOR, "#people tbody tr")
+    assert [r.get_attribute("data-person") for r in rows] == [p["person"] for p in status["people"]] == list(PEOPLE)
+    conversations = {p: sum(1 for i in [*range(len(CONVERSATIONS)), *range(3)] if PEOPLE[i % 2] == p) for p in PEOPLE}
+    assert conversations == {"alice": 5, "bob": 4}
+    for row in rows:
+        person = row.get_attribute("data-person")
+        cell = lambda name: row.find_element(By.CSS_SELECTOR, f"td[data-field='{name}']").text   # noqa: E731
+        own = [s for s in samples if s.person == person]
+        satisfied, corrected = sum(s.eval_score > 0 for s in own), sum(s.eval_score < 0 for s in own)
+        assert satisfied and corrected, (person, satisfied, corrected)   # both people have both kinds of turn
+        assert (cell("person"), cell("sessions"), cell("open"), cell("main"), cell("side")) == \
+            (person, str(conversations[person]), "0", str(conversations[person]), str(conversations[person]))
+        assert (cell("scored"), cell("satisfied"), cell("corrected")) == (str(len(own)), str(satisfied), str(corrected))
+        assert float(row.get_attribute("data-rate")) == satisfied / (satisfied + corrected)
+        assert cell("rate") == f"{100 * satisfied / (satisfied + corrected):.0f}%"
+        by_version = collections.defaultdict(lambda: [0, 0])
+        for s in own:
+            if s.eval_score:
+                by_version[s.weight_version][0 if s.eval_score > 0 else 1] += 1
+        assert cell("by_version") == ", ".join(f"v{v}: {100 * a / (a + c):.0f}% ({a}/{a + c})"
+                                               for v, (a, c) in sorted(by_version.items()))
 
 
 def test_the_page_is_closed_without_the_key(live):

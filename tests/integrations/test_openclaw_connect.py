@@ -100,6 +100,17 @@ def test_merge_patch_turns_one_config_into_another_as_openclaw_applies_it():
     assert merge_patch(connected, connected) == {}
 
 
+def test_a_person_id_goes_into_the_plugins_config_and_a_malformed_one_is_refused():
+    def entry(spec: ConnectSpec) -> dict:
+        return applied({}, our_settings(spec, {}))["plugins"]["entries"]["openclaw-jax"]["config"]
+
+    assert "personId" not in entry(SPEC)   # nobody named: the gateway's default person, or the key's
+    assert entry(ConnectSpec(gateway_url="http://127.0.0.1:8000", person_id="bob@home"))["personId"] == "bob@home"
+    for bad in ("two words", "-x", "x" * 65, "a/b"):
+        with pytest.raises(ValueError, match="--person-id=.* is not a person id: 1 to 64 letters"):
+            ConnectSpec(gateway_url="http://127.0.0.1:8000", person_id=bad)
+
+
 def test_undo_takes_out_ours_and_keeps_what_the_person_changed():
     entries = {".".join(s.path): record_entry(ORIGINAL, s) for s in our_settings(SPEC, ORIGINAL)}
     connected = applied(ORIGINAL, our_settings(SPEC, ORIGINAL))
@@ -195,7 +206,7 @@ def test_connect_merges_into_the_persons_config_a_real_turn_works_and_disconnect
     original_bytes = config.read_bytes()
 
     out = _sh("connect", "--gateway", url, "--model-id", "model", "--max-tokens", "8", "--profile", "minimal",
-              "--openclaw-config", str(config), env=env)
+              "--person-id", "alice", "--openclaw-config", str(config), env=env)
     assert "connected" in out.stderr
     connected = _read(config)
     assert backup_path(config).read_bytes() == original_bytes and record_path(config).exists()
@@ -210,6 +221,7 @@ def test_connect_merges_into_the_persons_config_a_real_turn_works_and_disconnect
     assert connected["plugins"]["load"]["paths"] == [str(plugin), str(PLUGIN_DIR)]
     assert connected["plugins"]["entries"]["person-notes"] == original["plugins"]["entries"]["person-notes"]
     assert connected["plugins"]["entries"]["openclaw-jax"]["hooks"] == {"allowConversationAccess": True}
+    assert connected["plugins"]["entries"]["openclaw-jax"]["config"]["personId"] == "alice"
     assert connected["tools"] == {"profile": "minimal"}
     # OpenClaw accepts it and loads both plugins
     assert json.loads(_openclaw(env, "config", "validate", "--json"))["valid"] is True
@@ -220,17 +232,18 @@ def test_connect_merges_into_the_persons_config_a_real_turn_works_and_disconnect
     # running it again changes nothing: not a byte, not even the file's time
     before = (config.read_bytes(), config.stat().st_mtime_ns)
     again = _sh("connect", "--gateway", url, "--model-id", "model", "--max-tokens", "8", "--profile", "minimal",
-                "--openclaw-config", str(config), env=env)
+                "--person-id", "alice", "--openclaw-config", str(config), env=env)
     assert "unchanged" in again.stderr and (config.read_bytes(), config.stat().st_mtime_ns) == before
 
-    # a real OpenClaw turn with the connected config reaches our gateway, tagged by our plugin
+    # a real OpenClaw turn with the connected config reaches our gateway, tagged by our plugin with the
+    # session id and the person
     t = time.monotonic()
     turn = _openclaw(env, "agent", "--local", "--session-id", "connected-1", "-m", "What is 2 + 3?", "--json",
                      "--timeout", "500")
     result = parse_result(turn)
     assert result["meta"].get("stopReason") not in (None, "error"), turn[-2000:]
     stats = httpx.get(url + "/healthz", timeout=10).json()["stats"]
-    assert stats["main_turns"] >= 1 and "connected-1" in gateway.sessions, (stats, time.monotonic() - t)
+    assert stats["main_turns"] >= 1 and ("alice", "connected-1") in gateway.sessions, (stats, time.monotonic() - t)
 
     # nothing changed since connect: disconnect puts the person's file back byte for byte
     out = _sh("disconnect", "--openclaw-config", str(config), env=env)

@@ -5,11 +5,12 @@ answer OpenClaw shows is what the model generated.
 One OpenClaw scenario is played once per module (`played`: each OpenClaw CLI process costs seconds of
 Node CPU) and the tests check what the gateway stored:
 
-* `oc-local`: one `openclaw agent --local` turn (the per-process mode);
-* then OpenClaw's own gateway daemon for the same state dir, and through it two interleaved sessions
-  `oc-a` / `oc-b` (A1, B1, A2, B2): A2 corrects A1 with an instruction, B2 thanks B1;
+* `oc-local`: one `openclaw agent --local` turn (the per-process mode; the plugin names no person);
+* then OpenClaw's own gateway daemon for another state dir, whose plugin has `personId: alice`, and
+  through it two interleaved sessions `oc-a` / `oc-b` (A1, B1, A2, B2): A2 corrects A1 with an
+  instruction, B2 thanks B1;
 * a heartbeat run (`openclaw system event --mode now`: OpenClaw's housekeeping path);
-* `/new` in `oc-b` (OpenClaw ends the session; the plugin tells the gateway).
+* `/new` in `oc-b` (OpenClaw ends the session; the plugin tells the gateway, as alice).
 
 Needs `bash scripts/openclaw.sh setup` (.openclaw/): under CI (env CI set) the tests FAIL without it,
 elsewhere they are skipped with that command.
@@ -44,6 +45,7 @@ SETUP_HINT = "bash scripts/openclaw.sh setup"
 MAX_TOKENS = 8  # OpenClaw's maxTokens: a tiny model's reply needs no more
 A1, A2 = "What is 2 + 3?", "No, that's wrong. You should show the steps."
 B1, B2 = "Name a prime number.", "Thanks, that's perfect!"
+PERSON = "alice"   # the daemon agent's plugin personId
 
 
 def require_openclaw() -> None:
@@ -126,7 +128,8 @@ def played(stack, tmp_path_factory):
     # Two people's OpenClaw agents: one --local process per turn, one behind OpenClaw's own daemon
     # (whose start overlaps the --local turn).
     local = OpenClawAgent(stack.url, root / "local", max_tokens=MAX_TOKENS, context_window=8192, timeout_s=300)
-    agent = OpenClawAgent(stack.url, root / "daemon", max_tokens=MAX_TOKENS, context_window=8192, timeout_s=300)
+    agent = OpenClawAgent(stack.url, root / "daemon", max_tokens=MAX_TOKENS, context_window=8192, timeout_s=300,
+                          person_id=PERSON)
     out: dict[str, Any] = {}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         local_turn = pool.submit(local.run_turn, "oc-local", "What is 7 + 5?")
@@ -142,15 +145,19 @@ def played(stack, tmp_path_factory):
         out["heartbeat"] = agent.system_event("Reminder: check the build.")
         _wait_for(lambda: stack.stats()["side_turns"] > before["side_turns"], 180, "the heartbeat's model request")
         phase("heartbeat")
-        out["b_open_before_new"] = "oc-b" in stack.gateway.sessions
+        out["b_open_before_new"] = (PERSON, "oc-b") in stack.gateway.sessions
         out["new"] = agent.run_turn("oc-b", "/new")
-        _wait_for(lambda: "oc-b" not in stack.gateway.sessions, 30, "the plugin's session-done notice for oc-b")
+        _wait_for(lambda: (PERSON, "oc-b") not in stack.gateway.sessions, 30,
+                  "the plugin's session-done notice for oc-b")
         phase("/new")
         out["daemon_cpu_s"] = daemon.cpu_s()
     finally:
         daemon.stop()
-    for sid in ("oc-a", "oc-local"):  # what the plugin sends on a reset, for the sessions still open
-        assert httpx.post(f"{stack.url}/v1/sessions/{sid}/done", timeout=30).status_code == 200
+    # what the plugin sends on a reset, for the sessions still open (as their person)
+    for sid, person in (("oc-a", PERSON), ("oc-local", None)):
+        r = httpx.post(f"{stack.url}/v1/sessions/{sid}/done", headers={"X-Person-Id": person} if person else {},
+                       timeout=30)
+        assert r.status_code == 200 and r.json()["ended"], r.text
     stack.lt.run(stack.gateway.drain(60), timeout=90)
     out["stats"] = stack.stats()
     phase("drain")
@@ -188,6 +195,8 @@ def test_every_openclaw_turn_ends_normally_with_the_models_reply(played, stack):
 def test_interleaved_sessions_are_stored_under_their_openclaw_session_ids(played, stack):
     by = _by_session(_oc_samples(stack))
     assert sorted(by) == ["oc-a", "oc-b"]
+    # the person the plugin was configured with, on every request of the daemon's agent
+    assert {s.person for s in by["oc-a"] + by["oc-b"]} == {PERSON}
     assert [s.turn_index for s in by["oc-a"]] == [0] and [s.turn_index for s in by["oc-b"]] == [0]
     tok = stack.gateway.tokenizer
     prompt_a, prompt_b = (tok.decode(by[sid][0].prompt_ids) for sid in ("oc-a", "oc-b"))
@@ -220,7 +229,7 @@ def test_a_heartbeat_run_is_side_and_never_trained(played, stack):
 def test_new_session_command_marks_the_session_done(played, stack):
     assert played["b_open_before_new"]
     assert "New session" in played["new"].text
-    assert "oc-b" not in stack.gateway.sessions  # B2 (no next state) was dropped, not kept waiting
+    assert (PERSON, "oc-b") not in stack.gateway.sessions  # B2 (no next state) was dropped, not kept waiting
     assert stack.gateway.sessions.pending_turns() == 0 and len(stack.gateway.sessions) == 0
 
 

@@ -10,11 +10,14 @@ from openclaw_jax.runs.untrained import UntrainedLearner
 from openclaw_jax.samples import Sample, SampleStore
 
 
+PEOPLE = ["alice", "bob@home"]
+
+
 def _sample(i: int, reward: float) -> Sample:
     kind = "opd+rl" if reward < 0 else "rl"
     return Sample(session_id=f"s{i}", turn_index=0, kind=kind, reward=reward, prompt_ids=[1, 2], response_ids=[3],
                   rollout_logprobs=[-0.5], hints=["Please be brief."] if reward < 0 else [],
-                  hint_prompt_ids=[[1, 2, 4]] if reward < 0 else [], eval_score=int(reward))
+                  hint_prompt_ids=[[1, 2, 4]] if reward < 0 else [], eval_score=int(reward), person=PEOPLE[i % 2])
 
 
 def test_windows_of_the_trainer_and_nothing_else(tmp_path):
@@ -42,3 +45,10 @@ def test_windows_of_the_trainer_and_nothing_else(tmp_path):
     assert first["rollout/reward"] == -1 / 3 and second["rollout/reward"] == 1 / 3
     assert (first["samples/opd_rl"], first["samples/rl"]) == (2.0, 1.0)
     assert second["samples/waiting"] == 1.0 and first["weight_version"] == 0.0
+    # per person: alice has samples 0, 2 (rewards -1, 1) in the first window, bob samples 1 (-1); in the
+    # second, alice has 4 (1), bob 3, 5 (1, -1); bob's "@" is "_40" in a TensorBoard tag
+    assert {k: v for k, v in first.items() if k.startswith("people/")} == {
+        "people/alice/samples": 2.0, "people/alice/reward": 0.0, "people/alice/satisfied": 1.0,
+        "people/alice/corrected": 1.0, "people/bob_40home/samples": 1.0, "people/bob_40home/reward": -1.0,
+        "people/bob_40home/satisfied": 0.0, "people/bob_40home/corrected": 1.0}
+    assert (second["people/alice/reward"], second["people/bob_40home/samples"]) == (1.0, 2.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import pickle
 import signal
@@ -22,6 +24,7 @@ from openclaw_jax.samples import (
     SampleStoreDataSource,
     SampleStoreError,
     SampleStoreLockedError,
+    SampleTail,
     decode_sample,
     encode_sample,
 )
@@ -80,6 +83,40 @@ def test_records_written_with_loss_mask_read_as_response_mask():
     assert back == s and back.response_mask == [1, 0, 1, 1, 0]
     with pytest.raises(SampleError, match="response_mask"):
         decode_sample(old.replace(b'"loss_mask":[1,0,1,1,0]', b'"loss_mask":[1,0]'))
+
+def test_stores_written_before_samples_had_a_person_still_read(tmp_path):
+    """Records without the field (older stores) and with ``"person": ""`` (what the code wrote for a turn with
+    no person before ``default`` was the default) read as the default person, beside people's own records, in
+    every reader: the store, the trainer's tail and the grain source. Writing again records ``default``."""
+    records = [make_sample(i) for i in range(3)]
+    without = json.loads(encode_sample(records[0]))
+    without.pop("person")
+    empty = {**json.loads(encode_sample(records[1])), "person": ""}
+    with SampleStore(tmp_path / "store") as store:
+        store.append_payload(json.dumps(without).encode())
+        store.append_payload(json.dumps(empty).encode())
+        store.append(dataclasses.replace(records[2], person="bob@home"))
+    with SampleStore(tmp_path / "store", readonly=True) as store:
+        read = store.read(0)
+    tail = SampleTail(tmp_path / "store")
+    tail.refresh()
+    people = ["default", "default", "bob@home"]
+    assert [s.person for s in read] == [s.person for s in tail.read(0, 3)] == people
+    assert [s.person for s in SampleStoreDataSource(str(tmp_path / "store"))] == people
+    tail.close()
+    assert read[:2] == [dataclasses.replace(r, person="default") for r in records[:2]]   # nothing else changed
+    assert json.loads(encode_sample(read[0]))["person"] == "default"
+
+
+@pytest.mark.parametrize("person", ["", " alice", "two words", "-lead", "x" * 65, "a/b", "é"])
+def test_sample_rejects_a_malformed_person(person):
+    with pytest.raises(SampleError, match="person id: 1 to 64 letters"):
+        dataclasses.replace(make_sample(0), person=person)
+    record = json.loads(encode_sample(make_sample(0)))
+    if person:   # on disk, "" is a record from before people (read above); anything else malformed is refused
+        with pytest.raises(SampleError, match="person id"):
+            decode_sample(json.dumps({**record, "person": person}).encode())
+
 
 def test_sample_rejects_length_mismatch():
     with pytest.raises(SampleError, match="log-probs"):

@@ -233,7 +233,7 @@ def test_samples_record_their_person_and_old_records_still_read(tmp_path):
         store.append_payload(json.dumps(old).encode())
         store.append_payload(encode_sample(Sample(session_id="s", turn_index=1, kind="rl", reward=-1, prompt_ids=[1],
                                                   response_ids=[2], rollout_logprobs=[-0.5], person="alice")))
-        assert [s.person for s in store.read(0)] == ["", "alice"]
+        assert [s.person for s in store.read(0)] == ["default", "alice"]
 
 
 def noise_png(seed: int, width: int = 1000, height: int = 700) -> bytes:

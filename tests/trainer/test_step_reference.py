@@ -17,6 +17,8 @@ of the compared numbers.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import numpy as np
@@ -203,15 +205,24 @@ def test_rl_trains_on_rewards_alone_without_teacher_or_hint_only_samples(tiny_qw
     trainer = Trainer(cfg, student, teacher, make_mesh((1, 1, 1), devices=jax.devices()[:1]), samples=cfg.sample_spec())
 
     samples = _samples(np.random.default_rng(0), student.cfg.vocab_size)
+    # people's samples, the last one as a record written before samples had a person: the batch is the same
+    samples = [dataclasses.replace(s, person=p) for s, p in zip(samples, ["alice", "bob@home", "bob@home", "default"])]
     with SampleStore(tmp_path / "store") as store:
-        for sample in samples:
+        for sample in samples[:-1]:
             store.append(sample)
+        old = samples[-1].to_dict()
+        del old["person"]
+        store.append_payload(json.dumps(old).encode())
     batcher = SampleBatcher(str(tmp_path / "store"), trainer.train_step.spec)
     [packed] = list(batcher.batches(0, len(samples), current_version=0))
     assert batcher.dropped["hint_only"] == 1 and [s.kind for s in packed.samples] == ["opd+rl", "rl", "opd+rl"]
+    assert [s.person for s in packed.samples] == ["alice", "bob@home", "default"]
     assert packed.teacher["candidate_mask"].sum() == 0  # no hint candidate, no un-hinted anchor
     metrics = trainer.train_on(packed)
     assert metrics["time/teacher_pass"] == 0.0   # the step ran no teacher pass (a pass that runs takes time)
+    assert {k: v for k, v in metrics.items() if k.startswith("people/") and k.endswith(("/samples", "/reward"))} == {
+        "people/alice/samples": 1.0, "people/alice/reward": -1.0, "people/bob_40home/samples": 1.0,
+        "people/bob_40home/reward": 1.0, "people/default/samples": 1.0, "people/default/reward": 1.0}
 
     kept = [s for s in samples if s.kind != "opd"]
     ref_loss, ref_metrics, ref_grad_norm = _reference(tiny_qwen3_dir, tiny_qwen3_dir_b, kept, 2, {"w_opd": 0.0},
