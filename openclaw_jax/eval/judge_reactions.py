@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sys
 from collections import Counter
 from pathlib import Path

@@ -180,7 +180,8 @@ def _parser() -> argparse.ArgumentParser:
                                 ("--questions", "arithmetic", "question source"), ("--seed", "0", "the person's seed"),
                                 ("--sessions", "36", "conversations"), ("--eval-every", "12", "held-out every N"),
                                 ("--heldout", "24", "held-out questions"), ("--concurrency", "2", "at once"),
-                                ("--turns-per-session", "2", "answers per conversation")):
+                                ("--turns-per-session", "2", "answers per conversation"),
+                                ("--pause-s", "0", "seconds away between rounds of conversations")):
         p.add_argument(flag, default=default, help=f"the person's {flag} ({what}; default {default})")
     p.add_argument("overrides", nargs="*", help="the live run's config overrides, after --")
     return p
@@ -208,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         person_cmd = [sys.executable, "-m", "openclaw_jax.eval.person", "--agent-url", daemon.base_url,
                       "--out", str(out / "person"), "--max-tokens", str(args.max_tokens),
                       *(x for flag in ("persona", "questions", "seed", "sessions", "eval_every", "heldout",
-                                       "concurrency", "turns_per_session")
+                                       "concurrency", "turns_per_session", "pause_s")
                         for x in (f"--{flag.replace('_', '-')}", str(getattr(args, flag))))]
         log.info("the person talks to OpenClaw at %s only: %s", daemon.base_url, " ".join(person_cmd))
         rc = subprocess.run(person_cmd, cwd=REPO).returncode

@@ -10,7 +10,7 @@ The person, in order:
 1. asks the held-out questions, each in its own conversation named `<heldout prefix>-...` (the plugin counts
    those as side turns: never trained on), and grades the first answers by their own rule (the persona):
    **preference** (the fraction that satisfy them) and **accuracy** (the fraction whose final number is right);
-2. has `--sessions` conversations, `--concurrency` at a time: a question, the agent's answer, the person's
+2. has `--sessions` conversations, `--concurrency` at a time (away `--pause-s` seconds between rounds): a question, the agent's answer, the person's
    reaction (thanks, or a correction and a retry, up to `--turns-per-session` answers); each session is
    recorded in order with whether it satisfied them (`sessions.jsonl`);
 3. asks the held-out questions again after every `--eval-every` sessions and at the end.
@@ -66,17 +66,18 @@ class PersonConfig:
     turns_per_session: int = 2
     max_tokens: int = 64
     timeout_s: float = 900.0
+    pause_s: float = 0.0
     heldout_prefix: str = HELDOUT_PREFIX
 
     def __post_init__(self) -> None:
         checks = {"sessions": self.sessions >= 1, "eval_every": self.eval_every >= 0, "heldout": self.heldout >= 1,
                   "concurrency": self.concurrency >= 1, "eval_concurrency": self.eval_concurrency >= 1,
                   "turns_per_session": self.turns_per_session >= 1, "max_tokens": self.max_tokens >= 1,
-                  "timeout_s": self.timeout_s > 0}
+                  "timeout_s": self.timeout_s > 0, "pause_s": self.pause_s >= 0}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(", ".join(f"--{n.replace('_', '-')}={getattr(self, n)!r}" for n in bad)
-                             + ": must be positive (--eval-every may be 0: evaluate only before and after)")
+                             + ": must be positive (--eval-every and --pause-s may be 0)")
         if not self.agent_url.startswith(("http://", "https://")):
             raise ValueError(f"--agent-url={self.agent_url!r} must be OpenClaw's endpoint, e.g. "
                              "http://127.0.0.1:18789/v1")
@@ -132,6 +133,8 @@ class Person:
             await self.evaluate()
             for target in points[1:]:
                 while self.sessions.count < target:
+                    if self.sessions.count and self.cfg.pause_s:
+                        await asyncio.sleep(self.cfg.pause_s)   # the person is away between conversations
                     before = len(self.user.results)
                     await self.user.run(min(self.cfg.concurrency, target - self.sessions.count))
                     records = self.sessions.add(self.user.results[before:])
@@ -189,6 +192,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"most answers per conversation (default {d.turns_per_session}: one retry)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="asked of OpenClaw per answer")
     p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds per request to OpenClaw")
+    p.add_argument("--pause-s", type=float, default=d.pause_s,
+                   help="seconds the person is away between rounds of conversations (default 0: none)")
     p.add_argument("--heldout-prefix", default=d.heldout_prefix,
                    help="held-out conversations' name prefix: the plugin's sideSessionPrefixes must hold it")
     return p
@@ -202,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            questions=args.questions, seed=args.seed, sessions=args.sessions,
                            eval_every=args.eval_every, heldout=args.heldout, concurrency=args.concurrency,
                            eval_concurrency=args.eval_concurrency, turns_per_session=args.turns_per_session,
-                           max_tokens=args.max_tokens, timeout_s=args.timeout, heldout_prefix=args.heldout_prefix)
+                           max_tokens=args.max_tokens, timeout_s=args.timeout, pause_s=args.pause_s,
+                           heldout_prefix=args.heldout_prefix)
         person = Person(cfg)
     except ValueError as err:
         log.error("%s", err)
