@@ -64,6 +64,7 @@ from openclaw_jax.serving.versions import versions_dir_for
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
 from openclaw_jax.trainer.metrics import MetricsWriter
+from openclaw_jax.trainer.people import ADAPTERS_DIR, PerPersonTrainer
 from openclaw_jax.trainer.reset import reset_to_serving
 from openclaw_jax.pool.weight_sync import BackgroundWeightSync
 
@@ -172,7 +173,8 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
     teacher = shard_model(teacher, mesh)
     pad = base.tokenizer.pad_token_id
     # the trainer's tau and teacher batch shape come from the samples' source (the gateway's settings)
-    return Trainer(cfg, student, teacher, mesh, samples=cfg.sample_spec(), pad_id=int(pad) if pad is not None else 0)
+    trainer_class = PerPersonTrainer if cfg.trainer.personalize == "per_person" else Trainer
+    return trainer_class(cfg, student, teacher, mesh, samples=cfg.sample_spec(), pad_id=int(pad) if pad is not None else 0)
 
 
 # ----------------------------------------------------------------------------- progress
@@ -317,7 +319,7 @@ async def _connect_external_pool(r: _Run, resumed: bool, urls: list[str] | None 
     push = DiskWeightSync(client, cfg.policy.weight_sync_dir or r.run_dir / "weights",
                           model_config=base.config.replace(param_dtype=cfg.model.dtype), extra_config=base.hf_config,
                           tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
-    if resumed:  # the workers serve the base model; bring them to the resumed weights
+    if resumed and cfg.trainer.personalize == "shared":  # the workers serve the base; bring them to the resumed weights
         graphdef, state = nnx.split(r.trainer.serving_model())
         await push(graphdef, state, r.trainer.weight_version)
     return list(urls or cfg.policy.urls), push
@@ -509,6 +511,13 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
                 env_tasks.append(task)
 
         weight_sync = BackgroundWeightSync(r.gate or push) if push is not None else None
+        if cfg.trainer.personalize == "per_person":
+            weight_sync = None
+            log.warning("trainer.personalize=per_person: each person's adapter trains on their own samples, but the "
+                        "policy serves the shared base model to everyone and no trained weights are pushed (an "
+                        "adapter per request is not served yet); the adapters are checkpointed in %s and exported "
+                        "to %s/export/step_N/%s/<person>/ (docs/household.md)", run_dir / "ckpt", run_dir,
+                        ADAPTERS_DIR)
         await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer, weight_sync=weight_sync,
                           stop=stop, on_step=_step_callback(r, evaluate, agentic),
                           progress=lambda text: r.progress.update(status=text))
@@ -547,8 +556,11 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def export(trainer, base: BaseModel, run_dir: Path) -> Path:
-    """HF safetensors (+ tokenizer files) of the current student under export/step_N."""
+    """HF safetensors (+ tokenizer files) of the current student under export/step_N; per person
+    (`trainer.personalize=per_person`): each person's adapter under export/step_N/adapters/<person>/."""
     out = run_dir / "export" / f"step_{trainer.step}"
+    if isinstance(trainer, PerPersonTrainer):
+        return trainer.export_adapters(out / ADAPTERS_DIR, base_model=base.model_dir).parent
     if not out.exists():
         save_checkpoint(trainer.serving_model(trainer.cfg.trainer.export_dtype), None, out,
                         extra_config=base.hf_config)
