@@ -377,6 +377,10 @@ class ExperimentConfig:
         _require(self.trainer.personalize == "shared" or not self.agentic.enabled,
                  "trainer.personalize=per_person trains the people of the gateway's samples; agentic.enabled runs "
                  "have no people: set trainer.personalize=shared")
+        _require(self.trainer.personalize == "shared" or not self.gate.enabled,
+                 "trainer.personalize=per_person serves the shared base model and pushes no trained weights yet (an "
+                 "adapter per request is not served), so the promotion gate has no version to decide on, and would "
+                 f"hold out 1 in {self.gate.holdout_every} of each person's turns from training: set gate.enabled=false")
         if self.gate.enabled:
             _require(not self.agentic.enabled, "gate.enabled=true checks candidates on the person's held-out turns "
                                                "from the gateway; agentic.enabled runs have none: set gate.enabled=false")

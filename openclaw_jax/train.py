@@ -253,7 +253,7 @@ async def _start_embedded_pool(r: _Run):
             if hasattr(serving, "vl_cfg") else None
         engine = Engine(serving.language_model if vision is not None else serving, base.tokenizer,
                         context_length=cfg.policy.context_length or None, config=engine_config(cfg.policy),
-                        weight_version=r.trainer.weight_version, seed=cfg.seed)
+                        weight_version=_served_version(r), seed=cfg.seed)
         # A fresh key per run (or policy.api_key / $OPENCLAW_POLICY_API_KEY when given), handed to the gateway and
         # the agentic driver: the control routes (pause, abort, flush, weight updates) stay closed to anything
         # else that reaches the port, even on loopback.
@@ -277,6 +277,11 @@ async def _start_embedded_pool(r: _Run):
             await sync(graphdef, state, version)
 
     return policy_urls, push
+
+
+def _served_version(r: _Run) -> str:
+    """The weight version the pool starts serving: the trainer's, or "0" (the base) in a per-person run."""
+    return "0" if r.cfg.trainer.personalize == "per_person" else r.trainer.weight_version
 
 
 async def _start_policy_process(r: _Run, resumed: bool):
@@ -364,6 +369,12 @@ def _announce_live(r: _Run, gateway_url: str, gw_cfg) -> None:
              "page shows each person's numbers (docs/household.md)",
              "--api-key <their key of gateway.keys_file>" if gw_cfg.keys_file else "--person-id <their name>")
     gate = r.cfg.gate
+    if r.cfg.trainer.personalize == "per_person":
+        log.info("serving the shared base model (version 0) to everyone: trainer.personalize=per_person trains each "
+                 "person's adapter (%d so far, at step %d, trained on samples [0, %d)) but does not serve them yet; "
+                 "Ctrl-C saves and stops, the same command continues", len(r.trainer.adapters), r.trainer.step,
+                 r.trainer.sample_offset)
+        return
     served = r.gate.served_version if r.gate is not None else r.trainer.weight_version
     if gate.enabled:
         log.info("promotion gate on: a trained version serves only after it passes the check on your held-out turns "
@@ -449,6 +460,28 @@ def _step_callback(r: _Run, evaluate, agentic):
     return on_step
 
 
+async def _start_gate(r: _Run, push) -> None:
+    """What is served, and logged, goes through the gate, which starts first: on a restart it brings the pool back
+    to the version served before (kept weights), so the gateway's first answer comes from that one. Its judge is
+    the gateway's (nothing is judged before the gateway runs). Per person no trained version is served: nothing to
+    gate (the config keeps it off)."""
+    if r.cfg.trainer.personalize == "shared":
+        r.gate = await start_gate(r.cfg, r.trainer, r.base, push, LateJudge(lambda: r.gateway.judge),
+                                  store_dir=str(r.run_dir / "samples"))
+        r.cleanups.append(r.gate.close)
+
+
+def _weight_sync(r: _Run, push) -> BackgroundWeightSync | None:
+    """How trained weights reach the pool (through the gate when there is one); None: they do not."""
+    if r.cfg.trainer.personalize == "per_person":
+        log.warning("trainer.personalize=per_person: each person's adapter trains on their own samples, but the policy "
+                    "serves the shared base model to everyone and no trained weights are pushed (an adapter per "
+                    "request is not served yet); the adapters are checkpointed in %s and exported to "
+                    "%s/export/step_N/%s/<person>/ (docs/household.md)", r.run_dir / "ckpt", r.run_dir, ADAPTERS_DIR)
+        return None
+    return BackgroundWeightSync(r.gate or push) if push is not None else None
+
+
 async def _prepare(cfg: ExperimentConfig, run_dir: Path, t_start: float) -> tuple[_Run, Any, bool]:
     """Base model (+ SFT warm-up), trainer, checkpoint restore, writers; returns (run, checkpointer, resumed)."""
     base = await asyncio.to_thread(load_base_model, cfg)
@@ -499,27 +532,14 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             evaluate, agentic, task = await _start_agentic(r, policy_urls, stop)
             env_tasks.append(task)
         elif r.is_main:
-            # What is served, and logged, goes through the gate, which starts first: on a restart it brings the pool
-            # back to the version served before (kept weights), so the gateway's first answer comes from that one.
-            # Its judge is the gateway's (nothing is judged before the gateway runs).
-            r.gate = await start_gate(cfg, trainer, r.base, push, LateJudge(lambda: r.gateway.judge),
-                                      store_dir=str(run_dir / "samples"))
-            r.cleanups.append(r.gate.close)
+            await _start_gate(r, push)
             gateway_url = await _start_gateway(r, policy_urls)
             if cfg.env.enabled:
                 evaluate, task = await _start_users(r, gateway_url, stop)
                 env_tasks.append(task)
 
-        weight_sync = BackgroundWeightSync(r.gate or push) if push is not None else None
-        if cfg.trainer.personalize == "per_person":
-            weight_sync = None
-            log.warning("trainer.personalize=per_person: each person's adapter trains on their own samples, but the "
-                        "policy serves the shared base model to everyone and no trained weights are pushed (an "
-                        "adapter per request is not served yet); the adapters are checkpointed in %s and exported "
-                        "to %s/export/step_N/%s/<person>/ (docs/household.md)", run_dir / "ckpt", run_dir,
-                        ADAPTERS_DIR)
-        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer, weight_sync=weight_sync,
-                          stop=stop, on_step=_step_callback(r, evaluate, agentic),
+        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer,
+                          weight_sync=_weight_sync(r, push), stop=stop, on_step=_step_callback(r, evaluate, agentic),
                           progress=lambda text: r.progress.update(status=text))
         interrupted = stop.is_set()  # Ctrl-C / SIGTERM: checkpoint and export, skip the final evaluation
         summary["interrupted"] = interrupted

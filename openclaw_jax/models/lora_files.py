@@ -3,6 +3,8 @@
     <directory>/adapter_config.json          PEFT's LoRA config: r, lora_alpha, target_modules (HF names), ...
     <directory>/adapter_model.safetensors    per layer i and target: base_model.model.model.layers.{i}.
                                              {self_attn|mlp}.{q,k,v,o,gate,up,down}_proj.lora_{A,B}.weight
+    <directory>/openclaw_adapter.json        ours, apart from PEFT's file: our target names, and what the
+                                             writer adds (the person, their steps, ...)
 
 `lora_A.weight` is [rank, in_features] and `lora_B.weight` [out_features, rank] (HF Linear's order), so
 the HF weight of a projection becomes W + (lora_alpha / r) * lora_B @ lora_A: the same delta as our
@@ -10,7 +12,7 @@ the HF weight of a projection becomes W + (lora_alpha / r) * lora_B @ lora_A: th
 models/weights.py flattens the kernels). PEFT and SGLang's multi-LoRA serving read this layout.
 
     save_adapter(directory, trainable, lora, base_model=..., extra={...})   # atomic: a new directory
-    config, state = load_adapter(directory, template)                      # our layout again
+    config, state = load_adapter(directory, template)     # (PEFT's config + ours under "openclaw", our layout)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from openclaw_jax.models.weights import read_safetensors_header, write_safetenso
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_EXTRA = "openclaw_adapter.json"
 _PREFIX = "base_model.model.model.layers"
 _HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
                "down": "down_proj"}
@@ -64,12 +67,11 @@ def adapter_tensors(trainable: nnx.State) -> dict[str, np.ndarray]:
     return tensors
 
 
-def adapter_config(lora: LoRAConfig, *, base_model: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """PEFT's `adapter_config.json` for `lora` on `base_model`, with our own fields under `openclaw`."""
+def adapter_config(lora: LoRAConfig, *, base_model: str) -> dict[str, Any]:
+    """PEFT's `adapter_config.json` for `lora` on `base_model` (PEFT's keys only: readers refuse others)."""
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
             "target_modules": [_HF_TARGETS[t] for t in lora.targets], "lora_dropout": 0.0, "bias": "none",
-            "fan_in_fan_out": False, "use_rslora": False, "base_model_name_or_path": base_model,
-            "openclaw": {"targets": list(lora.targets), **dict(extra or {})}}
+            "fan_in_fan_out": False, "use_rslora": False, "base_model_name_or_path": base_model}
 
 
 def save_adapter(directory: str | os.PathLike, trainable: nnx.State, lora: LoRAConfig, *, base_model: str,
@@ -82,8 +84,10 @@ def save_adapter(directory: str | os.PathLike, trainable: nnx.State, lora: LoRAC
     tmp.mkdir()
     try:
         write_safetensors(tmp / ADAPTER_WEIGHTS, adapter_tensors(trainable))
-        (tmp / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(lora, base_model=base_model, extra=extra),
-                                                     indent=2, sort_keys=True) + "\n")
+        (tmp / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(lora, base_model=base_model), indent=2,
+                                                     sort_keys=True) + "\n")
+        (tmp / ADAPTER_EXTRA).write_text(json.dumps({"targets": list(lora.targets), **dict(extra or {})}, indent=2,
+                                                    sort_keys=True) + "\n")
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
@@ -98,10 +102,13 @@ def save_adapter(directory: str | os.PathLike, trainable: nnx.State, lora: LoRAC
 
 
 def load_adapter(directory: str | os.PathLike, template: nnx.State) -> tuple[dict[str, Any], nnx.State]:
-    """(adapter_config.json, the adapter as a state shaped like `template`, an adapter state of the same
-    model and LoRA config, as host arrays). Raises ValueError naming what does not fit."""
+    """(adapter_config.json with openclaw_adapter.json's fields under "openclaw" (when it exists), the adapter
+    as a state shaped like `template`, an adapter state of the same model and LoRA config, as host arrays).
+    Raises ValueError naming a tensor that is missing."""
     directory = Path(directory)
     config = json.loads((directory / ADAPTER_CONFIG).read_text())
+    if (directory / ADAPTER_EXTRA).exists():
+        config["openclaw"] = json.loads((directory / ADAPTER_EXTRA).read_text())
     infos = read_safetensors_header(directory / ADAPTER_WEIGHTS)
     with open(directory / ADAPTER_WEIGHTS, "rb") as f:
         raw = f.read()

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.configlib import ConfigError
 from openclaw_jax.models.lora import LoRAConfig, add_lora
-from openclaw_jax.models.lora_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_adapter
+from openclaw_jax.models.lora_files import ADAPTER_CONFIG, ADAPTER_EXTRA, ADAPTER_WEIGHTS, load_adapter
 from openclaw_jax.models.weights import state_dict_from_model
 from openclaw_jax.parallel.mesh import make_mesh
 from openclaw_jax.trainer import step as S
@@ -174,7 +174,9 @@ def test_the_exported_adapter_is_the_merged_models_delta(tmp_path):
         assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
         assert config["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                             "down_proj"]
-        assert config["openclaw"]["person"] == person and config["base_model_name_or_path"] == "base-dir"
+        assert config["base_model_name_or_path"] == "base-dir" and "openclaw" not in config   # PEFT's keys only
+        ours = json.loads((directory / ADAPTER_EXTRA).read_text())
+        assert (ours["person"], ours["adapter_steps"], ours["trainer_step"]) == (person, 1, 1)
         tensors = load_file(directory / ADAPTER_WEIGHTS)   # the safetensors package's own reader
         own = trainer.adapters[person].trainable
         merged = state_dict_from_model(S.serving_model(state.graphdef, own, state.frozen, merge_lora=True, dtype=None))
@@ -191,5 +193,6 @@ def test_the_exported_adapter_is_the_merged_models_delta(tmp_path):
             np.testing.assert_allclose(weight, want, rtol=1e-5, atol=1e-6, err_msg=name)
             checked += 1
         assert checked == 2 * 7   # two layers, seven targets
-        _, loaded = load_adapter(directory, own)   # and back into our layout, exactly
+        read, loaded = load_adapter(directory, own)   # and back into our layout, exactly
+        assert read["openclaw"] == ours
         _assert_equal(loaded, own, f"{person}'s adapter read back")
