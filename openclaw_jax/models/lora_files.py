@@ -9,7 +9,8 @@
 `lora_A.weight` is [rank, in_features] and `lora_B.weight` [out_features, rank] (HF Linear's order), so
 the HF weight of a projection becomes W + (lora_alpha / r) * lora_B @ lora_A: the same delta as our
 `merge_lora` (our stacked `lora_a` [L, *in, r] and `lora_b` [L, r, *out], flattened in C order as
-models/weights.py flattens the kernels). PEFT and SGLang's multi-LoRA serving read this layout.
+models/weights.py flattens the kernels). It is the layout PEFT writes and SGLang's multi-LoRA serving reads;
+tests/trainer/test_per_person.py checks it against our merged model (PEFT itself is not a dependency).
 
     save_adapter(directory, trainable, lora, base_model=..., extra={...})   # atomic: a new directory
     config, state = load_adapter(directory, template)     # (PEFT's config + ours under "openclaw", our layout)
@@ -39,7 +40,7 @@ _HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate
                "down": "down_proj"}
 
 
-def _lora_leaves(trainable: nnx.State) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+def _lora_leaves(trainable: nnx.State) -> dict[tuple[str, str], tuple[nnx.Variable, nnx.Variable]]:
     """{(block, projection): (lora_a, lora_b)} of an adapter state (paths `layers.<block>.<proj>.lora_a|b`)."""
     flat = {tuple(str(k) for k in path): var for path, var in nnx.to_flat_state(trainable)}
     out = {}
