@@ -358,6 +358,11 @@ class Trainer:
 
     def _restore_state(self, checkpointer: Checkpointer) -> bool:
         """Load the latest checkpoint into the state; False when there is none."""
+        meta = checkpointer.metadata()
+        if meta is not None and meta.get("personalize", "shared") != "shared":
+            raise ValueError(f"the checkpoint in {checkpointer.directory} (step {meta.get('step')}) holds an adapter per "
+                             f"person (trainer.personalize={meta['personalize']}): continue it with that setting, or "
+                             "start a shared run in a new run_dir")
         restored = checkpointer.restore(self.state.checkpoint_items()[0])
         if restored is not None:
             self.state = self.state.from_checkpoint(*restored)

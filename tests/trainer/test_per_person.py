@@ -142,6 +142,8 @@ def test_resume_from_a_checkpoint_continues_as_if_never_stopped(tmp_path):
     resumed = _trainer()
     assert resumed.restore(ckpt)
     assert (resumed.step, resumed.sample_offset) == (2, 6)
+    with pytest.raises(ValueError, match="trainer.personalize=per_person"):   # nor as one shared model
+        _trainer("shared").restore(ckpt)
     _train(resumed, windows[2])   # carol's first adapter after the resume
     assert resumed.adapters.keys() == straight.adapters.keys() == {"alice", "bob@home", "carol"}
     for person, own in straight.adapters.items():
