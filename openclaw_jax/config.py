@@ -308,6 +308,10 @@ class TrainerConfig:
     # one student forward fewer per step, its activations held through the teacher pass (more memory);
     # not with micro-batches or image batches
     fused_old_pass: bool = False
+    # whose adapter a step trains (trainer/people.py, docs/household.md): "shared", one model trained from
+    # everyone's samples; "per_person", a LoRA adapter (and its optimizer state) per person on the shared
+    # frozen base, each step training each person of the window on that person's samples alone
+    personalize: Literal["shared", "per_person"] = "shared"
     log_every: int = 1
     wait_timeout_s: float = 0.0          # stop when no new sample arrives for this long (0 = wait forever)
     store_wait_s: float = 300.0          # multi-host: how long other processes wait for process 0's sample store
@@ -366,6 +370,17 @@ class ExperimentConfig:
         _require(self.loss.kl_coef == 0 or self.trainer.teacher == "initial",
                  f"loss.kl_coef={self.loss.kl_coef} anchors the policy to the frozen initial model, but "
                  f"trainer.teacher={self.trainer.teacher!r} replaces it; use trainer.teacher=initial or loss.kl_coef=0")
+        _require(self.trainer.personalize == "shared" or self.model.lora.enabled,
+                 "trainer.personalize=per_person trains a LoRA adapter per person on the frozen base, but "
+                 "model.lora.enabled=false; set model.lora.enabled=true (and model.lora.rank, model.lora.targets as "
+                 "wanted), or trainer.personalize=shared")
+        _require(self.trainer.personalize == "shared" or not self.agentic.enabled,
+                 "trainer.personalize=per_person trains the people of the gateway's samples; agentic.enabled runs "
+                 "have no people: set trainer.personalize=shared")
+        _require(self.trainer.personalize == "shared" or not self.gate.enabled,
+                 "trainer.personalize=per_person serves the shared base model and pushes no trained weights yet (an "
+                 "adapter per request is not served), so the promotion gate has no version to decide on, and would "
+                 f"hold out 1 in {self.gate.holdout_every} of each person's turns from training: set gate.enabled=false")
         if self.gate.enabled:
             _require(not self.agentic.enabled, "gate.enabled=true checks candidates on the person's held-out turns "
                                                "from the gateway; agentic.enabled runs have none: set gate.enabled=false")

@@ -64,6 +64,7 @@ from openclaw_jax.serving.versions import versions_dir_for
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
 from openclaw_jax.trainer.metrics import MetricsWriter
+from openclaw_jax.trainer.people import ADAPTERS_DIR, PerPersonTrainer
 from openclaw_jax.trainer.reset import reset_to_serving
 from openclaw_jax.pool.weight_sync import BackgroundWeightSync
 
@@ -172,7 +173,8 @@ def build_trainer(cfg: ExperimentConfig, base: BaseModel):
     teacher = shard_model(teacher, mesh)
     pad = base.tokenizer.pad_token_id
     # the trainer's tau and teacher batch shape come from the samples' source (the gateway's settings)
-    return Trainer(cfg, student, teacher, mesh, samples=cfg.sample_spec(), pad_id=int(pad) if pad is not None else 0)
+    trainer_class = PerPersonTrainer if cfg.trainer.personalize == "per_person" else Trainer
+    return trainer_class(cfg, student, teacher, mesh, samples=cfg.sample_spec(), pad_id=int(pad) if pad is not None else 0)
 
 
 # ----------------------------------------------------------------------------- progress
@@ -251,7 +253,7 @@ async def _start_embedded_pool(r: _Run):
             if hasattr(serving, "vl_cfg") else None
         engine = Engine(serving.language_model if vision is not None else serving, base.tokenizer,
                         context_length=cfg.policy.context_length or None, config=engine_config(cfg.policy),
-                        weight_version=r.trainer.weight_version, seed=cfg.seed)
+                        weight_version=_served_version(r), seed=cfg.seed)
         # A fresh key per run (or policy.api_key / $OPENCLAW_POLICY_API_KEY when given), handed to the gateway and
         # the agentic driver: the control routes (pause, abort, flush, weight updates) stay closed to anything
         # else that reaches the port, even on loopback.
@@ -275,6 +277,11 @@ async def _start_embedded_pool(r: _Run):
             await sync(graphdef, state, version)
 
     return policy_urls, push
+
+
+def _served_version(r: _Run) -> str:
+    """The weight version the pool starts serving: the trainer's, or "0" (the base) in a per-person run."""
+    return "0" if r.cfg.trainer.personalize == "per_person" else r.trainer.weight_version
 
 
 async def _start_policy_process(r: _Run, resumed: bool):
@@ -317,7 +324,7 @@ async def _connect_external_pool(r: _Run, resumed: bool, urls: list[str] | None 
     push = DiskWeightSync(client, cfg.policy.weight_sync_dir or r.run_dir / "weights",
                           model_config=base.config.replace(param_dtype=cfg.model.dtype), extra_config=base.hf_config,
                           tokenizer_files_from=None if base.model_dir == "smollm2" else base.model_dir)
-    if resumed:  # the workers serve the base model; bring them to the resumed weights
+    if resumed and cfg.trainer.personalize == "shared":  # the workers serve the base; bring them to the resumed weights
         graphdef, state = nnx.split(r.trainer.serving_model())
         await push(graphdef, state, r.trainer.weight_version)
     return list(urls or cfg.policy.urls), push
@@ -362,6 +369,12 @@ def _announce_live(r: _Run, gateway_url: str, gw_cfg) -> None:
              "page shows each person's numbers (docs/household.md)",
              "--api-key <their key of gateway.keys_file>" if gw_cfg.keys_file else "--person-id <their name>")
     gate = r.cfg.gate
+    if r.cfg.trainer.personalize == "per_person":
+        log.info("serving the shared base model (version 0) to everyone: trainer.personalize=per_person trains each "
+                 "person's adapter (%d so far, at step %d, trained on samples [0, %d)) but does not serve them yet; "
+                 "Ctrl-C saves and stops, the same command continues", len(r.trainer.adapters), r.trainer.step,
+                 r.trainer.sample_offset)
+        return
     served = r.gate.served_version if r.gate is not None else r.trainer.weight_version
     if gate.enabled:
         log.info("promotion gate on: a trained version serves only after it passes the check on your held-out turns "
@@ -447,6 +460,28 @@ def _step_callback(r: _Run, evaluate, agentic):
     return on_step
 
 
+async def _start_gate(r: _Run, push) -> None:
+    """What is served, and logged, goes through the gate, which starts first: on a restart it brings the pool back
+    to the version served before (kept weights), so the gateway's first answer comes from that one. Its judge is
+    the gateway's (nothing is judged before the gateway runs). Per person no trained version is served: nothing to
+    gate (the config keeps it off)."""
+    if r.cfg.trainer.personalize == "shared":
+        r.gate = await start_gate(r.cfg, r.trainer, r.base, push, LateJudge(lambda: r.gateway.judge),
+                                  store_dir=str(r.run_dir / "samples"))
+        r.cleanups.append(r.gate.close)
+
+
+def _weight_sync(r: _Run, push) -> BackgroundWeightSync | None:
+    """How trained weights reach the pool (through the gate when there is one); None: they do not."""
+    if r.cfg.trainer.personalize == "per_person":
+        log.warning("trainer.personalize=per_person: each person's adapter trains on their own samples, but the policy "
+                    "serves the shared base model to everyone and no trained weights are pushed (an adapter per "
+                    "request is not served yet); the adapters are checkpointed in %s and exported to "
+                    "%s/export/step_N/%s/<person>/ (docs/household.md)", r.run_dir / "ckpt", r.run_dir, ADAPTERS_DIR)
+        return None
+    return BackgroundWeightSync(r.gate or push) if push is not None else None
+
+
 async def _prepare(cfg: ExperimentConfig, run_dir: Path, t_start: float) -> tuple[_Run, Any, bool]:
     """Base model (+ SFT warm-up), trainer, checkpoint restore, writers; returns (run, checkpointer, resumed)."""
     base = await asyncio.to_thread(load_base_model, cfg)
@@ -497,20 +532,14 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             evaluate, agentic, task = await _start_agentic(r, policy_urls, stop)
             env_tasks.append(task)
         elif r.is_main:
-            # What is served, and logged, goes through the gate, which starts first: on a restart it brings the pool
-            # back to the version served before (kept weights), so the gateway's first answer comes from that one.
-            # Its judge is the gateway's (nothing is judged before the gateway runs).
-            r.gate = await start_gate(cfg, trainer, r.base, push, LateJudge(lambda: r.gateway.judge),
-                                      store_dir=str(run_dir / "samples"))
-            r.cleanups.append(r.gate.close)
+            await _start_gate(r, push)
             gateway_url = await _start_gateway(r, policy_urls)
             if cfg.env.enabled:
                 evaluate, task = await _start_users(r, gateway_url, stop)
                 env_tasks.append(task)
 
-        weight_sync = BackgroundWeightSync(r.gate or push) if push is not None else None
-        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer, weight_sync=weight_sync,
-                          stop=stop, on_step=_step_callback(r, evaluate, agentic),
+        await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer,
+                          weight_sync=_weight_sync(r, push), stop=stop, on_step=_step_callback(r, evaluate, agentic),
                           progress=lambda text: r.progress.update(status=text))
         interrupted = stop.is_set()  # Ctrl-C / SIGTERM: checkpoint and export, skip the final evaluation
         summary["interrupted"] = interrupted
@@ -547,8 +576,11 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def export(trainer, base: BaseModel, run_dir: Path) -> Path:
-    """HF safetensors (+ tokenizer files) of the current student under export/step_N."""
+    """HF safetensors (+ tokenizer files) of the current student under export/step_N; per person
+    (`trainer.personalize=per_person`): each person's adapter under export/step_N/adapters/<person>/."""
     out = run_dir / "export" / f"step_{trainer.step}"
+    if isinstance(trainer, PerPersonTrainer):
+        return trainer.export_adapters(out / ADAPTERS_DIR, base_model=base.model_dir).parent
     if not out.exists():
         save_checkpoint(trainer.serving_model(trainer.cfg.trainer.export_dtype), None, out,
                         extra_config=base.hf_config)

@@ -37,6 +37,15 @@ class Checkpointer:
         self._manager.wait_until_finished()
         log.info("checkpoint saved: step %d -> %s", step, self.directory / str(step))
 
+    def metadata(self, step: int | None = None) -> dict[str, Any] | None:
+        """The JSON metadata of the checkpoint of `step` (default: the latest) alone; None if empty (what a
+        restore needs to know before it can build the abstract state, e.g. whose adapters it holds)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            return None
+        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored["meta"])
+
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]] | None:
         """Restore onto `abstract_state` (arrays or ShapeDtypeStructs with shardings); None if empty."""
         step = self.latest_step() if step is None else step

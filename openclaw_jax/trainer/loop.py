@@ -197,7 +197,7 @@ class Trainer:
                 if available < end:  # another process decided: its fsynced records reach us shortly
                     await self._wait_for_records(store, end)
                 t = time.perf_counter()
-                packed = await asyncio.to_thread(pipeline.batch, start, end, self.step)
+                packed = await asyncio.to_thread(pipeline.batch, start, end, self._sample_version(self.step))
                 input_wait = time.perf_counter() - t
                 if packed is None:  # every sample of the window was dropped (stale or too long)
                     self._uncommitted_windows.append((self.step, start, end))
@@ -224,7 +224,7 @@ class Trainer:
         the next weight version) if its records are already in the store and there is a next step."""
         n = self.cfg.trainer.samples_per_step
         if self.step + 1 < self.cfg.trainer.max_steps and len(store) >= end + n:
-            pipeline.prefetch(end, end + n, self.step + 1)
+            pipeline.prefetch(end, end + n, self._sample_version(self.step + 1))
 
     async def _next_window(self, available: int, last_arrival: float, stop: asyncio.Event,
                            progress: Callable[[str], None] | None) -> tuple[int, int]:
@@ -319,7 +319,7 @@ class Trainer:
                 os.fsync(f.fileno())
         self._uncommitted_windows = []
         if checkpointer.latest_step() != self.step:
-            checkpointer.save(self.step, *self.state.checkpoint_items())
+            checkpointer.save(self.step, *self._checkpoint_items())
 
     def _reconcile_step_log(self, checkpointer: Checkpointer) -> None:
         """Keep only the logged windows of steps the restored state has trained (last entry per step)."""
@@ -339,9 +339,31 @@ class Trainer:
         os.replace(tmp, path)
 
     def restore(self, checkpointer: Checkpointer) -> bool:
+        restored = self._restore_state(checkpointer)
+        if restored:
+            log.info("resumed at step %d, sample offset %d", self.step, self.sample_offset)
+        self._reconcile_step_log(checkpointer)
+        return restored
+
+    # ------------------------------------------------------------------ what a mode of training changes
+    # (trainer/people.py's per-person trainer overrides these three)
+
+    def _sample_version(self, step: int) -> int | None:
+        """The weight version a window trained at `step` counts its samples' staleness from (None: none)."""
+        return step
+
+    def _checkpoint_items(self) -> tuple[dict, dict]:
+        """(array tree, JSON metadata) a checkpoint of the current state holds."""
+        return self.state.checkpoint_items()
+
+    def _restore_state(self, checkpointer: Checkpointer) -> bool:
+        """Load the latest checkpoint into the state; False when there is none."""
+        meta = checkpointer.metadata()
+        if meta is not None and meta.get("personalize", "shared") != "shared":
+            raise ValueError(f"the checkpoint in {checkpointer.directory} (step {meta.get('step')}) holds an adapter per "
+                             f"person (trainer.personalize={meta['personalize']}): continue it with that setting, or "
+                             "start a shared run in a new run_dir")
         restored = checkpointer.restore(self.state.checkpoint_items()[0])
         if restored is not None:
             self.state = self.state.from_checkpoint(*restored)
-            log.info("resumed at step %d, sample offset %d", self.step, self.sample_offset)
-        self._reconcile_step_log(checkpointer)
         return restored is not None
