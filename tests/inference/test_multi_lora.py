@@ -1,0 +1,197 @@
+"""Many people's LoRA adapters served at once by the engine (inference/adapters.py, adapter_serving.py).
+
+The reference for a row served with adapter X is HF `transformers` in float64 on the *merged* weights
+W + (alpha / r) * A_X B_X (the merge computed in NumPy float64): each row of a batch that mixes
+adapters (and rows without one) must give that model's prompt and output log-probs and greedy tokens.
+An update of one adapter changes its rows only (the others bit-exact); eviction and reload give the
+same log-probs bit for bit; nothing recompiles when adapters are loaded, updated or evicted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from openclaw_jax.inference.adapters import (Adapter, AdapterError, TARGET_MODULES, read_adapter,  # noqa: E402
+                                             save_adapter)
+from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
+from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
+from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
+
+PROMPTS = [[5, 17, 42, 99, 3], [200, 201, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [300, 1, 2, 250]]
+MAX_NEW = 6
+# float32 engine against a float64 reference
+ATOL = 2e-4
+
+# HF module of each adapter target, per layer
+_HF_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+               "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+
+
+def random_adapter(model_cfg, seed: int, rank: int, alpha: float, targets) -> Adapter:
+    """Random A and B (both non-zero, unlike a fresh training init) of the served model's shapes."""
+    rng = np.random.default_rng(seed)
+    L, H, N, K, D, I = (model_cfg.num_layers, model_cfg.hidden_size, model_cfg.num_heads, model_cfg.num_kv_heads,
+                        model_cfg.head_dim, model_cfg.intermediate_size)
+    shapes = {"q": ((H,), (N, D)), "k": ((H,), (K, D)), "v": ((H,), (K, D)), "o": ((N, D), (H,)),
+              "gate": ((H,), (I,)), "up": ((H,), (I,)), "down": ((I,), (H,))}
+    weights = {}
+    for t in targets:
+        inp, out = shapes[t]
+        a = rng.normal(0, 0.25, (L,) + inp + (rank,)).astype(np.float32)
+        b = rng.normal(0, 0.25, (L, rank) + out).astype(np.float32)
+        weights[t] = (a, b)
+    return Adapter(rank=rank, alpha=alpha, weights=weights)
+
+
+def merged_hf(model_dir, adapter: Adapter | None):
+    """HF float64 model with W + scale * A B merged in (NumPy float64), or the base model."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval().to(torch.float64)
+    if adapter is None:
+        return hf
+    with torch.no_grad():
+        for t, (a, b) in adapter.weights.items():
+            for layer in range(a.shape[0]):
+                delta = a[layer].astype(np.float64).reshape(-1, adapter.rank) @ \
+                    b[layer].astype(np.float64).reshape(adapter.rank, -1)           # [in, out]
+                weight = hf.model.layers[layer].get_submodule(_HF_MODULES[t]).weight  # [out, in]
+                weight += torch.from_numpy(adapter.scale * delta.T)
+    return hf
+
+
+def ref_log_probs(hf, ids) -> np.ndarray:
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([ids])).logits[0], dim=-1).numpy()
+
+
+def check_row(out, prompt, hf):
+    """The row's greedy tokens, prompt and output log-probs equal the reference model's."""
+    ids = list(prompt) + out.output_ids
+    lp = ref_log_probs(hf, ids)
+    assert out.input_logprobs[0] is None
+    np.testing.assert_allclose(out.input_logprobs[1:], [lp[t - 1, ids[t]] for t in range(1, len(prompt))], atol=ATOL)
+    for step, token in enumerate(out.output_ids):
+        pos = len(prompt) - 1 + step
+        assert token == int(np.argmax(lp[pos])), (prompt, step)
+        np.testing.assert_allclose(out.output_logprobs[step], lp[pos, token], atol=ATOL)
+        top = out.output_top_logprobs[step]
+        np.testing.assert_allclose([v for v, _ in top], [lp[pos, t] for _, t in top], atol=ATOL)
+
+
+def spec(prompt, lora):
+    return spec_for(prompt, max_new_tokens=MAX_NEW, temperature=0, ignore_eos=True, return_logprob=True,
+                    logprob_start_len=0, top_logprobs_num=3, lora_path=lora)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_qwen3_dir, tmp_path_factory):
+    model, _ = load_hf_checkpoint(tiny_qwen3_dir)
+    cfg = model.cfg
+    adapters = {"alice": random_adapter(cfg, 1, rank=4, alpha=8.0, targets=("q", "k", "v", "o", "gate", "up", "down")),
+                "bob": random_adapter(cfg, 2, rank=8, alpha=8.0, targets=("q", "v", "down")),
+                "carol": random_adapter(cfg, 3, rank=2, alpha=4.0, targets=("o", "gate", "up"))}
+    lora_dir = tmp_path_factory.mktemp("adapters")
+    save_adapter(lora_dir, "alice", adapters["alice"])
+    save_adapter(lora_dir, "bob", adapters["bob"])
+    engine = Engine(model, load_tokenizer(tiny_qwen3_dir), context_length=256, seed=0,
+                    config=EngineConfig(max_batch_size=4, min_batch_bucket=4, min_prompt_bucket=32,
+                                        min_cache_bucket=64, batch_wait_s=0.05, lora_slots=2, lora_max_rank=8,
+                                        lora_dir=str(lora_dir)))
+    engine.load_adapter("carol", adapters["carol"])  # handed in as arrays, not resident yet
+    refs = {name: merged_hf(tiny_qwen3_dir, a) for name, a in adapters.items()}
+    refs[None] = merged_hf(tiny_qwen3_dir, None)
+    yield engine, adapters, refs, lora_dir
+    engine.shutdown()
+
+
+MIXED = [(PROMPTS[0], "alice"), (PROMPTS[1], "bob"), (PROMPTS[2], None), (PROMPTS[3], "alice")]
+
+
+def test_save_and_read_adapter_round_trip(setup):
+    _, adapters, _, lora_dir = setup
+    back = read_adapter(lora_dir, "bob")
+    assert (back.rank, back.alpha, sorted(back.weights)) == (8, 8.0, ["down", "q", "v"])
+    for t, (a, b) in adapters["bob"].weights.items():
+        np.testing.assert_array_equal(back.weights[t][0], a)
+        np.testing.assert_array_equal(back.weights[t][1], b)
+    assert ".".join(TARGET_MODULES["q"]) == "layers.self_attn.q_proj"
+    with pytest.raises(AdapterError, match="does not exist"):
+        read_adapter(lora_dir, "nobody")
+
+
+def test_mixed_batch_gives_each_row_its_merged_models_logprobs(setup):
+    engine, _, refs, _ = setup
+    steps = engine._steps
+    outs = engine.generate_sync([spec(p, lora) for p, lora in MIXED])
+    # one prefill gives the first token, then the four rows of three people decode together
+    assert engine._steps - steps == MAX_NEW - 1
+    for (prompt, lora), out in zip(MIXED, outs):
+        check_row(out, prompt, refs[lora])
+    # the adapters matter far beyond the tolerance: the base model's log-probs differ
+    base = ref_log_probs(refs[None], list(PROMPTS[1]) + outs[1].output_ids)
+    tokens = list(PROMPTS[1]) + outs[1].output_ids
+    assert max(abs(outs[1].output_logprobs[s] - base[len(PROMPTS[1]) - 1 + s, tokens[len(PROMPTS[1]) + s]])
+               for s in range(MAX_NEW)) > 50 * ATOL
+
+
+def test_updating_one_adapter_changes_its_rows_only(setup, tiny_qwen3_dir):
+    engine, adapters, refs, lora_dir = setup
+    before = engine.generate_sync([spec(p, lora) for p, lora in MIXED])
+    compiled = engine.compile_counts()
+    new_bob = random_adapter(engine.model_config, 12, rank=8, alpha=8.0, targets=("q", "v", "down"))
+    assert engine.load_adapter("bob", new_bob) is True  # resident: overwritten in its slot
+    after = engine.generate_sync([spec(p, lora) for p, lora in MIXED])
+    assert engine.compile_counts() == compiled
+    for (prompt, lora), old, new in zip(MIXED, before, after):
+        if lora == "bob":
+            check_row(new, prompt, merged_hf(tiny_qwen3_dir, new_bob))
+            assert new.output_logprobs != old.output_logprobs
+        else:  # bit-exact
+            assert (new.output_ids, new.output_logprobs, new.input_logprobs) == \
+                (old.output_ids, old.output_logprobs, old.input_logprobs)
+    # re-read from its directory: the original values again
+    engine.load_adapter("bob")
+    again = engine.generate_sync([spec(p, lora) for p, lora in MIXED])
+    assert again[1].output_logprobs == before[1].output_logprobs
+
+
+def test_lru_eviction_and_reload_give_the_same_logprobs(setup):
+    engine, _, refs, _ = setup
+    one = lambda lora, p=PROMPTS[1]: engine.generate_sync([spec(p, lora)])[0]  # noqa: E731
+    first = one("bob")
+    compiled = engine.compile_counts()
+    evictions = engine.adapter_stats()["evictions"]
+    check_row(one("carol", PROMPTS[2]), PROMPTS[2], refs["carol"])  # both slots full: evicts the LRU (alice)
+    assert engine.adapter_stats()["resident"] == ["bob", "carol"]
+    one("alice")                                                     # evicts bob
+    assert engine.adapter_stats()["resident"] == ["carol", "alice"]
+    reloaded = one("bob")                                            # evicts carol, reads bob from its directory
+    stats = engine.adapter_stats()
+    assert stats["resident"] == ["alice", "bob"] and stats["evictions"] == evictions + 3
+    assert (reloaded.output_ids, reloaded.output_logprobs, reloaded.input_logprobs) == \
+        (first.output_ids, first.output_logprobs, first.input_logprobs)
+    assert engine.compile_counts() == compiled
+
+
+def test_more_people_than_slots_wait_for_a_free_slot(setup):
+    engine, _, refs, _ = setup
+    rows = [(PROMPTS[0], "alice"), (PROMPTS[1], "bob"), (PROMPTS[2], "carol"), (PROMPTS[3], None)]
+    outs = engine.generate_sync([spec(p, lora) for p, lora in rows], timeout=300)
+    for (prompt, lora), out in zip(rows, outs):
+        check_row(out, prompt, refs[lora])
+
+
+def test_unknown_or_unfitting_adapters_are_refused(setup):
+    engine, adapters, _, _ = setup
+    with pytest.raises(ValueError, match="no adapter of that name"):
+        engine.submit(spec(PROMPTS[0], "mallory"))
+    with pytest.raises(ValueError, match="not a person id"):
+        engine.submit(spec(PROMPTS[0], "../alice"))
+    too_big = random_adapter(engine.model_config, 5, rank=16, alpha=16.0, targets=("q",))
+    with pytest.raises(AdapterError, match="lora_max_rank=8"):
+        engine.load_adapter("dave", too_big)
+    assert not engine.adapter_stats()["resident"].count("dave")
