@@ -16,71 +16,14 @@ jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from openclaw_jax.inference.adapters import (Adapter, AdapterError, TARGET_MODULES, read_adapter,  # noqa: E402
-                                             save_adapter)
+from openclaw_jax.inference.adapters import AdapterError, TARGET_MODULES, read_adapter, save_adapter  # noqa: E402
 from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
 from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
 from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
+from tests.helpers.lora_refs import ATOL, check_row, merged_hf, random_adapter, ref_log_probs  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 99, 3], [200, 201, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [300, 1, 2, 250]]
 MAX_NEW = 6
-# float32 engine against a float64 reference
-ATOL = 2e-4
-
-# HF module of each adapter target, per layer
-_HF_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-               "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
-
-
-def random_adapter(model_cfg, seed: int, rank: int, alpha: float, targets) -> Adapter:
-    """Random A and B (both non-zero, unlike a fresh training init) of the served model's shapes."""
-    rng = np.random.default_rng(seed)
-    L, H, N, K, D, I = (model_cfg.num_layers, model_cfg.hidden_size, model_cfg.num_heads, model_cfg.num_kv_heads,
-                        model_cfg.head_dim, model_cfg.intermediate_size)
-    shapes = {"q": ((H,), (N, D)), "k": ((H,), (K, D)), "v": ((H,), (K, D)), "o": ((N, D), (H,)),
-              "gate": ((H,), (I,)), "up": ((H,), (I,)), "down": ((I,), (H,))}
-    weights = {}
-    for t in targets:
-        inp, out = shapes[t]
-        a = rng.normal(0, 0.25, (L,) + inp + (rank,)).astype(np.float32)
-        b = rng.normal(0, 0.25, (L, rank) + out).astype(np.float32)
-        weights[t] = (a, b)
-    return Adapter(rank=rank, alpha=alpha, weights=weights)
-
-
-def merged_hf(model_dir, adapter: Adapter | None):
-    """HF float64 model with W + scale * A B merged in (NumPy float64), or the base model."""
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval().to(torch.float64)
-    if adapter is None:
-        return hf
-    with torch.no_grad():
-        for t, (a, b) in adapter.weights.items():
-            for layer in range(a.shape[0]):
-                delta = a[layer].astype(np.float64).reshape(-1, adapter.rank) @ \
-                    b[layer].astype(np.float64).reshape(adapter.rank, -1)           # [in, out]
-                weight = hf.model.layers[layer].get_submodule(_HF_MODULES[t]).weight  # [out, in]
-                weight += torch.from_numpy(adapter.scale * delta.T)
-    return hf
-
-
-def ref_log_probs(hf, ids) -> np.ndarray:
-    with torch.no_grad():
-        return torch.log_softmax(hf(torch.tensor([ids])).logits[0], dim=-1).numpy()
-
-
-def check_row(out, prompt, hf):
-    """The row's greedy tokens, prompt and output log-probs equal the reference model's."""
-    ids = list(prompt) + out.output_ids
-    lp = ref_log_probs(hf, ids)
-    assert out.input_logprobs[0] is None
-    np.testing.assert_allclose(out.input_logprobs[1:], [lp[t - 1, ids[t]] for t in range(1, len(prompt))], atol=ATOL)
-    for step, token in enumerate(out.output_ids):
-        pos = len(prompt) - 1 + step
-        assert token == int(np.argmax(lp[pos])), (prompt, step)
-        np.testing.assert_allclose(out.output_logprobs[step], lp[pos, token], atol=ATOL)
-        top = out.output_top_logprobs[step]
-        np.testing.assert_allclose([v for v, _ in top], [lp[pos, t] for _, t in top], atol=ATOL)
-
 
 def spec(prompt, lora):
     return spec_for(prompt, max_new_tokens=MAX_NEW, temperature=0, ignore_eos=True, return_logprob=True,
