@@ -6,7 +6,8 @@ unknown adapter is refused at submit (ValueError: a 4xx at the server). At admis
 its adapter's slot (loading it, evicting the least recently used idle adapter; it waits while every
 slot is held by running rows) and keeps it until it leaves its row. Every prefill group and every decode
 call runs the model with each row's adapter gathered from the bank (`AdapterBank.row_state`), so the
-compiled steps are those of one LoRA model whatever adapters are resident. `load_adapter` hands in or
+compiled steps are those of one LoRA model whatever adapters are resident (decode: the fused decode
+layers with each row's adapter beside each fused matrix, `decode_layers.decode_layer`). `load_adapter` hands in or
 re-reads an adapter between two engine steps: rows using it continue with the new values.
 
 The prefix cache holds K/V of rows without an adapter only (an adapter changes every layer's K/V).
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from openclaw_jax.inference.adapters import Adapter, AdapterBank, AdapterError
+from openclaw_jax.inference.decode_layers import FUSED
 from openclaw_jax.inference.scheduler import Batch, Seq
 from openclaw_jax.inference.types import GenerationSpec
 
@@ -93,14 +95,21 @@ class AdapterServing:
         slots[:len(group)] = [seq.adapter_slot for seq in group]
         return self._adapters.row_state(state, slots)
 
-    def _decode_params(self, batch: Batch) -> Any:
-        """The params of a decode call: the served ones, with each row's adapter when adapters are on
-        (kept while the rows' slots, the bank and the weights stay the same)."""
+    def _decode_inputs(self, batch: Batch) -> tuple[Any, Any]:
+        """(params, per-layer decode weights) of a decode call: the served ones, and with adapters on each
+        row's adapter, in the fused decode layers (`decode_layers.decode_layer`) or, without them, in the
+        model's params (kept while the rows' slots, the bank and the weights stay the same)."""
         if self._adapters is None:
-            return self._state
+            return self._state, self._layer_states
         slots = np.array([0 if seq is None else seq.adapter_slot for seq in batch.rows], np.int32)
         key = (slots.tobytes(), self._adapters.version)
         cached = self._row_params
-        if cached is None or cached[0] != key or cached[1] is not self._state:
-            cached = self._row_params = (key, self._state, self._adapters.row_state(self._state, slots))
-        return cached[2]
+        if cached is None or cached[0] != key or cached[1] is not self._state or cached[2] is not self._layer_states:
+            if self._layer_graphdef == FUSED:
+                fused = self._layer_states
+                layers = tuple({**w, "lora": rows} for w, rows in zip(fused["layers"], self._adapters.layer_rows(slots)))
+                inputs = (self._state, {**fused, "layers": layers})
+            else:
+                inputs = (self._adapters.row_state(self._state, slots), None)
+            cached = self._row_params = (key, self._state, self._layer_states, inputs)
+        return cached[3]

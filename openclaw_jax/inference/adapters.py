@@ -152,6 +152,21 @@ def _gather_rows(bank, slots):
     return jax.tree.map(lambda x: jnp.take(x, slots, axis=1), bank)
 
 
+@jax.jit
+def _gather_layer_rows(bank, slots):
+    """Each layer's per-row adapters, flattened for the fused decode (`decode_layers.decode_layer`):
+    a tuple over layers of {target: (A [B, in, r], B [B, r, out])}."""
+    rows = len(slots)
+
+    def flat(a, b):
+        a, b = jnp.take(a, slots, axis=1), jnp.take(b, slots, axis=1)  # [L, B, *in, r], [L, B, r, *out]
+        rank = a.shape[-1]
+        return a.reshape(a.shape[0], rows, -1, rank), b.reshape(b.shape[0], rows, rank, -1)
+    flat_bank = {t: flat(a, b) for t, (a, b) in bank.items()}
+    layers = next(iter(flat_bank.values()))[0].shape[0]
+    return tuple({t: (a[i], b[i]) for t, (a, b) in flat_bank.items()} for i in range(layers))
+
+
 class AdapterBank:
     """The resident adapters of one engine (see the module docstring). Not thread-safe: the engine
     calls it from its own thread only."""
@@ -296,6 +311,11 @@ class AdapterBank:
             flat.append((TARGET_MODULES[t] + ("lora_a",), self._templates[t, "lora_a"].replace(a)))
             flat.append((TARGET_MODULES[t] + ("lora_b",), self._templates[t, "lora_b"].replace(b)))
         return nnx.from_flat_state(flat)
+
+    def layer_rows(self, slots: np.ndarray) -> tuple:
+        """Row i's adapter (`slots[i]`) per layer, for the fused decode layers: a tuple over layers of
+        {target: (A [rows, in, r], B [rows, r, out])}."""
+        return _gather_layer_rows(self._bank, jnp.asarray(slots, jnp.int32))
 
     def stats(self) -> dict[str, Any]:
         return {"slots": self.slots, "max_rank": self.lora.rank, "targets": list(self.lora.targets),

@@ -116,7 +116,9 @@ class Engine(WeightSwaps, AdapterServing):
         self._insert = insert_jit
         self._layer_graphdef, self._layer_states = self._decode_layers(self._state)
         loop = decode_loop_fused_jit if self._layer_graphdef == FUSED else decode_loop_jit
-        self._decode = functools.partial(loop, steps_graphdef, self._layer_graphdef)
+        # the fused decode merges the plain model for its embedding and norm (adapters ride in the layers)
+        self._decode = functools.partial(loop, self._graphdef if loop is decode_loop_fused_jit else steps_graphdef,
+                                         self._layer_graphdef)
 
         self._lock = threading.Lock()  # guards params during a step
         self._swap_lock = threading.Lock()  # one weight swap (refresh + install) at a time
@@ -269,11 +271,13 @@ class Engine(WeightSwaps, AdapterServing):
         """(layer graphdef, per-layer weights) for the unrolled decode, or (None, None) for the scan:
         the fused decode weights (`decode_layers.fuse_layers`, marker FUSED) when the model has no
         LoRA adapters, else the block graphdef and per-layer block params (`kernels.split_layers`)."""
-        if not self.config.unrolled_decode or self.config.lora_slots:
-            return None, None  # per-row adapters run in the model's layer scan
+        if not self.config.unrolled_decode:
+            return None, None
         fused = fuse_layers(self._graphdef, state)
         if fused is not None:
             return FUSED, fused
+        if self.config.lora_slots:
+            return None, None  # per-row adapters: the fused layers' or the model's layer scan
         return split_layers(self._graphdef, state)
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -466,7 +470,7 @@ class Engine(WeightSwaps, AdapterServing):
             # a waiting request gets the first row that frees up
             stop_on_finish = bool(self._pending)
         with self._lock:
-            out = self._decode(self._decode_params(batch), self._layer_states, batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
+            out = self._decode(*self._decode_inputs(batch), batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
                                tids, stop_ids, remaining, limits, np.int32(n_steps), np.bool_(stop_on_finish),
                                n_top=n_top, k_ids=k_ids, max_steps=max(1, self.config.decode_steps))
             version = self._weight_version

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from openclaw_jax.inference.adapters import AdapterError, TARGET_MODULES, read_adapter, save_adapter  # noqa: E402
+from openclaw_jax.inference.decode_layers import FUSED  # noqa: E402
 from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
 from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
 from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
@@ -68,6 +69,7 @@ def test_save_and_read_adapter_round_trip(setup):
 
 def test_mixed_batch_gives_each_row_its_merged_models_logprobs(setup):
     engine, _, refs, _ = setup
+    assert engine._layer_graphdef == FUSED  # decode: the fused layers, each row's adapter beside each matrix
     steps = engine._steps
     outs = engine.generate_sync([spec(p, lora) for p, lora in MIXED])
     # one prefill gives the first token, then the four rows of three people decode together
@@ -105,7 +107,9 @@ def test_updating_one_adapter_changes_its_rows_only(setup, tiny_qwen3_dir):
 def test_lru_eviction_and_reload_give_the_same_logprobs(setup):
     engine, _, refs, _ = setup
     one = lambda lora, p=PROMPTS[1]: engine.generate_sync([spec(p, lora)])[0]  # noqa: E731
+    one("alice")
     first = one("bob")
+    assert engine.adapter_stats()["resident"] == ["alice", "bob"]  # both slots, least recently used first
     compiled = engine.compile_counts()
     evictions = engine.adapter_stats()["evictions"]
     check_row(one("carol", PROMPTS[2]), PROMPTS[2], refs["carol"])  # both slots full: evicts the LRU (alice)
@@ -126,6 +130,22 @@ def test_more_people_than_slots_wait_for_a_free_slot(setup):
     outs = engine.generate_sync([spec(p, lora) for p, lora in rows], timeout=300)
     for (prompt, lora), out in zip(rows, outs):
         check_row(out, prompt, refs[lora])
+
+
+def test_the_layer_scan_decode_serves_adapters_alike(setup, tiny_qwen3_dir):
+    """Without the unrolled decode layers, the adapters ride in the model's params (`Projection`)."""
+    _, _, refs, lora_dir = setup
+    model, _ = load_hf_checkpoint(tiny_qwen3_dir)
+    engine = Engine(model, load_tokenizer(tiny_qwen3_dir), context_length=256, seed=0,
+                    config=EngineConfig(max_batch_size=4, min_batch_bucket=4, min_prompt_bucket=32, min_cache_bucket=64,
+                                        batch_wait_s=0.05, lora_slots=2, lora_max_rank=8, lora_dir=str(lora_dir),
+                                        unrolled_decode=False))
+    try:
+        assert engine._layer_graphdef is None
+        for (prompt, lora), out in zip(MIXED, engine.generate_sync([spec(p, lora) for p, lora in MIXED])):
+            check_row(out, prompt, refs[lora])
+    finally:
+        engine.shutdown()
 
 
 def test_unknown_or_unfitting_adapters_are_refused(setup):
