@@ -325,7 +325,8 @@ class Engine(WeightSwaps, AdapterServing):
                 # max_new_tokens == 0: only a prefill (prompt log-probs); never occupies a row.
                 zero = [s for s in self._pending if s.max_new == 0 and self._adapter_ready(s)]
                 if zero:
-                    self._pending = collections.deque(s for s in self._pending if all(s is not z for z in zero))
+                    taken = {id(s) for s in zero}
+                    self._pending = collections.deque(s for s in self._pending if id(s) not in taken)
             if zero:
                 self._prefill_only(zero)
             if self._batch is None or not self._batch.active():

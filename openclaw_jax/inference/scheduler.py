@@ -80,7 +80,7 @@ class EngineConfig:
     # many people's LoRA adapters served at once (adapters.py): this many resident adapter slots (0: off,
     # the engine serves the base model only), each adapter zero-padded to lora_max_rank on lora_targets;
     # adapters are read by name (a request's lora_path) from lora_dir/<name>/ or handed in as arrays.
-    # With slots, decode runs the model's layer scan (per-row adapters), not the fused decode layers.
+    # Each row's adapter is added unmerged beside the fused decode matrices (decode_layers.decode_layer).
     lora_slots: int = 0
     lora_max_rank: int = 16
     lora_targets: tuple[str, ...] = LORA_TARGETS
