@@ -158,3 +158,24 @@ def test_unknown_or_unfitting_adapters_are_refused(setup):
     with pytest.raises(AdapterError, match="lora_max_rank=8"):
         engine.load_adapter("dave", too_big)
     assert not engine.adapter_stats()["resident"].count("dave")
+
+
+def test_a_weight_swap_keeps_the_adapters_on_the_new_base(setup, tiny_qwen3_dir_b):
+    """Adapters are deltas on whatever base serves: after a swap each row is its adapter merged into the
+    new weights, with the compiled steps reused."""
+    from flax import nnx
+
+    engine, adapters, _, _ = setup
+    rows = [(PROMPTS[0], "alice"), (PROMPTS[2], None)]
+    engine.generate_sync([spec(p, lora) for p, lora in rows])
+    compiled = engine.compile_counts()
+    old_state = engine.params
+    engine.swap_weights(nnx.split(load_hf_checkpoint(tiny_qwen3_dir_b)[0])[1], "v2")
+    try:
+        outs = engine.generate_sync([spec(p, lora) for p, lora in rows])
+        assert engine.compile_counts() == compiled
+        for (prompt, lora), out in zip(rows, outs):
+            assert out.weight_version == "v2"
+            check_row(out, prompt, merged_hf(tiny_qwen3_dir_b, adapters.get(lora)))
+    finally:
+        engine.swap_weights(old_state, "default")
