@@ -350,6 +350,9 @@ class InferenceServer(OpenAIRoutes):
         req = await G.parse_off_loop(request, S.parse_generate_request, body, vocab_size=self.vocab_size,
                                      image_limits=self.image_limits)
         if any(item.images for item in req.items):
+            if any(item.lora_path is not None for item in req.items):
+                raise WireError("lora_path is not served with images: the image path runs the base model",
+                                param="lora_path")
             return await self._generate_with_images(request, req)
         specs = await self._generate_specs(request, req)
         single = not req.is_batch and len(specs) == 1

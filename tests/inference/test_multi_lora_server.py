@@ -73,6 +73,25 @@ def test_unknown_adapters_get_a_400_and_nothing_runs(lora_srv):
     assert requests.get(srv.url + "/health", timeout=10).status_code == 200
 
 
+def test_openai_routes_take_lora_path_too(lora_srv, tiny_qwen3_dir):
+    """`/v1/completions` with SGLang's `lora_path` extra field (the official `openai` client's extra_body):
+    the adapter's greedy answer, the same tokens `/generate` gives; an unknown name is a 400."""
+    import openai
+
+    srv, adapters, _ = lora_srv
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY)
+    prompt = PROMPTS[0]
+    ids = [t for _, t, _ in generate(srv, [prompt], ["bob"]).json()[0]["meta_info"]["output_token_logprobs"]]
+    done = client.completions.create(model="default", prompt=prompt, max_tokens=MAX_NEW, temperature=0,
+                                     logprobs=1, extra_body={"lora_path": "bob", "ignore_eos": True})
+    lp = ref_log_probs(merged_hf(tiny_qwen3_dir, adapters["bob"]), list(prompt) + ids)
+    np.testing.assert_allclose(done.choices[0].logprobs.token_logprobs,
+                               [lp[len(prompt) - 1 + s, t] for s, t in enumerate(ids)], atol=ATOL)
+    with pytest.raises(openai.BadRequestError, match="no adapter of that name"):
+        client.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, extra_body={"lora_path": "mallory"})
+
+
 def test_load_lora_adapter_serves_the_new_values(lora_srv, tiny_qwen3_dir):
     srv, _, lora_dir = lora_srv
     model, _ = load_hf_checkpoint(tiny_qwen3_dir)
