@@ -323,9 +323,13 @@ class Engine(WeightSwaps, AdapterServing):
         if not self._paused and not self._draining:
             with self._cv:
                 # max_new_tokens == 0: only a prefill (prompt log-probs); never occupies a row.
-                zero = [s for s in self._pending if s.max_new == 0 and self._adapter_ready(s)]
-                if zero:
-                    taken = {id(s) for s in zero}
+                zero = [s for s in self._pending if s.max_new == 0]
+            # outside the lock (submit takes it on the event loop): taking an adapter may read it from disk;
+            # only this thread removes queued sequences
+            zero = [s for s in zero if self._adapter_ready(s)]
+            if zero:
+                taken = {id(s) for s in zero}
+                with self._cv:
                     self._pending = collections.deque(s for s in self._pending if id(s) not in taken)
             if zero:
                 self._prefill_only(zero)
@@ -402,12 +406,14 @@ class Engine(WeightSwaps, AdapterServing):
             # rows are a power of two; never run more than max_batch_size sequences at once
             room = self.config.max_batch_size - len(batch.active())
             free = batch.free_rows()[:max(room, 0)]
-            admitted: list[Seq] = []
-            while self._pending and len(admitted) < len(free):
-                seq = self._pending[0]
-                if seq.need_len > batch.cache_len or not self._adapter_ready(seq):
-                    break  # FIFO: let the batch drain (or an adapter slot free) instead of overtaking the head
-                admitted.append(self._pending.popleft())
+            heads = list(itertools.islice(self._pending, len(free)))
+        n = 0
+        for seq in heads:  # outside the lock, as in _schedule_and_step; only this thread pops the queue
+            if seq.need_len > batch.cache_len or not self._adapter_ready(seq):
+                break  # FIFO: let the batch drain (or an adapter slot free) instead of overtaking the head
+            n += 1
+        with self._cv:
+            admitted: list[Seq] = [self._pending.popleft() for _ in range(n)]
         if not admitted:
             return
         for seq, row in zip(admitted, free):
