@@ -317,7 +317,13 @@ class AdapterBank:
         {target: (A [rows, in, r], B [rows, r, out])}."""
         return _gather_layer_rows(self._bank, jnp.asarray(slots, jnp.int32))
 
+    @property
+    def slot_bytes(self) -> int:
+        """Device memory of one slot (every target's A and B at the bank's rank)."""
+        return sum(x.nbytes for pair in self._bank.values() for x in pair) // (self.slots + 1)
+
     def stats(self) -> dict[str, Any]:
         return {"slots": self.slots, "max_rank": self.lora.rank, "targets": list(self.lora.targets),
-                "resident": list(self.resident), "loads": self.loads, "evictions": self.evictions}
+                "slot_bytes": self.slot_bytes, "resident": list(self.resident), "loads": self.loads,
+                "evictions": self.evictions}
 

@@ -154,6 +154,12 @@ def test_unknown_or_unfitting_adapters_are_refused(setup):
         engine.submit(spec(PROMPTS[0], "mallory"))
     with pytest.raises(ValueError, match="not a person id"):
         engine.submit(spec(PROMPTS[0], "../alice"))
+    c = engine.model_config  # one slot: A [L, in, 8] and B [L, 8, out] of all seven projections, float32
+    ins_outs = [(c.hidden_size, c.num_heads * c.head_dim), (c.hidden_size, c.num_kv_heads * c.head_dim),
+                (c.hidden_size, c.num_kv_heads * c.head_dim), (c.num_heads * c.head_dim, c.hidden_size),
+                (c.hidden_size, c.intermediate_size), (c.hidden_size, c.intermediate_size),
+                (c.intermediate_size, c.hidden_size)]
+    assert engine.adapter_stats()["slot_bytes"] == sum(c.num_layers * 8 * (i + o) * 4 for i, o in ins_outs)
     too_big = random_adapter(engine.model_config, 5, rank=16, alpha=16.0, targets=("q",))
     with pytest.raises(AdapterError, match="lora_max_rank=8"):
         engine.load_adapter("dave", too_big)
