@@ -34,9 +34,10 @@ ran with.
 
 Parts: `kernels.py` (the jitted prefill / insert / decode steps), `prefill.py` and `prefix_cache.py`
 (admission prefills and the prefix cache), `weight_swap.py` (checks, casts and the prefix refresh of
-a swap), `scheduler.py` (config, buckets, request setup and handles, batch sizing and prefill
-grouping), `stops.py` (finish reasons and reported text); this module is the engine thread that
-drives them.
+a swap), `adapter_serving.py` and `adapters.py` (each row with its own person's LoRA adapter,
+`EngineConfig.lora_slots`), `scheduler.py` (config, buckets, request setup and handles, batch sizing
+and prefill grouping), `stops.py` (finish reasons and reported text); this module is the engine
+thread that drives them.
 """
 
 from __future__ import annotations
