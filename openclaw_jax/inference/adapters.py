@@ -167,6 +167,10 @@ def _gather_layer_rows(bank, slots):
     return tuple({t: (a[i], b[i]) for t, (a, b) in flat_bank.items()} for i in range(layers))
 
 
+# the bank's jitted functions, counted with the engine's steps (`Engine.compile_counts`)
+JITTED = {"adapter_write": _write_slot, "adapter_rows": _gather_rows, "adapter_layer_rows": _gather_layer_rows}
+
+
 class AdapterBank:
     """The resident adapters of one engine (see the module docstring). Not thread-safe: the engine
     calls it from its own thread only."""

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from openclaw_jax.inference import stops
+from openclaw_jax.inference import adapters, stops
 from openclaw_jax.inference.adapter_serving import AdapterServing
 from openclaw_jax.inference.decode_layers import FUSED, fuse_layers
 from openclaw_jax.inference.kernels import (decode_loop_fused_jit, decode_loop_jit, extend_jit, gather_prefix_jit,
@@ -148,7 +148,8 @@ class Engine(WeightSwaps, AdapterServing):
         return {name: fn._cache_size() for name, fn in
                 (("prefill", prefill_jit), ("extend", extend_jit), ("insert", insert_jit), ("decode", decode_loop_jit),
                  ("decode_fused", decode_loop_fused_jit),
-                 ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit), ("grow", grow_cache_jit))}
+                 ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit), ("grow", grow_cache_jit),
+                 *adapters.JITTED.items())}
 
     def prefix_cache_stats(self) -> dict[str, int]:
         """Hits, cached tokens served, stored / evicted blocks, invalidations, blocks in use and allocated."""
