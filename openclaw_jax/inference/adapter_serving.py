@@ -75,7 +75,7 @@ class AdapterServing:
             return True
         try:
             slot = self._adapters.acquire(name)
-        except AdapterError as exc:
+        except (AdapterError, OSError) as exc:  # e.g. its files were removed or broken after the request came
             self._finish(seq, {"type": "abort", "message": str(exc)})
             seq.handle.cancel()
             return False

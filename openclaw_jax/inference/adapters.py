@@ -5,14 +5,17 @@ matrices A `[layers, *in, r]` and B `[layers, r, *out]` for some of the decoder'
 o, gate, up, down), so that a row served with it computes ``x W + (alpha / r) * (x A) B``, exactly the
 projection of a `models/lora.py` LoRA model with these values, without merging them into W.
 
-On disk (`save_adapter` writes it, `read_adapter` reads it), one directory per person under the
-engine's adapter directory (`EngineConfig.lora_dir`)::
+On disk, one directory per person under the engine's adapter directory (`EngineConfig.lora_dir`), in
+PEFT's LoRA layout (what PEFT writes and SGLang's multi-LoRA serving reads; `read_adapter`)::
 
-    <lora_dir>/<person>/adapter_config.json   {"rank": 8, "alpha": 16.0, "targets": ["q", "v"]}
-    <lora_dir>/<person>/adapter.safetensors   "layers.self_attn.q_proj.lora_a": [L, H, r], ...
+    <lora_dir>/<person>/adapter_config.json        "peft_type": "LORA", "r", "lora_alpha", "target_modules"
+                                                   (HF names: q_proj, ..., down_proj)
+    <lora_dir>/<person>/adapter_model.safetensors  base_model.model.model.layers.{i}.{self_attn|mlp}.{proj}
+                                                   .lora_A.weight [r, in_features], .lora_B.weight [out_features, r]
 
-The tensor names are the adapter params' paths in the model (`models.lora.lora_state`), so a trainer
-exports a person's adapter with `save_adapter(dir, person, lora_model)`.
+so that the HF weight of a projection becomes W + (lora_alpha / r) lora_B lora_A; in our layout A is
+lora_A transposed (`[in, r]`, in flattened in C order as `models/weights.py` flattens the kernels) and B
+is lora_B transposed.
 
 The bank (`AdapterBank`) keeps `EngineConfig.lora_slots` adapters resident on the device, every target's
 A and B stacked over slots `[layers, slots + 1, ...]` at one rank (`lora_max_rank`; a smaller adapter is
@@ -32,7 +35,6 @@ import functools
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -48,8 +50,9 @@ from openclaw_jax.samples.person import check_person_id
 
 logger = logging.getLogger(__name__)
 
-ADAPTER_FILE = "adapter.safetensors"
+ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
+PEFT_PREFIX = "base_model.model.model.layers"   # PEFT's name of the decoder layers of an HF causal LM
 
 # each target's projection in the decoder's (stacked) layers
 TARGET_MODULES = {"q": ("layers", "self_attn", "q_proj"), "k": ("layers", "self_attn", "k_proj"),
@@ -64,7 +67,8 @@ class AdapterError(ValueError):
 
 @dataclass(frozen=True)
 class Adapter:
-    """One person's adapter on the host: `weights[target] = (A [L, *in, r], B [L, r, *out])`, float32."""
+    """One person's adapter on the host: `weights[target] = (A [L, *in, r], B [L, r, *out])`, float32 (in and
+    out may also be flattened: `[L, in, r]`, `[L, r, out]`)."""
 
     rank: int
     alpha: float
@@ -75,69 +79,48 @@ class Adapter:
         return self.alpha / self.rank
 
 
-def adapter_of_model(model: Decoder) -> Adapter:
-    """The adapter values of a `models/lora.py` LoRA model (what training produces)."""
-    if model.lora is None:
-        raise AdapterError("the model has no LoRA adapters (add_lora adds them)")
-    flat = {tuple(path): var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
-    weights = {}
-    for target in model.lora.targets:
-        mod = TARGET_MODULES[target]
-        weights[target] = (np.asarray(flat[mod + ("lora_a",)], np.float32), np.asarray(flat[mod + ("lora_b",)], np.float32))
-    return Adapter(rank=model.lora.rank, alpha=float(model.lora.alpha), weights=weights)
-
-
-def save_adapter(directory: str | os.PathLike, name: str, adapter: Adapter | Decoder) -> Path:
-    """Write `adapter` (or a LoRA model's adapter) as `<directory>/<name>/` in the layout above, each file
-    atomically (written beside it, then renamed); returns the adapter's directory."""
-    from safetensors.numpy import save_file
-
-    check_person_id(name, "adapter name")
-    if isinstance(adapter, Decoder):
-        adapter = adapter_of_model(adapter)
-    out = Path(directory) / name
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for target, (a, b) in adapter.weights.items():
-        path = ".".join(TARGET_MODULES[target])
-        tensors[f"{path}.lora_a"] = np.ascontiguousarray(a, np.float32)
-        tensors[f"{path}.lora_b"] = np.ascontiguousarray(b, np.float32)
-    meta = {"rank": adapter.rank, "alpha": adapter.alpha, "targets": sorted(adapter.weights)}
-    for fname, write in ((ADAPTER_FILE, lambda p: save_file(tensors, p)),
-                         (ADAPTER_CONFIG_FILE, lambda p: Path(p).write_text(json.dumps(meta) + "\n"))):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{fname}.")
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, out / fname)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return out
+def _peft_lora(config: Any, where: str) -> LoRAConfig:
+    """Our LoRAConfig of PEFT's adapter_config.json; AdapterError for what this engine cannot serve as PEFT means it."""
+    if not isinstance(config, dict) or str(config.get("peft_type", "LORA")).upper() != "LORA":
+        raise AdapterError(f"{where}: not a PEFT LoRA config (peft_type must be LORA)")
+    for key, served in (("use_rslora", False), ("fan_in_fan_out", False), ("use_dora", False)):
+        if bool(config.get(key, False)) != served:
+            raise AdapterError(f"{where}: {key}={config.get(key)!r} is not served (only plain LoRA)")
+    targets = config.get("target_modules")
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise AdapterError(f"{where}: target_modules must be a list of module names, got {str(targets)[:80]!r}")
+    try:
+        return LoRAConfig(rank=config.get("r"), alpha=config.get("lora_alpha"), targets=tuple(targets))
+    except ValueError as exc:
+        raise AdapterError(f"{where}: {exc}") from None
 
 
 def read_adapter(directory: str | os.PathLike, name: str) -> Adapter:
-    """The adapter `<directory>/<name>/` (layout above); AdapterError saying what is missing or wrong."""
+    """The adapter `<directory>/<name>/` in PEFT's layout (module docstring), as our `[layers, in, r]` /
+    `[layers, r, out]` arrays (in and out flattened); AdapterError saying what is missing or wrong."""
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     path = Path(directory) / check_person_id(name, "adapter name")
     try:
-        meta = json.loads((path / ADAPTER_CONFIG_FILE).read_text())
+        lora = _peft_lora(json.loads((path / ADAPTER_CONFIG_FILE).read_text()), f"adapter {name!r}")
         tensors = load_file(str(path / ADAPTER_FILE))
     except FileNotFoundError as exc:
-        raise AdapterError(f"adapter {name!r}: {exc.filename} does not exist; write it with save_adapter") from None
-    except (OSError, ValueError) as exc:
+        raise AdapterError(f"adapter {name!r}: {exc.filename} does not exist") from None
+    except (OSError, ValueError, SafetensorError) as exc:
         raise AdapterError(f"adapter {name!r} in {path} cannot be read: {exc}") from None
-    try:
-        lora = LoRAConfig(rank=meta["rank"], alpha=meta["alpha"], targets=tuple(meta["targets"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AdapterError(f"adapter {name!r}: {ADAPTER_CONFIG_FILE} needs rank, alpha and targets ({exc})") from None
     weights = {}
     for target in lora.targets:
-        key = ".".join(TARGET_MODULES[target])
-        if f"{key}.lora_a" not in tensors or f"{key}.lora_b" not in tensors:
-            raise AdapterError(f"adapter {name!r}: {ADAPTER_FILE} has no {key}.lora_a / lora_b for target {target!r}")
-        weights[target] = (tensors[f"{key}.lora_a"], tensors[f"{key}.lora_b"])
+        module = ".".join(TARGET_MODULES[target][1:])
+        a, b, i = [], [], 0
+        while f"{PEFT_PREFIX}.{i}.{module}.lora_A.weight" in tensors:
+            a.append(tensors[f"{PEFT_PREFIX}.{i}.{module}.lora_A.weight"].T)
+            b.append(tensors[f"{PEFT_PREFIX}.{i}.{module}.lora_B.weight"].T)
+            i += 1
+        if not a:
+            raise AdapterError(f"adapter {name!r}: {ADAPTER_FILE} has no {PEFT_PREFIX}.0.{module}.lora_A.weight "
+                               f"for target {target!r}")
+        weights[target] = (np.stack(a).astype(np.float32), np.stack(b).astype(np.float32))
     return Adapter(rank=lora.rank, alpha=float(lora.alpha), weights=weights)
 
 
@@ -257,11 +240,12 @@ class AdapterBank:
             if t in adapter.weights:
                 a, b = (np.asarray(x, np.float32) for x in adapter.weights[t])
                 want_a, want_b = shape_a[:-1] + (adapter.rank,), shape_b[:1] + (adapter.rank,) + shape_b[2:]
-                if a.shape != want_a or b.shape != want_b:
+                if (a.shape[:1] + a.shape[-1:], a.size, b.shape[:2], b.size) != \
+                        (want_a[:1] + want_a[-1:], np.prod(want_a), want_b[:2], np.prod(want_b)):
                     raise AdapterError(f"adapter {name!r} target {t!r}: A {a.shape} / B {b.shape}, the served "
                                        f"model needs {want_a} / {want_b}")
-                pad_a[..., :adapter.rank] = a
-                pad_b[:, :adapter.rank] = b * np.float32(adapter.scale)
+                pad_a[..., :adapter.rank] = a.reshape(want_a)
+                pad_b[:, :adapter.rank] = b.reshape(want_b) * np.float32(adapter.scale)
             out[t] = (pad_a, pad_b)
         return out
 

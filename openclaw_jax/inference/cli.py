@@ -70,7 +70,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     lora.add_argument("--lora-targets", default=",".join(LORA_TARGETS),
                       help="projections adapters may adapt, comma-separated (default: all)")
     lora.add_argument("--lora-dir", default=None,
-                      help="directory of adapters, one per person: DIR/<person>/adapter.safetensors + adapter_config.json")
+                      help="directory of adapters, one per person in PEFT's layout: DIR/<person>/adapter_config.json + "
+                           "adapter_model.safetensors")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--compile-cache-dir", default=AUTO,
                     help="JAX's persistent compilation cache ('auto': ~/.cache/openclaw_jax/xla; '': off; "

@@ -1,11 +1,16 @@
-"""References for served LoRA adapters: random adapters of a model's shapes, and HF `transformers` in
-float64 with an adapter merged into its weights (W + (alpha / r) * A B, the product in NumPy float64)."""
+"""References for served LoRA adapters: random adapters of a model's shapes, an adapter directory in PEFT's
+layout written with the `safetensors` package (as PEFT writes one), and HF `transformers` in float64 with an
+adapter merged into its weights (W + (alpha / r) * A B, the product in NumPy float64)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
+from safetensors.numpy import save_file
 
 from openclaw_jax.inference.adapters import Adapter
 
@@ -65,3 +70,23 @@ def check_row(out, prompt, hf):
         np.testing.assert_allclose(out.output_logprobs[step], lp[pos, token], atol=ATOL)
         top = out.output_top_logprobs[step]
         np.testing.assert_allclose([v for v, _ in top], [lp[pos, t] for _, t in top], atol=ATOL)
+
+
+def write_peft_adapter(directory, name: str, adapter: Adapter) -> Path:
+    """`directory/name/` as PEFT saves a LoRA adapter of an HF causal LM: adapter_config.json and
+    adapter_model.safetensors with lora_A [r, in_features] and lora_B [out_features, r] per layer."""
+    out = Path(directory) / name
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for t, (a, b) in adapter.weights.items():
+        for layer in range(a.shape[0]):
+            key = f"base_model.model.model.layers.{layer}.{_HF_MODULES[t]}"
+            tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(a[layer].reshape(-1, adapter.rank).T)
+            tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(b[layer].reshape(adapter.rank, -1).T)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": adapter.rank, "lora_alpha": adapter.alpha,
+              "target_modules": [_HF_MODULES[t].split(".")[1] for t in adapter.weights], "lora_dropout": 0.0,
+              "bias": "none", "fan_in_fan_out": False, "use_rslora": False}
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out
+

@@ -16,12 +16,13 @@ jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from openclaw_jax.inference.adapters import AdapterError, TARGET_MODULES, read_adapter, save_adapter  # noqa: E402
+from openclaw_jax.inference.adapters import AdapterError, read_adapter  # noqa: E402
 from openclaw_jax.inference.decode_layers import FUSED  # noqa: E402
 from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
 from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
 from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
-from tests.helpers.lora_refs import ATOL, check_row, merged_hf, random_adapter, ref_log_probs  # noqa: E402
+from tests.helpers.lora_refs import (ATOL, check_row, merged_hf, random_adapter, ref_log_probs,  # noqa: E402
+                                     write_peft_adapter)
 
 PROMPTS = [[5, 17, 42, 99, 3], [200, 201, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [300, 1, 2, 250]]
 MAX_NEW = 6
@@ -39,8 +40,8 @@ def setup(tiny_qwen3_dir, tmp_path_factory):
                 "bob": random_adapter(cfg, 2, rank=8, alpha=8.0, targets=("q", "v", "down")),
                 "carol": random_adapter(cfg, 3, rank=2, alpha=4.0, targets=("o", "gate", "up"))}
     lora_dir = tmp_path_factory.mktemp("adapters")
-    save_adapter(lora_dir, "alice", adapters["alice"])
-    save_adapter(lora_dir, "bob", adapters["bob"])
+    write_peft_adapter(lora_dir, "alice", adapters["alice"])
+    write_peft_adapter(lora_dir, "bob", adapters["bob"])
     engine = Engine(model, load_tokenizer(tiny_qwen3_dir), context_length=256, seed=0,
                     config=EngineConfig(max_batch_size=4, min_batch_bucket=4, min_prompt_bucket=32,
                                         min_cache_bucket=64, batch_wait_s=0.05, lora_slots=2, lora_max_rank=8,
@@ -55,16 +56,23 @@ def setup(tiny_qwen3_dir, tmp_path_factory):
 MIXED = [(PROMPTS[0], "alice"), (PROMPTS[1], "bob"), (PROMPTS[2], None), (PROMPTS[3], "alice")]
 
 
-def test_save_and_read_adapter_round_trip(setup):
+def test_peft_adapter_directories_are_read(setup):
     _, adapters, _, lora_dir = setup
     back = read_adapter(lora_dir, "bob")
     assert (back.rank, back.alpha, sorted(back.weights)) == (8, 8.0, ["down", "q", "v"])
     for t, (a, b) in adapters["bob"].weights.items():
-        np.testing.assert_array_equal(back.weights[t][0], a)
-        np.testing.assert_array_equal(back.weights[t][1], b)
-    assert ".".join(TARGET_MODULES["q"]) == "layers.self_attn.q_proj"
+        np.testing.assert_array_equal(back.weights[t][0], a.reshape(back.weights[t][0].shape))
+        np.testing.assert_array_equal(back.weights[t][1], b.reshape(back.weights[t][1].shape))
     with pytest.raises(AdapterError, match="does not exist"):
         read_adapter(lora_dir, "nobody")
+    config = lora_dir / "bob" / "adapter_config.json"
+    text = config.read_text()
+    try:
+        config.write_text(text.replace('"use_rslora": false', '"use_rslora": true'))
+        with pytest.raises(AdapterError, match="use_rslora=True is not served"):
+            read_adapter(lora_dir, "bob")
+    finally:
+        config.write_text(text)
 
 
 def test_mixed_batch_gives_each_row_its_merged_models_logprobs(setup):
@@ -130,6 +138,18 @@ def test_more_people_than_slots_wait_for_a_free_slot(setup):
     outs = engine.generate_sync([spec(p, lora) for p, lora in rows], timeout=300)
     for (prompt, lora), out in zip(rows, outs):
         check_row(out, prompt, refs[lora])
+
+
+def test_an_unreadable_adapter_aborts_its_request_only(setup, tmp_path):
+    engine, _, refs, lora_dir = setup
+    broken = lora_dir / "erin"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text((lora_dir / "bob" / "adapter_config.json").read_text())
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    bad, good = engine.generate_sync([spec(PROMPTS[0], "erin"), spec(PROMPTS[2], None)], timeout=120)
+    assert bad.finish_reason["type"] == "abort" and "cannot be read" in bad.finish_reason["message"]
+    check_row(good, PROMPTS[2], refs[None])
+    assert "erin" not in engine.adapter_stats()["resident"]
 
 
 def test_the_layer_scan_decode_serves_adapters_alike(setup, tiny_qwen3_dir):

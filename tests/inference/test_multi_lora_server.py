@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import requests
 
-from openclaw_jax.inference.adapters import save_adapter
 from openclaw_jax.models.weights import load_hf_checkpoint
-from tests.helpers.lora_refs import ATOL, merged_hf, random_adapter, ref_log_probs
+from tests.helpers.lora_refs import ATOL, merged_hf, random_adapter, ref_log_probs, write_peft_adapter
 from tests.helpers.server_utils import ServerProcess
 
 KEY = "test-key"
@@ -26,7 +25,7 @@ def lora_srv(tiny_qwen3_dir, tmp_path_factory):
                 "bob": random_adapter(model.cfg, 2, rank=2, alpha=2.0, targets=("k", "gate", "up"))}
     lora_dir = tmp_path_factory.mktemp("adapters")
     for name, adapter in adapters.items():
-        save_adapter(lora_dir, name, adapter)
+        write_peft_adapter(lora_dir, name, adapter)
     log = tmp_path_factory.mktemp("lora_srv") / "server.log"
     srv = ServerProcess(tiny_qwen3_dir, log_path=log, extra_args=[
         "--api-key", KEY, "--lora-slots", "2", "--lora-max-rank", "4", "--lora-dir", str(lora_dir)]).start()
@@ -96,7 +95,7 @@ def test_load_lora_adapter_serves_the_new_values(lora_srv, tiny_qwen3_dir):
     srv, _, lora_dir = lora_srv
     model, _ = load_hf_checkpoint(tiny_qwen3_dir)
     new_alice = random_adapter(model.cfg, 9, rank=4, alpha=4.0, targets=("q", "up"))
-    save_adapter(lora_dir, "alice", new_alice)
+    write_peft_adapter(lora_dir, "alice", new_alice)
     resp = requests.post(srv.url + "/load_lora_adapter", json={"lora_name": "alice"}, headers=AUTH, timeout=60)
     assert resp.status_code == 200 and resp.json()["success"], resp.text
     answer = generate(srv, [PROMPTS[1]], ["alice"]).json()[0]
