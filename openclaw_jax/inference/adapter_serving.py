@@ -5,10 +5,11 @@ With `EngineConfig.lora_slots > 0` the engine keeps an `adapters.AdapterBank`. A
 unknown adapter is refused at submit (ValueError: a 4xx at the server). At admission a sequence takes
 its adapter's slot (loading it, evicting the least recently used idle adapter; it waits while every
 slot is held by running rows) and keeps it until it leaves its row. Every prefill group and every decode
-call runs the model with each row's adapter gathered from the bank (`AdapterBank.row_state`), so the
-compiled steps are those of one LoRA model whatever adapters are resident (decode: the fused decode
-layers with each row's adapter beside each fused matrix, `decode_layers.decode_layer`). `load_adapter` hands in or
-re-reads an adapter between two engine steps: rows using it continue with the new values.
+call runs the model with each row's adapter gathered from the bank, so the compiled steps are the same
+whatever adapters are resident: prefill runs the model's LoRA form with per-row adapters
+(`AdapterBank.row_state`), decode the fused decode layers with each row's adapter beside each fused
+matrix (`AdapterBank.layer_rows`, `decode_layers.decode_layer`). `load_adapter` hands in or re-reads an
+adapter between two engine steps: rows using it continue with the new values.
 
 The prefix cache holds K/V of rows without an adapter only (an adapter changes every layer's K/V).
 """
@@ -104,10 +105,11 @@ class AdapterServing:
         slots = np.array([0 if seq is None else seq.adapter_slot for seq in batch.rows], np.int32)
         key = (slots.tobytes(), self._adapters.version)
         cached = self._row_params
-        if cached is None or cached[0] != key or cached[1] is not self._state or cached[2] is not self._layer_states:
+        stale = cached is None or cached[0] != key
+        if stale or cached[1] is not self._state or cached[2] is not self._layer_states:
             if self._layer_graphdef == FUSED:
-                fused = self._layer_states
-                layers = tuple({**w, "lora": rows} for w, rows in zip(fused["layers"], self._adapters.layer_rows(slots)))
+                fused, per_layer = self._layer_states, self._adapters.layer_rows(slots)
+                layers = tuple({**w, "lora": rows} for w, rows in zip(fused["layers"], per_layer))
                 inputs = (self._state, {**fused, "layers": layers})
             else:
                 inputs = (self._adapters.row_state(self._state, slots), None)

@@ -149,8 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         image_limits = image_limits_from(args)
         args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         check_exposure(args.host, args.api_key)
+        args.lora_targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
         EngineConfig(lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank,  # the adapter flags' checks
-                     lora_targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()))
+                     lora_targets=args.lora_targets)
         if args.lora_dir is not None and not Path(args.lora_dir).is_dir():
             raise ValueError(f"--lora-dir {args.lora_dir}: not a directory")
         for directory in args.weight_dir:
@@ -181,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         prefix_refresh_entries=args.prefix_refresh_entries,
                                         prefix_refresh_wait_s=args.prefix_refresh_wait,
                                         lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank,
-                                        lora_targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()),
+                                        lora_targets=args.lora_targets,
                                         lora_dir=args.lora_dir))
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,

@@ -120,7 +120,7 @@ def decode_attention(q, cache_k, cache_v, positions):
 def _row_lora(x, lora, parts, dt):
     """Per-row LoRA deltas of x `[B, in]` for the projections `parts` ((target, out width), ...) side by
     side, as the fused matrices lay out their outputs: `(x A[b]) B[b]` with lora[target] = (A `[B, in, r]`,
-    B `[B, r, out]`), each row's own adapter (`adapters.AdapterBank.fused_rows`); a target without an
+    B `[B, r, out]`), each row's own adapter (`adapters.AdapterBank.layer_rows`); a target without an
     adapter adds zeros."""
     out = []
     for target, width in parts:
