@@ -22,6 +22,7 @@ from openclaw_jax.inference.server import API_KEY_ENV, InferenceServer, check_ex
 from openclaw_jax.http import http_guard as G
 from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_to_the_os
 from openclaw_jax.logs import configure_logging
+from openclaw_jax.models.config import LORA_TARGETS
 from openclaw_jax.wire.images import ImageLimits
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
                     help="at most this many prefixes (sessions) recomputed per weight update (0: none)")
     ap.add_argument("--prefix-refresh-wait", type=float, default=10.0,
                     help="seconds the refresh waits at most, before each 512-token chunk, for no request to run")
+    lora = ap.add_argument_group("per-person LoRA adapters (a request names its adapter in lora_path)")
+    lora.add_argument("--lora-slots", type=int, default=0,
+                      help="adapters resident at once, least recently used evicted (0: serve the base model only)")
+    lora.add_argument("--lora-max-rank", type=int, default=16, help="largest adapter rank (smaller ones are padded)")
+    lora.add_argument("--lora-targets", default=",".join(LORA_TARGETS),
+                      help="projections adapters may adapt, comma-separated (default: all)")
+    lora.add_argument("--lora-dir", default=None,
+                      help="directory of adapters, one per person in PEFT's layout: DIR/<person>/adapter_config.json + "
+                           "adapter_model.safetensors")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--compile-cache-dir", default=AUTO,
                     help="JAX's persistent compilation cache ('auto': ~/.cache/openclaw_jax/xla; '': off; "
@@ -139,6 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         image_limits = image_limits_from(args)
         args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         check_exposure(args.host, args.api_key)
+        args.lora_targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+        EngineConfig(lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank,  # the adapter flags' checks
+                     lora_targets=args.lora_targets)
+        if args.lora_dir is not None and not Path(args.lora_dir).is_dir():
+            raise ValueError(f"--lora-dir {args.lora_dir}: not a directory")
         for directory in args.weight_dir:
             if not Path(directory).is_dir():
                 raise ValueError(f"--weight-dir {directory}: not a directory")
@@ -165,7 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
                                         prefix_refresh_tokens=args.prefix_refresh_tokens,
                                         prefix_refresh_entries=args.prefix_refresh_entries,
-                                        prefix_refresh_wait_s=args.prefix_refresh_wait))
+                                        prefix_refresh_wait_s=args.prefix_refresh_wait,
+                                        lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank,
+                                        lora_targets=args.lora_targets,
+                                        lora_dir=args.lora_dir))
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,

@@ -20,7 +20,8 @@ an update made it copy each layer's cache twice a step). Attention for one query
 The arithmetic is the block's (`openclaw_jax.models.decoder.Block`): RMSNorm, RoPE, scores and
 softmax in float32, matmuls in the compute dtype; only the grouping of the matmuls differs.
 Models with LoRA adapters, and params sharded over several devices (the concatenations would
-regather them), keep the generic path (`fuse_layers` returns None).
+regather them), keep the generic path (`fuse_layers` returns None). Per-row adapters of multi-adapter
+serving ride along instead: each layer's dict may carry `lora` (see `decode_layer`).
 
 Measured on the 2-core AVX2 CPU (b16, 128-slot cache, one core, CPU time per step, the loop compiled
 without YNNPACK dots as the fused loop then was): 183 ms against 237 ms for the block path, when
@@ -116,17 +117,37 @@ def decode_attention(q, cache_k, cache_v, positions):
     return out.reshape(b, n, d).astype(q.dtype)
 
 
+def _row_lora(x, lora, parts, dt):
+    """Per-row LoRA deltas of x `[B, in]` for the projections `parts` ((target, out width), ...) side by
+    side, as the fused matrices lay out their outputs: `(x A[b]) B[b]` with lora[target] = (A `[B, in, r]`,
+    B `[B, r, out]`), each row's own adapter (`adapters.AdapterBank.layer_rows`); a target without an
+    adapter adds zeros."""
+    out = []
+    for target, width in parts:
+        if target in lora:
+            a, b = lora[target]
+            low = jnp.einsum("bi,bir->br", x, a.astype(dt))
+            out.append(jnp.einsum("br,bro->bo", low, b.astype(dt)))
+        else:
+            out.append(jnp.zeros((x.shape[0], width), dt))
+    return out[0] if len(out) == 1 else jnp.concatenate(out, axis=1)
+
+
 def decode_layer(cfg, layer, h, cos, sin, cache_k, cache_v, positions):
     """One decoder block for h `[B, H]` at `positions [B]` over this layer's cache `[B, S, K, D]`;
     returns (h, cache_k, cache_v) with each row's new key/value written at its position (a position
-    past the cache end writes nothing). cos/sin `[B, 1, D]`."""
+    past the cache end writes nothing). cos/sin `[B, 1, D]`. With `layer["lora"]` (per-row adapters,
+    multi-adapter serving) each projection adds its row's unmerged LoRA delta (`_row_lora`)."""
     dt = jnp.dtype(cfg.dtype)
     N, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     b = h.shape[0]
+    lora = layer.get("lora")
     x = _rms(h, layer["ln1"], cfg.rms_norm_eps, dt)
     qkv = jnp.dot(x, layer["wqkv"].astype(dt))
     if "bqkv" in layer:
         qkv = qkv + layer["bqkv"].astype(dt)
+    if lora is not None:
+        qkv = qkv + _row_lora(x, lora, (("q", N * D), ("k", K * D), ("v", K * D)), dt)
     q = qkv[:, :N * D].reshape(b, 1, N, D)
     k = qkv[:, N * D:(N + K) * D].reshape(b, 1, K, D)
     v = qkv[:, (N + K) * D:].reshape(b, K, D)
@@ -137,13 +158,21 @@ def decode_layer(cfg, layer, h, cos, sin, cache_k, cache_v, positions):
     rows = jnp.arange(b)
     cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
     cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
-    attn = decode_attention(q, cache_k, cache_v, positions)
-    h = h + jnp.dot(attn.reshape(b, N * D), layer["wo"].astype(dt))
+    attn = decode_attention(q, cache_k, cache_v, positions).reshape(b, N * D)
+    o = jnp.dot(attn, layer["wo"].astype(dt))
+    if lora is not None:
+        o = o + _row_lora(attn, lora, (("o", o.shape[-1]),), dt)
+    h = h + o
     x = _rms(h, layer["ln2"], cfg.rms_norm_eps, dt)
     gu = jnp.dot(x, layer["wgu"].astype(dt))
     inter = gu.shape[-1] // 2
-    h = h + jnp.dot(jax.nn.silu(gu[:, :inter]) * gu[:, inter:], layer["wd"].astype(dt))
-    return h, cache_k, cache_v
+    if lora is not None:
+        gu = gu + _row_lora(x, lora, (("gate", inter), ("up", inter)), dt)
+    act = jax.nn.silu(gu[:, :inter]) * gu[:, inter:]
+    down = jnp.dot(act, layer["wd"].astype(dt))
+    if lora is not None:
+        down = down + _row_lora(act, lora, (("down", down.shape[-1]),), dt)
+    return h + down, cache_k, cache_v
 
 
 def decode_step(cfg, weights, embed, norm, tokens, positions, cache):

@@ -34,9 +34,10 @@ ran with.
 
 Parts: `kernels.py` (the jitted prefill / insert / decode steps), `prefill.py` and `prefix_cache.py`
 (admission prefills and the prefix cache), `weight_swap.py` (checks, casts and the prefix refresh of
-a swap), `scheduler.py` (config, buckets, request setup and handles, batch sizing and prefill
-grouping), `stops.py` (finish reasons and reported text); this module is the engine thread that
-drives them.
+a swap), `adapter_serving.py` and `adapters.py` (each row with its own person's LoRA adapter,
+`EngineConfig.lora_slots`), `scheduler.py` (config, buckets, request setup and handles, batch sizing
+and prefill grouping), `stops.py` (finish reasons and reported text); this module is the engine
+thread that drives them.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from openclaw_jax.inference import stops
+from openclaw_jax.inference import adapters, stops
+from openclaw_jax.inference.adapter_serving import AdapterServing
 from openclaw_jax.inference.decode_layers import FUSED, fuse_layers
 from openclaw_jax.inference.kernels import (decode_loop_fused_jit, decode_loop_jit, extend_jit, gather_prefix_jit,
                                             grow_cache_jit, insert_jit, prefill_jit, split_layers, store_blocks_jit,
@@ -76,8 +78,9 @@ class EngineError(RuntimeError):
     """The engine could not run a request (shut down, internal failure)."""
 
 
-class Engine(WeightSwaps):
-    """Owns the params and the scheduler thread; see the module docstring (weight swaps: `WeightSwaps`)."""
+class Engine(WeightSwaps, AdapterServing):
+    """Owns the params and the scheduler thread; see the module docstring (weight swaps: `WeightSwaps`,
+    per-row LoRA adapters: `AdapterServing`)."""
 
     def __init__(self, model: nnx.Module, tokenizer: Any, *, context_length: int | None = None,
                  config: EngineConfig | None = None, weight_version: str = "default", seed: int | None = None,
@@ -104,14 +107,19 @@ class Engine(WeightSwaps):
         self._prefix = PrefixCache(block=self.config.prefix_cache_block, budget_bytes=self.config.prefix_cache_bytes,
                                    kv_bytes_per_token=self._kv_bytes_per_token,
                                    slot_shape=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), dtype=cache_dtype)
-        self._prefiller = Prefiller(self._graphdef, self.config, self.vocab_size, self._prefix)
+        # the steps' graphdef: the model's, or with adapters on, its LoRA form fed per-row adapters
+        steps_graphdef = self._init_adapters(cfg, self._graphdef)
+        self._prefiller = Prefiller(steps_graphdef, self.config, self.vocab_size, self._prefix,
+                                    row_state=None if self._adapters is None else self._group_params)
 
         # Module-level jitted steps with the graphdef as a static argument: engines serving the
         # same architecture (weight reloads, several engines in one process) share compilations.
         self._insert = insert_jit
         self._layer_graphdef, self._layer_states = self._decode_layers(self._state)
         loop = decode_loop_fused_jit if self._layer_graphdef == FUSED else decode_loop_jit
-        self._decode = functools.partial(loop, self._graphdef, self._layer_graphdef)
+        # the fused decode merges the plain model for its embedding and norm (adapters ride in the layers)
+        self._decode = functools.partial(loop, self._graphdef if loop is decode_loop_fused_jit else steps_graphdef,
+                                         self._layer_graphdef)
 
         self._lock = threading.Lock()  # guards params during a step
         self._swap_lock = threading.Lock()  # one weight swap (refresh + install) at a time
@@ -140,7 +148,8 @@ class Engine(WeightSwaps):
         return {name: fn._cache_size() for name, fn in
                 (("prefill", prefill_jit), ("extend", extend_jit), ("insert", insert_jit), ("decode", decode_loop_jit),
                  ("decode_fused", decode_loop_fused_jit),
-                 ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit), ("grow", grow_cache_jit))}
+                 ("prefix_gather", gather_prefix_jit), ("prefix_store", store_blocks_jit), ("grow", grow_cache_jit),
+                 *adapters.JITTED.items())}
 
     def prefix_cache_stats(self) -> dict[str, int]:
         """Hits, cached tokens served, stored / evicted blocks, invalidations, blocks in use and allocated."""
@@ -170,6 +179,7 @@ class Engine(WeightSwaps):
         if self._stop:
             raise EngineError("the engine is shut down")
         check_spec(spec, self.context_length, self.vocab_size)
+        self._check_adapter(spec)
         rid = spec.rid or uuid.uuid4().hex
         handle = RequestHandle(rid, stream, loop)
         seed = spec.sampling.sampling_seed
@@ -268,6 +278,8 @@ class Engine(WeightSwaps):
         fused = fuse_layers(self._graphdef, state)
         if fused is not None:
             return FUSED, fused
+        if self.config.lora_slots:
+            return None, None  # per-row adapters: the fused layers' or the model's layer scan
         return split_layers(self._graphdef, state)
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -314,8 +326,13 @@ class Engine(WeightSwaps):
             with self._cv:
                 # max_new_tokens == 0: only a prefill (prompt log-probs); never occupies a row.
                 zero = [s for s in self._pending if s.max_new == 0]
-                if zero:
-                    self._pending = collections.deque(s for s in self._pending if s.max_new > 0)
+            # outside the lock (submit takes it on the event loop): taking an adapter may read it from disk;
+            # only this thread removes queued sequences
+            zero = [s for s in zero if self._adapter_ready(s)]
+            if zero:
+                taken = {id(s) for s in zero}
+                with self._cv:
+                    self._pending = collections.deque(s for s in self._pending if id(s) not in taken)
             if zero:
                 self._prefill_only(zero)
             if self._batch is None or not self._batch.active():
@@ -391,12 +408,14 @@ class Engine(WeightSwaps):
             # rows are a power of two; never run more than max_batch_size sequences at once
             room = self.config.max_batch_size - len(batch.active())
             free = batch.free_rows()[:max(room, 0)]
-            admitted: list[Seq] = []
-            while self._pending and len(admitted) < len(free):
-                seq = self._pending[0]
-                if seq.need_len > batch.cache_len:
-                    break  # FIFO: let the batch drain instead of overtaking the head of the queue
-                admitted.append(self._pending.popleft())
+            heads = list(itertools.islice(self._pending, len(free)))
+        n = 0
+        for seq in heads:  # outside the lock, as in _schedule_and_step; only this thread pops the queue
+            if seq.need_len > batch.cache_len or not self._adapter_ready(seq):
+                break  # FIFO: let the batch drain (or an adapter slot free) instead of overtaking the head
+            n += 1
+        with self._cv:
+            admitted: list[Seq] = [self._pending.popleft() for _ in range(n)]
         if not admitted:
             return
         for seq, row in zip(admitted, free):
@@ -414,6 +433,7 @@ class Engine(WeightSwaps):
         for group, _, _ in self._prefill_round(seqs):
             for seq in group:
                 self._finish(seq, {"type": "length", "length": 0})
+                self._drop_adapter(seq)
 
     def _prefill_groups(self, seqs: list[Seq], batch: Batch) -> None:
         for group, small_cache, host in self._prefill_round(seqs):
@@ -459,7 +479,7 @@ class Engine(WeightSwaps):
             # a waiting request gets the first row that frees up
             stop_on_finish = bool(self._pending)
         with self._lock:
-            out = self._decode(self._state, self._layer_states, batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
+            out = self._decode(*self._decode_inputs(batch), batch.cache, tokens, positions, temps, top_p, top_k, min_p, keys, steps,
                                tids, stop_ids, remaining, limits, np.int32(n_steps), np.bool_(stop_on_finish),
                                n_top=n_top, k_ids=k_ids, max_steps=max(1, self.config.decode_steps))
             version = self._weight_version
@@ -520,6 +540,7 @@ class Engine(WeightSwaps):
                 self._prefiller.store_finished(seq, batch.cache)
             batch.rows[seq.row] = None
         seq.row = -1
+        self._drop_adapter(seq)
 
     def _abort_all_locked(self, message: str) -> int:
         n = 0
@@ -540,6 +561,7 @@ class Engine(WeightSwaps):
             self._pending.clear()
             self._batch = None
             for seq in seqs:
+                self._drop_adapter(seq)
                 if seq.out.finish_reason is None:
                     seq.out.finish_reason = {"type": "abort", "message": str(exc)}
                     seq.handle._put(exc)

@@ -62,7 +62,7 @@ class OpenAIRoutes:
         base = req.rid or O.new_id("")
         return [GenerationSpec(prompt_ids=tuple(ids), sampling=req.sampling, return_logprob=req.logprobs,
                                top_logprobs_num=req.top_logprobs, rid=base if req.sampling.n == 1 else f"{base}-{j}",
-                               sample_index=j)
+                               sample_index=j, lora_path=req.lora_path)
                 for j in range(req.sampling.n)]
 
     def _chat_logprobs(self, ids, logprobs, tops) -> dict[str, Any]:
@@ -173,7 +173,7 @@ class OpenAIRoutes:
                 specs.append(GenerationSpec(prompt_ids=tuple(ids), sampling=req.sampling, return_logprob=want_lp,
                                             top_logprobs_num=req.logprobs or 0,
                                             logprob_start_len=0 if (req.echo and want_lp) else -1,
-                                            rid=f"{base}-{p}-{j}", sample_index=j))
+                                            rid=f"{base}-{p}-{j}", sample_index=j, lora_path=req.lora_path))
         return specs
 
     def _completion_logprobs(self, req: P.CompletionRequest, out: SequenceOutput, first: bool) -> dict | None:

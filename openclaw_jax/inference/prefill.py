@@ -21,7 +21,7 @@ before that position: its input log-probs are computed, never copied.
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -35,8 +35,11 @@ from openclaw_jax.inference.scheduler import (EngineConfig, Seq, bucket, extend_
 class Prefiller:
     """Runs the prefills of admitted sequences (engine thread only)."""
 
-    def __init__(self, graphdef: Any, config: EngineConfig, vocab_size: int, prefix: PrefixCache):
+    def __init__(self, graphdef: Any, config: EngineConfig, vocab_size: int, prefix: PrefixCache,
+                 row_state: Callable[[Any, list[Seq], int], Any] | None = None):
         self.config = config
+        # (state, group, rows) -> the params for that group's call: per-row adapters (adapters.py)
+        self.row_state = row_state
         self.vocab_size = vocab_size
         self.prefix = prefix
         self._prefill = functools.partial(prefill_jit, graphdef)
@@ -63,7 +66,8 @@ class Prefiller:
         if pc.enabled:
             pc.sync(generation)
             for seq in seqs:
-                paths[id(seq)] = pc.match(seq.spec.prompt_ids, self.reusable_len(seq))
+                # K/V under an adapter are that adapter's: cached and reused for the base model only
+                paths[id(seq)] = [] if seq.spec.lora_path else pc.match(seq.spec.prompt_ids, self.reusable_len(seq))
         self._protect = protect = {node for path in paths.values() for node in path}
         for seq in seqs:
             seq.cached = len(paths.get(id(seq), ())) * pc.block
@@ -99,7 +103,7 @@ class Prefiller:
         is synced (emptied) at the next prefill, so a sequence that decoded across a swap is either
         stored under the old generation (dropped at that sync, never served) or not at all."""
         pc = self.prefix
-        if not pc.enabled or seq.gen != pc.generation or seq.row < 0:
+        if not pc.enabled or seq.gen != pc.generation or seq.row < 0 or seq.spec.lora_path:
             return
         # slots < position hold K/V (the last sampled token was never fed back)
         ids = (list(seq.spec.prompt_ids) + seq.out.output_ids)[:seq.position]
@@ -125,6 +129,8 @@ class Prefiller:
             ids[i, :seq.prompt_len] = seq.spec.prompt_ids
             lengths[i] = seq.prompt_len
         sampling, static = self._arrays(group, b)
+        if self.row_state is not None:
+            state = self.row_state(state, group, b)
         out = self._prefill(state, ids, lengths, *sampling, **static)
         cache = out.pop("cache")
         return cache, jax.device_get(out)
@@ -148,6 +154,8 @@ class Prefiller:
             lengths[i] = len(new)
         sampling, static = self._arrays(group, b)
         cache = self.prefix.gather(tables, ln)
+        if self.row_state is not None:
+            state = self.row_state(state, group, b)
         out = self._extend(state, cache, ids, starts, lengths, *sampling, **static)
         cache = out.pop("cache")
         return cache, jax.device_get(out)
@@ -157,6 +165,8 @@ class Prefiller:
         pc = self.prefix
         rows, src, slots = [], [], []
         for i, seq in enumerate(group):
+            if seq.spec.lora_path:
+                continue
             path, writes = pc.insert(seq.spec.prompt_ids, paths.get(id(seq), []), seq.prompt_len // pc.block, protect)
             protect.update(path)
             for block_index, slot in writes:

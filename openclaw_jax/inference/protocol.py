@@ -72,6 +72,14 @@ def _model_and_rid(body: Mapping) -> tuple[str, str | None]:
     return model, rid
 
 
+def _lora_path(body: Mapping) -> str | None:
+    """SGLang's `lora_path` extra field: the adapter (a person id) to generate with; None: the base model."""
+    lora = body.get("lora_path")
+    if lora is not None and not isinstance(lora, str):
+        raise WireError(f"lora_path must be an adapter name (a string), got {str(lora)[:80]!r}", param="lora_path")
+    return lora
+
+
 # Chat fields SGLang may honour but this server cannot: answered 400 rather than ignored, since
 # each would change what is sampled. Fields that cannot change the reply (store, prompt_cache_key,
 # user, metadata, ...) are ignored, as SGLang does.
@@ -108,6 +116,7 @@ class ChatRequest:
     rid: str | None = None
     continue_final_message: bool = False
     images: tuple[ImageInput, ...] = ()  # data-URL image_url parts, in prompt order (wire/images.py)
+    lora_path: str | None = None
 
 
 def parse_chat_request(body: Any, *, vocab_size: int, image_limits: ImageLimits = DEFAULT_LIMITS) -> ChatRequest:
@@ -134,7 +143,7 @@ def parse_chat_request(body: Any, *, vocab_size: int, image_limits: ImageLimits 
                        tool_choice=tool_choice if tool_choice is not None else ("auto" if tools else "none"),
                        chat_template_kwargs=O.parse_chat_template_kwargs(body), input_ids=input_ids, rid=rid,
                        continue_final_message=optional_bool(body, "continue_final_message", False),
-                       images=tuple(images))
+                       images=tuple(images), lora_path=_lora_path(body))
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,7 @@ class CompletionRequest:
     logprobs: int | None = None
     echo: bool = False
     rid: str | None = None
+    lora_path: str | None = None
 
 
 def _completion_prompts(prompt: Any, vocab_size: int) -> list[str | tuple[int, ...]]:
@@ -196,4 +206,4 @@ def parse_completion_request(body: Any, *, vocab_size: int) -> CompletionRequest
     return CompletionRequest(prompts=tuple(prompts), model=model, sampling=sampling,
                              stream=optional_bool(body, "stream", False), include_usage=include_usage,
                              continuous_usage_stats=continuous, logprobs=logprobs,
-                             echo=optional_bool(body, "echo", False), rid=rid)
+                             echo=optional_bool(body, "echo", False), rid=rid, lora_path=_lora_path(body))

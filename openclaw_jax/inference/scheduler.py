@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from openclaw_jax.inference.types import GenerationSpec, SequenceOutput
+from openclaw_jax.models.config import LORA_TARGETS
 
 
 # prompt lengths past half of this (whose power-of-two bucket is at least this) are bucketed in
@@ -76,6 +77,14 @@ class EngineConfig:
     # the refresh goes chunk by chunk and waits before each for up to this long for no request to be queued
     # or running: a person's turn competes with at most one chunk of it
     prefix_refresh_wait_s: float = 10.0
+    # many people's LoRA adapters served at once (adapters.py): this many resident adapter slots (0: off,
+    # the engine serves the base model only), each adapter zero-padded to lora_max_rank on lora_targets;
+    # adapters are read by name (a request's lora_path) from lora_dir/<name>/ or handed in as arrays.
+    # Each row's adapter is added unmerged beside the fused decode matrices (decode_layers.decode_layer).
+    lora_slots: int = 0
+    lora_max_rank: int = 16
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    lora_dir: str | None = None
 
     def __post_init__(self):
         if self.max_batch_size < 1:
@@ -96,6 +105,11 @@ class EngineConfig:
             raise ValueError(f"max_prefill_rows={self.max_prefill_rows} must be >= 0 (0: no limit)")
         if self.min_prefill_rows < 0:
             raise ValueError(f"min_prefill_rows={self.min_prefill_rows} must be >= 0 (0: min_batch_bucket)")
+        if self.lora_slots < 0 or self.lora_max_rank < 1:
+            raise ValueError(f"lora_slots={self.lora_slots} must be >= 0 (0: no adapters) and "
+                             f"lora_max_rank={self.lora_max_rank} >= 1")
+        if not self.lora_targets or any(t not in LORA_TARGETS for t in self.lora_targets):
+            raise ValueError(f"lora_targets={self.lora_targets!r} must be a non-empty subset of {LORA_TARGETS}")
         for name in ("min_prompt_bucket", "min_cache_bucket", "prompt_bucket_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -193,6 +207,7 @@ class Seq:
     step_version: str = ""  # the weight version of the step that produced the token being accepted
     cached: int = 0  # prompt tokens whose K/V came from the prefix cache (this prefill starts there)
     gen: int = -1  # weights generation of its prefill (-1: none yet)
+    adapter_slot: int = 0  # its adapter's slot in the engine's AdapterBank while it holds one (0: none)
 
     @property
     def base_key(self) -> np.ndarray:

@@ -69,7 +69,7 @@ _ROUTES = (
     ("POST", "/update_weights_from_disk", "update_weights_from_disk"),
     ("POST", "/pause_generation", "pause_generation"), ("POST", "/continue_generation", "continue_generation"),
     ("GET", "/flush_cache", "flush_cache"), ("POST", "/flush_cache", "flush_cache"),
-    ("POST", "/abort_request", "abort_request"),
+    ("POST", "/abort_request", "abort_request"), ("POST", "/load_lora_adapter", "load_lora_adapter"),
 )
 
 
@@ -350,6 +350,9 @@ class InferenceServer(OpenAIRoutes):
         req = await G.parse_off_loop(request, S.parse_generate_request, body, vocab_size=self.vocab_size,
                                      image_limits=self.image_limits)
         if any(item.images for item in req.items):
+            if any(item.lora_path is not None for item in req.items):
+                raise WireError("lora_path is not served with images: the image path runs the base model",
+                                param="lora_path")
             return await self._generate_with_images(request, req)
         specs = await self._generate_specs(request, req)
         single = not req.is_batch and len(specs) == 1
@@ -473,6 +476,28 @@ class InferenceServer(OpenAIRoutes):
             logger.info("/flush_cache: dropped %d cached prefix blocks", blocks)
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
                                  "running or waiting requests, the operation will not be performed.)\n", status=200)
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        """SGLang's `/load_lora_adapter` {"lora_name"}: (re)read the person's adapter from the engine's
+        adapter directory (`--lora-dir`/<lora_name>/); a resident one serves its new values from the next
+        step. `lora_path`, if given, must name that same directory."""
+        body = await self._json(request)
+        name = body.get("lora_name") if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            raise WireError("the /load_lora_adapter body must be a JSON object with lora_name (an adapter name)")
+        lora_dir = self.engine.config.lora_dir
+        path = body.get("lora_path")
+        if path is not None and (not lora_dir or not isinstance(path, str)
+                                 or os.path.realpath(path) != os.path.realpath(os.path.join(lora_dir, name))):
+            raise WireError(f"lora_path must be omitted or be <--lora-dir>/{name[:80]} (adapters are read from the "
+                            "server's adapter directory only)")
+        try:
+            resident = await asyncio.to_thread(self.engine.load_adapter, name)
+        except ValueError as exc:
+            return json_response({"success": False, "error_message": str(exc)}, 400)
+        stats = await asyncio.to_thread(self.engine.adapter_stats)
+        return json_response({"success": True, "error_message": "", "was_resident": resident,
+                              "loaded_adapters": stats["resident"]})
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await self._json(request)

@@ -27,6 +27,8 @@ class GenerationSpec:
     rid: str | None = None
     # which of the request's n samples this is (folded into the PRNG key so samples differ)
     sample_index: int = 0
+    # the person's LoRA adapter to serve this sequence with (SGLang's field name; None: the base model)
+    lora_path: str | None = None
 
     @classmethod
     def of_item(cls, item: GenerateItem, prompt_ids: Sequence[int], sample_index: int = 0,
@@ -35,7 +37,7 @@ class GenerationSpec:
         return cls(prompt_ids=tuple(int(t) for t in prompt_ids), sampling=item.sampling,
                    return_logprob=item.return_logprob, logprob_start_len=item.logprob_start_len,
                    top_logprobs_num=item.top_logprobs_num, token_ids_logprob=item.token_ids_logprob,
-                   rid=rid if rid is not None else item.rid, sample_index=sample_index)
+                   rid=rid if rid is not None else item.rid, sample_index=sample_index, lora_path=item.lora_path)
 
 
 @dataclass

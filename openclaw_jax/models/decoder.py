@@ -89,7 +89,9 @@ class Projection(nnx.Module):
     """y = x . W (+ b) (+ scale * (x . A) . B): contracts the last len(in_shape) dims of x.
 
     W is [*stack, *in_shape, *out_shape]. With LoRA, A is [*stack, *in_shape, r] (random) and
-    B is [*stack, r, *out_shape] (zeros), so the adapted model equals the base at init.
+    B is [*stack, r, *out_shape] (zeros), so the adapted model equals the base at init. A and B may
+    also carry a leading batch-row axis after the stack (`[*stack, B, *in_shape, r]`): each row of x
+    then gets its own adapter (multi-adapter serving).
     """
 
     def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...], in_axes: tuple[str, ...],
@@ -120,8 +122,16 @@ class Projection(nnx.Module):
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         if self.lora_a is not None:
-            low = jnp.tensordot(x, self.lora_a[...].astype(self.dtype), axes=self.in_ndim)
-            y = y + self.lora_scale * jnp.tensordot(low, self.lora_b[...].astype(self.dtype), axes=1)
+            a, b = self.lora_a[...].astype(self.dtype), self.lora_b[...].astype(self.dtype)
+            if a.ndim == self.in_ndim + 2:
+                # one adapter per batch row (a [B, *in, r], b [B, r, *out]): multi-adapter serving
+                # (`openclaw_jax.inference.adapters`)
+                rows, rank = a.shape[0], a.shape[-1]
+                low = jnp.einsum("bsi,bir->bsr", x.reshape(rows, -1, a[0].size // rank), a.reshape(rows, -1, rank))
+                delta = jnp.einsum("bsr,bro->bso", low, b.reshape(rows, rank, -1))
+                return y + self.lora_scale * delta.reshape(y.shape)
+            low = jnp.tensordot(x, a, axes=self.in_ndim)
+            y = y + self.lora_scale * jnp.tensordot(low, b, axes=1)
         return y
 
 

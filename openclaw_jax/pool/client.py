@@ -334,11 +334,11 @@ class PoolClient:
 
     def _generate_payload(self, input_ids, text, sampling_params: SamplingArg, return_logprob: bool,
                           top_logprobs_num: int, logprob_start_len: int, rid: str | None, stream: bool,
-                          image_data: Sequence[str] | None = None) -> dict[str, Any]:
+                          image_data: Sequence[str] | None = None, lora_path: str | None = None) -> dict[str, Any]:
         return S.generate_request_body(
             input_ids=None if input_ids is None else self._check_ids([int(t) for t in input_ids]), text=text,
             sampling_params=sampling_params, return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-            logprob_start_len=logprob_start_len, rid=rid, stream=stream, image_data=image_data)
+            logprob_start_len=logprob_start_len, rid=rid, stream=stream, image_data=image_data, lora_path=lora_path)
 
     @staticmethod
     def _check_single(sampling_params: SamplingArg) -> None:
@@ -364,12 +364,15 @@ class PoolClient:
     async def generate(self, input_ids: list[int] | None = None, *, text: str | None = None,
                        sampling_params: SamplingArg = None, return_logprob: bool = False,
                        top_logprobs_num: int = 0, logprob_start_len: int = -1,
-                       rid: str | None = None, image_data: Sequence[str] | None = None) -> GenerateResult:
+                       rid: str | None = None, image_data: Sequence[str] | None = None,
+                       lora_path: str | None = None) -> GenerateResult:
         """One `/generate` call; retried on transient failures; returns the finished sequence.
-        `image_data`: the prompt's images as data URLs, in order (its ids hold their placeholders)."""
+        `image_data`: the prompt's images as data URLs, in order (its ids hold their placeholders);
+        `lora_path`: the LoRA adapter (a person id) the worker generates with (None: the base model)."""
         self._check_single(sampling_params)
         payload = self._generate_payload(input_ids, text, sampling_params, return_logprob, top_logprobs_num,
-                                         logprob_start_len, rid, stream=False, image_data=image_data)
+                                         logprob_start_len, rid, stream=False, image_data=image_data,
+                                         lora_path=lora_path)
         expect = bool(payload.get("return_logprob"))
         return await self._request_json("POST", "/generate", payload,
                                          parse=self._parse_generate(expect, int(top_logprobs_num)))
@@ -403,7 +406,7 @@ class PoolClient:
     async def generate_stream(self, input_ids: list[int] | None = None, *, text: str | None = None,
                               sampling_params: SamplingArg = None, return_logprob: bool = False,
                               top_logprobs_num: int = 0, logprob_start_len: int = -1,
-                              rid: str | None = None) -> AsyncIterator[GenerateResult]:
+                              rid: str | None = None, lora_path: str | None = None) -> AsyncIterator[GenerateResult]:
         """Streaming `/generate`: yields cumulative partial results; the last one has a finish_reason.
 
         Failures before the first chunk are retried like `generate`; a failure after chunks were
@@ -411,7 +414,7 @@ class PoolClient:
         """
         self._check_single(sampling_params)
         payload = self._generate_payload(input_ids, text, sampling_params, return_logprob, top_logprobs_num,
-                                         logprob_start_len, rid, stream=True)
+                                         logprob_start_len, rid, stream=True, lora_path=lora_path)
         parse = self._parse_generate(bool(payload.get("return_logprob")), int(top_logprobs_num))
         session = self._require_session()
         async with contextlib.aclosing(self._tries("streaming /generate", "/generate")) as tries:

@@ -233,6 +233,7 @@ class GenerateItem:
     token_ids_logprob: tuple[int, ...] | None = None
     rid: str | None = None
     images: tuple[Any, ...] = ()   # `wire.images.ImageInput`s of `image_data` (data URLs), prompt order
+    lora_path: str | None = None   # the LoRA adapter (a person id) to generate with; None: the base model
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def generate_request_body(*, input_ids: Sequence[int] | Sequence[Sequence[int]] 
                           sampling_params: "SamplingParams | Mapping[str, Any] | None" = None,
                           return_logprob: bool = False, top_logprobs_num: int = 0, logprob_start_len: int = -1,
                           rid: str | None = None, stream: bool = False,
-                          image_data: Sequence[str] | None = None) -> dict[str, Any]:
+                          image_data: Sequence[str] | None = None, lora_path: str | None = None) -> dict[str, Any]:
     """The `/generate` body a client sends (one prompt, or a batch of ids/texts); `image_data`: the
     prompt's images as data URLs, in order (one prompt only)."""
     if (input_ids is None) == (text is None):
@@ -268,11 +269,13 @@ def generate_request_body(*, input_ids: Sequence[int] | Sequence[Sequence[int]] 
         payload["stream"] = True
     if image_data:
         payload["image_data"] = list(image_data)
+    if lora_path is not None:
+        payload["lora_path"] = lora_path
     return payload
 
 
-_UNSUPPORTED_GENERATE_FIELDS = ("input_embeds", "video_data", "audio_data", "lora_path",
-                                "session_params", "custom_logit_processor")
+_UNSUPPORTED_GENERATE_FIELDS = ("input_embeds", "video_data", "audio_data", "session_params",
+                                "custom_logit_processor")
 
 
 def _per_item(value: Any, n_items: int, is_batch: bool, name: str, *, list_is_scalar: bool = False) -> list[Any]:
@@ -357,6 +360,7 @@ def parse_generate_request(body: Any, *, vocab_size: int, image_limits: ImageLim
     token_ids_lp = _per_item(body.get("token_ids_logprob"), n_items, is_batch, "token_ids_logprob",
                              list_is_scalar=True)
     rids = _per_item(body.get("rid"), n_items, is_batch, "rid")
+    lora_paths = _per_item(body.get("lora_path"), n_items, is_batch, "lora_path")
     items = []
     for i in range(n_items):
         rl = return_logprob[i]
@@ -372,9 +376,12 @@ def parse_generate_request(body: Any, *, vocab_size: int, image_limits: ImageLim
         rid = rids[i]
         if rid is not None and not isinstance(rid, str):
             raise WireError(f"rid must be a string, got {rid!r}")
+        lora = lora_paths[i]
+        if lora is not None and not isinstance(lora, str):
+            raise WireError(f"lora_path must be an adapter name (a string), got {str(lora)[:80]!r}", param="lora_path")
         items.append(GenerateItem(text=prompts_text[i], input_ids=prompts_ids[i], sampling=samplings[i],
                                   return_logprob=rl, logprob_start_len=sl, top_logprobs_num=min(tn, vocab_size),
-                                  token_ids_logprob=tids, rid=rid, images=images))
+                                  token_ids_logprob=tids, rid=rid, images=images, lora_path=lora))
     return GenerateRequest(items=tuple(items), is_batch=is_batch, stream=optional_bool(body, "stream", False),
                            return_text_in_logprobs=optional_bool(body, "return_text_in_logprobs", False))
 
