@@ -211,8 +211,14 @@ class PolicyConfig:
     # OPENCLAW_POLICY_API_KEY, else none for external workers and a fresh key per run for the embedded and
     # process servers
     api_key: str | None = None
+    # trainer.personalize=per_person: the people's LoRA adapters resident in the embedded (or process) engine at
+    # once (each slot holds one adapter at model.lora.rank; a person beyond them waits for an idle one, the least
+    # recently used is evicted and read again when needed); unused in shared runs
+    lora_slots: int = 4
 
     def __post_init__(self):
+        _require(self.lora_slots >= 1, f"policy.lora_slots={self.lora_slots} must be >= 1 (adapters resident at once "
+                                       "in a per-person run)")
         if self.mode == "external":
             _require(bool(self.urls), "policy.urls must list at least one worker or router URL when policy.mode=external")
         _require(0 <= self.port < 65536, f"policy.port={self.port} must be in [0, 65535]")
@@ -378,9 +384,13 @@ class ExperimentConfig:
                  "trainer.personalize=per_person trains the people of the gateway's samples; agentic.enabled runs "
                  "have no people: set trainer.personalize=shared")
         _require(self.trainer.personalize == "shared" or not self.gate.enabled,
-                 "trainer.personalize=per_person serves the shared base model and pushes no trained weights yet (an "
-                 "adapter per request is not served), so the promotion gate has no version to decide on, and would "
-                 f"hold out 1 in {self.gate.holdout_every} of each person's turns from training: set gate.enabled=false")
+                 "trainer.personalize=per_person serves each person their own adapter as it trains, with no promotion "
+                 "check (the gate decides on shared versions), and the gate would hold out 1 in "
+                 f"{self.gate.holdout_every} of each person's turns from training: set gate.enabled=false")
+        _require(self.trainer.personalize == "shared" or self.policy.mode != "external",
+                 "trainer.personalize=per_person serves each person's adapter from the JAX engine "
+                 "(policy.mode=embedded or process); policy.mode=external (SGLang workers) is not wired to per-person "
+                 "adapters: set policy.mode=embedded or policy.mode=process")
         if self.gate.enabled:
             _require(not self.agentic.enabled, "gate.enabled=true checks candidates on the person's held-out turns "
                                                "from the gateway; agentic.enabled runs have none: set gate.enabled=false")

@@ -57,6 +57,7 @@ from openclaw_jax.pool.client import PoolClient
 from openclaw_jax.pool.weight_sync import DiskWeightSync, InProcessWeightSync, worker_urls
 from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
 from openclaw_jax.runs.gate import LateJudge, start_gate
+from openclaw_jax.runs.person_adapters import AdapterPublisher, engine_settings, server_flags
 from openclaw_jax.runs.policy_process import PolicyProcess, lower_priority, server_command
 from openclaw_jax.runs.untrained import UntrainedLearner
 from openclaw_jax.runs.users import env_runner
@@ -221,6 +222,7 @@ class _Run:
     gateway: Any = None   # the in-process gateway (process 0 of a conversation run)
     gate: Any = None      # the promotion gate between the trainer and the pool (serving/gate.py)
     sessions: Any = None   # the simulated person's SessionLog (conversation runs)
+    adapters: AdapterPublisher | None = None   # per-person runs: serves each person's adapter as it trains
 
     def record_eval(self, record: dict[str, Any]) -> None:
         record["time_s"] = time.monotonic() - self.t_start
@@ -252,7 +254,8 @@ async def _start_embedded_pool(r: _Run):
                                  max_batch=cfg.policy.max_batch_size) \
             if hasattr(serving, "vl_cfg") else None
         engine = Engine(serving.language_model if vision is not None else serving, base.tokenizer,
-                        context_length=cfg.policy.context_length or None, config=engine_config(cfg.policy),
+                        context_length=cfg.policy.context_length or None,
+                        config=dataclasses.replace(engine_config(cfg.policy), **engine_settings(cfg, r.run_dir)),
                         weight_version=_served_version(r), seed=cfg.seed)
         # A fresh key per run (or policy.api_key / $OPENCLAW_POLICY_API_KEY when given), handed to the gateway and
         # the agentic driver: the control routes (pause, abort, flush, weight updates) stay closed to anything
@@ -299,7 +302,7 @@ async def _start_policy_process(r: _Run, resumed: bool):
     versions_dir = versions_dir_for(r.run_dir / "samples")   # where a rollback's kept weights are
     versions_dir.mkdir(parents=True, exist_ok=True)
     command = server_command(r.cfg, r.base.model_dir, r.trainer.weight_version if not resumed else "0",
-                             [weight_dir, versions_dir])
+                             [weight_dir, versions_dir]) + server_flags(engine_settings(r.cfg, r.run_dir))
     server = PolicyProcess(command, r.run_dir / "policy.log", env={POLICY_API_KEY_ENV: key})
     url = await server.start()
     r.cleanups.append(server.stop)
@@ -370,9 +373,9 @@ def _announce_live(r: _Run, gateway_url: str, gw_cfg) -> None:
              "--api-key <their key of gateway.keys_file>" if gw_cfg.keys_file else "--person-id <their name>")
     gate = r.cfg.gate
     if r.cfg.trainer.personalize == "per_person":
-        log.info("serving the shared base model (version 0) to everyone: trainer.personalize=per_person trains each "
-                 "person's adapter (%d so far, at step %d, trained on samples [0, %d)) but does not serve them yet; "
-                 "Ctrl-C saves and stops, the same command continues", len(r.trainer.adapters), r.trainer.step,
+        log.info("serving each person their own adapter once it has trained (the base model, version 0, until then): "
+                 "trainer.personalize=per_person, %d adapters so far, at step %d, trained on samples [0, %d); Ctrl-C "
+                 "saves and stops, the same command continues", len(r.trainer.adapters), r.trainer.step,
                  r.trainer.sample_offset)
         return
     served = r.gate.served_version if r.gate is not None else r.trainer.weight_version
@@ -446,6 +449,8 @@ def _step_callback(r: _Run, evaluate, agentic):
                           waiting=int(metrics.get("samples/waiting", 0)))
         if agentic is not None:
             agentic.log_rollouts(step, r.writer)
+        if r.adapters is not None:   # the people just trained are served their new adapters
+            await r.adapters.publish(trainer.last_stepped)
         reset = r.gate.take_reset() if r.gate is not None else None
         if reset is not None:   # refusals in a row: train on from the served weights (serving/gate.py)
             await asyncio.to_thread(reset_to_serving, trainer, reset)
@@ -471,13 +476,24 @@ async def _start_gate(r: _Run, push) -> None:
         r.cleanups.append(r.gate.close)
 
 
+async def _start_adapter_serving(r: _Run, policy_urls: list[str]) -> None:
+    """Per-person runs: each person's adapter is served to them (runs/person_adapters.py); a resumed run's
+    adapters at once."""
+    r.adapters = await AdapterPublisher(
+        r.trainer, r.run_dir, base_model=r.base.model_dir, policy_url=policy_urls[0] if policy_urls else None,
+        api_key=r.pool_api_key, request_timeout_s=r.cfg.policy.request_timeout_s,
+        on_served=r.gateway.serve_adapter if r.gateway is not None else None).start()
+    r.cleanups.append(r.adapters.close)
+    await r.adapters.publish(list(r.trainer.adapters))
+
+
 def _weight_sync(r: _Run, push) -> BackgroundWeightSync | None:
     """How trained weights reach the pool (through the gate when there is one); None: they do not."""
     if r.cfg.trainer.personalize == "per_person":
-        log.warning("trainer.personalize=per_person: each person's adapter trains on their own samples, but the policy "
-                    "serves the shared base model to everyone and no trained weights are pushed (an adapter per "
-                    "request is not served yet); the adapters are checkpointed in %s and exported to "
-                    "%s/export/step_N/%s/<person>/ (docs/household.md)", r.run_dir / "ckpt", r.run_dir, ADAPTERS_DIR)
+        log.info("trainer.personalize=per_person: each person's adapter trains on their own samples and is served to "
+                 "them after each of their steps from %s/<person>/; no shared weights are pushed; the adapters are "
+                 "checkpointed in %s and exported to %s/export/step_N/%s/<person>/ (docs/household.md)",
+                 r.adapters.directory if r.adapters else "-", r.run_dir / "ckpt", r.run_dir, ADAPTERS_DIR)
         return None
     return BackgroundWeightSync(r.gate or push) if push is not None else None
 
@@ -537,6 +553,8 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
             if cfg.env.enabled:
                 evaluate, task = await _start_users(r, gateway_url, stop)
                 env_tasks.append(task)
+        if isinstance(trainer, PerPersonTrainer):
+            await _start_adapter_serving(r, policy_urls)
 
         await trainer.run(str(run_dir / "samples"), checkpointer=checkpointer, writer=r.writer,
                           weight_sync=_weight_sync(r, push), stop=stop, on_step=_step_callback(r, evaluate, agentic),

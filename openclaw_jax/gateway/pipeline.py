@@ -110,7 +110,8 @@ class JudgePipeline:
             temperature=turn.temperature, top_p=turn.top_p, top_k=turn.top_k, eval_score=judgement.eval_score, eval_votes=list(judgement.eval_votes),
             hint_votes=list(judgement.hint_votes), judge_raw=judgement.raw, judge=judgement.judge,
             next_state=job.next_state.to_dict(), response_text=turn.response_text,
-            finish_reason=turn.finish_reason, image_sha256=[im.sha256 for im in turn.images], person=turn.person)
+            finish_reason=turn.finish_reason, image_sha256=[im.sha256 for im in turn.images], person=turn.person,
+            adapter=turn.adapter, adapter_steps=turn.adapter_steps)
         if turn.images:
             # The blobs first, durably (fsynced), from the spool: the store refuses a record naming an image it lacks.
             try:

@@ -161,6 +161,22 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
         self.budget: TextBudget | None = None
         self.writer: StoreWriter | None = None
         self._stop_ids: list[int] = []
+        # person -> their adapter's optimizer steps, for each person whose LoRA adapter the pool serves
+        # (a per-person run's `serve_adapter`): their turns go to it; everyone else's to the base model
+        self.served_adapters: dict[str, int] = {}
+
+    def serve_adapter(self, person: str, adapter_steps: int) -> None:
+        """From now on `person`'s turns are generated with their adapter (`lora_path=<person>`): the pool has it
+        loaded, at `adapter_steps` optimizer steps."""
+        self.served_adapters[person] = int(adapter_steps)
+
+    def _adapter_of(self, person: str, req: ChatCompletionRequest) -> tuple[str | None, int | None]:
+        """(the adapter a request of `person` is served with, its steps), or (None, None): the base model (a
+        person with no adapter yet; prompts with images, which adapters do not serve)."""
+        steps = self.served_adapters.get(person)
+        if steps is None or req.images:
+            return None, None
+        return person, steps
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -393,28 +409,30 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             # The previous turn was scored above; this request's own turn never gets a next state.
             self.sessions.end_session(session.session_id, person=person)
 
+        adapter = self._adapter_of(person, req)
         try:
             if req.stream:
-                return await self._stream_chat(request, req, prompt_ids, params, ticket)
-            return await self._complete_chat(request, req, prompt_ids, params, ticket, grids)
+                return await self._stream_chat(request, req, prompt_ids, params, ticket, adapter)
+            return await self._complete_chat(request, req, prompt_ids, params, ticket, grids, adapter)
         except BaseException:
             if ticket is not None:
                 self.sessions.fail_turn(ticket)  # no-op if the turn was recorded
             raise
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int,
-                        images: tuple = ()) -> GenerateResult:
+                        images: tuple = (), lora_path: str | None = None) -> GenerateResult:
         try:
             extra = {"image_data": [image_data_url(im) for im in images]} if images else {}
             return await self.policy.generate(prompt_ids, sampling_params=params, return_logprob=True,
-                                              top_logprobs_num=top_logprobs, **extra)
+                                              top_logprobs_num=top_logprobs, lora_path=lora_path, **extra)
         except (PoolError, asyncio.TimeoutError) as err:
             self.stats.pool_errors += 1
             logger.warning("policy pool error: %s", err)
             raise pool_error_to_http(err) from None
 
     def _record_turn(self, ticket: TurnTicket | None, req: ChatCompletionRequest, prompt_ids: list[int],
-                     result: GenerateResult, params: SamplingParams, images: tuple[SpooledImage, ...] = ()) -> None:
+                     result: GenerateResult, params: SamplingParams, images: tuple[SpooledImage, ...] = (),
+                     adapter: tuple[str | None, int | None] = (None, None)) -> None:
         if ticket is None:
             return
         if not result.response_ids or len(result.rollout_logprobs) != len(result.response_ids):
@@ -433,7 +451,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             last_weight_version=result.last_weight_version,
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             finish_reason=result.finish_reason.type if result.finish_reason else "", images=images,
-            person=ticket.person)
+            person=ticket.person, adapter=adapter[0], adapter_steps=adapter[1])
         self.stats.turns_recorded += 1
         job = self.sessions.complete_turn(ticket, record)
         if job is not None:
@@ -444,16 +462,19 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
                                  result.output_top_logprobs[start:stop] if top else None,
                                  lambda t: self.tokenizer.decode([t]), top_n=top)
 
-    def _metadata(self, result: GenerateResult, ticket: TurnTicket | None) -> dict[str, Any]:
+    def _metadata(self, result: GenerateResult, ticket: TurnTicket | None,
+                  adapter: tuple[str | None, int | None]) -> dict[str, Any]:
         meta: dict[str, Any] = {"weight_version": result.weight_version}
+        if adapter[0] is not None:   # OpenAI's metadata values are strings
+            meta.update(adapter=adapter[0], adapter_steps=str(adapter[1]))
         if ticket is not None:
             meta.update(session_id=ticket.session_id, turn_index=ticket.turn_index)
         return meta
 
     async def _complete_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
                              params: SamplingParams, ticket: TurnTicket | None,
-                             grids: list[tuple[int, int, int]]) -> web.Response:
-        result = await self._generate(prompt_ids, params, req.top_logprobs, req.images)
+                             grids: list[tuple[int, int, int]], adapter: tuple[str | None, int | None]) -> web.Response:
+        result = await self._generate(prompt_ids, params, req.top_logprobs, req.images, lora_path=adapter[0])
         transport = request.transport
         if transport is None or transport.is_closing():
             # The agent hung up: it never saw this reply, so the turn must not be trained on.
@@ -466,7 +487,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             if images is None:   # over the spool's bounds: answered, not trained
                 self.sessions.fail_turn(ticket)
                 ticket, images = None, ()
-        self._record_turn(ticket, req, prompt_ids, result, params, images)
+        self._record_turn(ticket, req, prompt_ids, result, params, images, adapter)
         content, calls = split_tool_calls(result.text, req.tools)
         choice = O.chat_choice(
             0, O.chat_message((content or None) if calls else content, calls),
@@ -477,14 +498,15 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
                                  model=req.model or self.cfg.served_model_name, choices=[choice],
                                  usage=O.usage(len(prompt_ids), len(result.response_ids),
                                                cached_tokens=result.cached_tokens),
-                                 metadata=self._metadata(result, ticket))
+                                 metadata=self._metadata(result, ticket, adapter))
         return web.json_response(body, dumps=json_safe.dumps, headers=request.get(GATEWAY_HEADERS))
 
     async def _stream_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
-                           params: SamplingParams, ticket: TurnTicket | None) -> web.StreamResponse:
+                           params: SamplingParams, ticket: TurnTicket | None,
+                           adapter: tuple[str | None, int | None]) -> web.StreamResponse:
         started = time.monotonic()
         stream = self.policy.generate_stream(prompt_ids, sampling_params=params, return_logprob=True,
-                                             top_logprobs_num=req.top_logprobs)
+                                             top_logprobs_num=req.top_logprobs, lora_path=adapter[0])
         first = await self._first_chunk(stream)  # before answering 200: pool trouble is still an error status
         first_s = time.monotonic() - started
         response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no",
@@ -496,7 +518,8 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             result = await self._relay(stream, first, out)
             # Record before the last chunk: once the client has the finish reason it may send the next turn.
             await out.finish(result, len(prompt_ids),
-                             record=lambda: self._record_turn(ticket, req, prompt_ids, result, params))
+                             record=lambda: self._record_turn(ticket, req, prompt_ids, result, params,
+                                                                             adapter=adapter))
             # what the person waited for on this side: the policy's prefill (and how much of it the prefix
             # cache spared) and its answer
             logger.info("streamed %s turn: %d prompt tokens (%d cached), first token after %.2f s, %d tokens in "

@@ -96,6 +96,8 @@ class TurnRecord:
     last_weight_version: str | None = None  # differs from weight_version when weights changed mid-response
     images: tuple[Any, ...] = ()   # the prompt's images, in order (the gateway's `image_spool.SpooledImage`s)
     person: str = DEFAULT_PERSON   # who opened the session (gateway/auth.py)
+    adapter: str | None = None        # the LoRA adapter that served it (a person id); None: the base model
+    adapter_steps: int | None = None  # that adapter's optimizer steps when the turn began
 
 
 @dataclass(frozen=True)

@@ -501,6 +501,11 @@ class PoolClient:
     async def flush_cache(self) -> dict[str, Any]:
         return await self._fan_out_simple("POST", "/flush_cache")
 
+    async def load_lora_adapter(self, name: str) -> dict[str, Any]:
+        """POST `/load_lora_adapter {"lora_name": name}` to every worker: each (re)reads the adapter `name` from
+        its adapter directory; {url: {"status", "body", "error"}}."""
+        return await self._fan_out_simple("POST", "/load_lora_adapter", {"lora_name": name})
+
 
 async def _sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     decoder = SSEDecoder()

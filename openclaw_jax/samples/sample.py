@@ -79,6 +79,10 @@ class Sample:
     # the person id the client named), beside `session_id`; DEFAULT_PERSON when nobody was named, and in
     # records written before samples had a person. Session ids are unique per person only.
     person: str = DEFAULT_PERSON
+    # Which person's LoRA adapter served the turn (`trainer.personalize=per_person`: their own), and its
+    # optimizer steps when the turn began; None: the base model (and records written before the fields).
+    adapter: str | None = None
+    adapter_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLE_KINDS:

@@ -20,13 +20,14 @@ sit beside it (a dict: a person's pytree is swapped into the state for their ste
 `{"people": [{"trainable", "opt_state"} per person], "rng"}` with the people's ids, in the list's order, in
 its metadata (a list, not a dict by id: person ids may hold `.`, which orbax's item paths do not keep apart).
 
-Serving: until the engine serves an adapter per request, a per-person run serves the shared base model
-and pushes no weights (train.py says so in its log); `export_adapters` writes each person's adapter to a
-directory of its own (models/lora_files.py: PEFT's layout).
+Serving: `export_adapters` writes each person's adapter to a directory of its own (models/lora_files.py:
+PEFT's layout); a live run writes the people of each step (`last_stepped`) where the engine reads them and
+routes each person's turns to their own adapter (runs/person_adapters.py). No shared weights are pushed.
 
-Samples' staleness: every served answer comes from the base (version 0) while the adapters move, so the
-weight-version staleness filter (`trainer.max_staleness`) does not apply; `trainer.staleness_mode:
-importance` still weights each token by its adapter's drift from the rollout log-probs.
+Samples' staleness: the base never changes (weight version 0) while the adapters move, so the
+weight-version staleness filter (`trainer.max_staleness`) does not apply; a turn's rollout log-probs are
+those of the adapter that served it (`Sample.adapter`, `adapter_steps`), so `trainer.staleness_mode:
+importance` weights each token by its adapter's drift since.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class PerPersonTrainer(Trainer):
         super().__init__(cfg, student, teacher, mesh, **kwargs)
         self.mesh = mesh
         self.adapters: dict[str, PersonAdapter] = {}
+        self.last_stepped: list[str] = []   # the people the last step trained, in the window's order
         self._seen_shapes: dict[str, set] = {"student": set(), "teacher": set()}   # the person batches' shapes
 
     # ------------------------------------------------------------------ people
@@ -115,8 +117,9 @@ class PerPersonTrainer(Trainer):
         window's metrics: the loss's numbers as the mean over people weighted by their samples, times
         summed, and per person `people/<person>/{loss,grad_norm,lr,adapter_steps}`."""
         if serve:
-            raise RuntimeError("trainer.personalize=per_person pushes no weights to the pool (it serves the shared "
-                               "base until adapters are served per request); call train_on(packed) without serve")
+            raise RuntimeError("trainer.personalize=per_person pushes no shared weights to the pool (each person's "
+                               "adapter is served on its own: runs/person_adapters.py); call train_on(packed) without "
+                               "serve")
         results, batches, k_stars = [], [], []
         for person, samples in group_by_person(packed.samples).items():
             batch = pack(samples, self.train_step.spec, current_version=None, seen=self._seen_shapes)
@@ -137,6 +140,7 @@ class PerPersonTrainer(Trainer):
         metrics.update(self._sample_stats(packed))
         self._last_k_star = np.concatenate(k_stars) if k_stars else np.zeros((0,), np.int32)
         self._last_hints = [h for s in packed.samples for h in s.hints]
+        self.last_stepped = [person for person, _, _ in results]
         return metrics
 
     def _combine(self, results: list[tuple[str, int, dict[str, float]]]) -> dict[str, float]:
@@ -197,12 +201,12 @@ class PerPersonTrainer(Trainer):
                  ", ".join(f"{p} ({steps[p]} steps)" for p in people) or "none yet")
         return True
 
-    def export_adapters(self, directory: str | Path, *, base_model: str) -> Path:
-        """Each person's adapter to `directory/<person>/` (models/lora_files.py's layout; a person id is a safe
-        directory name: samples/person.py). Every process must call it (the adapters are gathered); process 0
-        writes."""
+    def export_adapters(self, directory: str | Path, *, base_model: str, people: Sequence[str] | None = None) -> Path:
+        """Each person's adapter (of `people`, default everyone's) to `directory/<person>/` (models/lora_files.py's
+        layout, written atomically; a person id is a safe directory name: samples/person.py). Every process must
+        call it (the adapters are gathered); process 0 writes."""
         directory = Path(directory)
-        for person in sorted(self.adapters):
+        for person in sorted(self.adapters if people is None else people):
             own = self.adapters[person]
             trainable = multihost.tree_to_host(own.trainable)
             if jax.process_index() == 0:

@@ -33,7 +33,8 @@ def test_live_per_person_run_trains_each_persons_adapter_and_resumes(tiny_smollm
     first = LiveRun(tiny_smollm2_dir, run_dir, port, tmp_path / "first.log", *PER_PERSON).start()
     try:
         log = first.log()
-        assert "trainer.personalize=per_person" in log and "serving the shared base model (version 0)" in log
+        assert "trainer.personalize=per_person" in log
+        assert "serving each person their own adapter once it has trained" in log
         reactions = {"alice": ("No, that's wrong. You should answer with just the number.", "Thanks, that's perfect!"),
                      "bob": ("Thanks!", "No, that's wrong. Please answer in one word.")}
         for person, said in reactions.items():   # both use session id s1: each has their own

@@ -124,3 +124,33 @@ def test_a_key_bound_to_a_person_decides_and_refuses_another_persons_header(make
     assert [(s.person, s.reward) for s in env.samples()] == [("alice", 1)]
     for client in (as_alice, as_alice_named, posing):
         client.close()
+
+
+def test_a_person_with_a_served_adapter_is_routed_to_it_and_everyone_else_to_the_base(make_env):
+    """A per-person run serves each person their own adapter once it is loaded (`Gateway.serve_adapter`): their
+    main and side turns, streamed or not, name it in `lora_path`; anyone without one gets the base model (no
+    `lora_path`, never a 400); each sample records the adapter that served it and its steps."""
+    env = make_env(api_key=SHARED_KEY)
+    alice, bob = person_client(env, "alice"), person_client(env, "bob@home")
+    env.lt.run(_serve_adapter(env.gateway, "alice", 3))   # on the gateway's loop, as the run does it
+    a = [SYSTEM, {"role": "user", "content": "What is 2 + 3?"}]
+    b = [SYSTEM, {"role": "user", "content": "Name a prime."}]
+    a.append({"role": "assistant", "content": main_turn(alice, "s1", a)})
+    b.append({"role": "assistant", "content": main_turn(bob, "s1", b)})
+    side = alice.chat.completions.create(model="tiny", messages=[SYSTEM, {"role": "user", "content": "heartbeat"}],
+                                         extra_headers={"X-Turn-Type": "side"}, max_tokens=2, stream=True)
+    assert list(side)
+    main_turn(alice, "s1", a + [{"role": "user", "content": "Thanks, that's perfect!"}], done=True)
+    main_turn(bob, "s1", b + [{"role": "user", "content": "No, that's wrong."}], done=True)
+    env.drain()
+    assert [r.get("lora_path") for r in env.pool.requests] == ["alice", None, "alice", "alice", None]
+    reply = alice.chat.completions.create(model="tiny", messages=a, max_tokens=2, extra_headers={"X-Turn-Type": "side"})
+    assert reply.to_dict()["metadata"] == {"weight_version": "7", "adapter": "alice", "adapter_steps": "3"}
+    assert sorted((s.person, s.adapter, s.adapter_steps) for s in env.samples()) == [
+        ("alice", "alice", 3), ("bob@home", None, None)]
+    for client in (alice, bob):
+        client.close()
+
+
+async def _serve_adapter(gateway, person: str, steps: int) -> None:
+    gateway.serve_adapter(person, steps)

@@ -87,15 +87,17 @@ def test_records_written_with_loss_mask_read_as_response_mask():
 def test_stores_written_before_samples_had_a_person_still_read(tmp_path):
     """Records without the field (older stores) and with ``"person": ""`` (what the code wrote for a turn with
     no person before ``default`` was the default) read as the default person, beside people's own records, in
-    every reader: the store, the trainer's tail and the grain source. Writing again records ``default``."""
+    every reader: the store, the trainer's tail and the grain source. Writing again records ``default``. Records
+    written before samples named the adapter that served them read as served by the base (None)."""
     records = [make_sample(i) for i in range(3)]
     without = json.loads(encode_sample(records[0]))
-    without.pop("person")
+    for field in ("person", "adapter", "adapter_steps"):
+        without.pop(field)
     empty = {**json.loads(encode_sample(records[1])), "person": ""}
     with SampleStore(tmp_path / "store") as store:
         store.append_payload(json.dumps(without).encode())
         store.append_payload(json.dumps(empty).encode())
-        store.append(dataclasses.replace(records[2], person="bob@home"))
+        store.append(dataclasses.replace(records[2], person="bob@home", adapter="bob@home", adapter_steps=3))
     with SampleStore(tmp_path / "store", readonly=True) as store:
         read = store.read(0)
     tail = SampleTail(tmp_path / "store")
@@ -106,6 +108,7 @@ def test_stores_written_before_samples_had_a_person_still_read(tmp_path):
     tail.close()
     assert read[:2] == [dataclasses.replace(r, person="default") for r in records[:2]]   # nothing else changed
     assert json.loads(encode_sample(read[0]))["person"] == "default"
+    assert [(s.adapter, s.adapter_steps) for s in read] == [(None, None), (None, None), ("bob@home", 3)]
 
 
 @pytest.mark.parametrize("person", ["", " alice", "two words", "-lead", "x" * 65, "a/b", "é"])

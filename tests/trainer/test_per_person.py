@@ -77,6 +77,20 @@ def test_per_person_needs_lora_and_says_so():
     assert load_experiment_config([], []).trainer.personalize == "shared"   # the default
 
 
+def test_per_person_serving_is_configured_and_checked():
+    """Each person's adapter is served by the JAX engine: SGLang workers are refused with what to do, and the
+    adapter slots are validated."""
+    per_person = ["trainer.personalize=per_person", "model.lora.enabled=true", "gate.enabled=false"]
+    cfg = load_experiment_config([], per_person)
+    assert cfg.policy.lora_slots == 4 and cfg.policy.mode == "embedded"
+    with pytest.raises(ConfigError, match="policy.mode=embedded or policy.mode=process"):
+        load_experiment_config([], per_person + ["policy.mode=external", "policy.urls=[http://127.0.0.1:1]"])
+    with pytest.raises(ConfigError, match="policy.lora_slots=0 must be >= 1"):
+        load_experiment_config([], per_person + ["policy.lora_slots=0"])
+    with pytest.raises(ConfigError, match="gate.enabled=false"):
+        load_experiment_config([], per_person[:2] + ["gate.enabled=true"])
+
+
 def test_the_window_is_grouped_by_person_in_order():
     window = [ALICE[0], BOB[0], ALICE[1], CAROL[0]]
     assert group_by_person(window) == {"alice": [ALICE[0], ALICE[1]], "bob@home": [BOB[0]], "carol": [CAROL[0]]}

@@ -1,0 +1,102 @@
+"""Serving each person's own adapter in a per-person live run (`trainer.personalize=per_person`,
+docs/household.md, "What is served").
+
+The JAX engine (`policy.mode: embedded` or `process`) starts with `policy.lora_slots` adapter slots at
+`model.lora`'s rank and targets, reading adapters from one stable directory, `<run_dir>/adapters/<person>/`
+(`engine_settings`, `server_flags`). After every per-person step, `AdapterPublisher.publish` writes the
+stepped people's adapters there (each one to a temporary directory renamed into place: the engine never reads
+half an adapter), asks the engine to read each one again (`POST /load_lora_adapter`, the server's thread pool:
+nothing runs on the event loop) and then tells the gateway to route that person's turns to it
+(`Gateway.serve_adapter`): a person whose adapter is not loaded yet is served the base model. A resumed run
+publishes every restored adapter before the first turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import jax
+
+from openclaw_jax.pool.client import PoolClient
+
+if TYPE_CHECKING:   # the types only: the config tree imports every section's package
+    from openclaw_jax.config import ExperimentConfig
+    from openclaw_jax.trainer.people import PerPersonTrainer
+
+log = logging.getLogger(__name__)
+
+SERVED_ADAPTERS_DIR = "adapters"   # <run_dir>/adapters/<person>/: what the engine serves
+
+
+def served_adapters_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / SERVED_ADAPTERS_DIR
+
+
+def engine_settings(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
+    """The `EngineConfig` adapter fields of a run: none in a shared run (no adapter code runs), else slots at
+    the people's adapters' rank and targets, read from the run's adapter directory (created here)."""
+    if cfg.trainer.personalize != "per_person":
+        return {}
+    directory = served_adapters_dir(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    return {"lora_slots": cfg.policy.lora_slots, "lora_max_rank": cfg.model.lora.rank,
+            "lora_targets": tuple(cfg.model.lora.targets), "lora_dir": str(directory)}
+
+
+def server_flags(settings: dict[str, Any]) -> list[str]:
+    """`engine_settings` as `python -m openclaw_jax.inference` flags (`policy.mode=process`)."""
+    if not settings:
+        return []
+    return ["--lora-slots", str(settings["lora_slots"]), "--lora-max-rank", str(settings["lora_max_rank"]),
+            "--lora-targets", ",".join(settings["lora_targets"]), "--lora-dir", settings["lora_dir"]]
+
+
+class AdapterPublisher:
+    """Writes the people's adapters where the engine reads them, has it load them, and routes their turns to
+    them (module doc). Every process calls `publish` (the adapters are gathered); process 0 writes and loads."""
+
+    def __init__(self, trainer: PerPersonTrainer, run_dir: str | Path, *, base_model: str,
+                 policy_url: str | None, api_key: str | None, request_timeout_s: float,
+                 on_served: Callable[[str, int], None] | None):
+        self.trainer = trainer
+        self.directory = served_adapters_dir(run_dir)
+        self.base_model = base_model
+        self.on_served = on_served
+        self.client = PoolClient([policy_url], request_timeout_s=request_timeout_s, api_key=api_key) \
+            if policy_url is not None and jax.process_index() == 0 else None
+        self.failures = 0
+
+    async def start(self) -> "AdapterPublisher":
+        if self.client is not None:
+            await self.client.start()
+        return self
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    async def publish(self, people: Sequence[str]) -> None:
+        """Serve `people`'s adapters as they are now (their files, then the engine, then the gateway)."""
+        people = sorted(set(people))
+        if not people:
+            return
+        steps = {p: self.trainer.adapters[p].steps for p in people}
+        await asyncio.to_thread(self.trainer.export_adapters, self.directory, base_model=self.base_model,
+                                people=people)
+        if self.client is None:
+            return
+        for person in people:
+            replies = await self.client.load_lora_adapter(person)
+            failed = {url: reply for url, reply in replies.items() if reply["status"] != 200 or reply["error"]}
+            if failed:
+                self.failures += 1
+                log.warning("person %r: the policy did not load their adapter (%s); their turns are served as before",
+                            person, "; ".join(f"{url}: {r['error'] or r['body']}" for url, r in failed.items()))
+                continue
+            if self.on_served is not None:
+                self.on_served(person, steps[person])
+            log.info("person %r: serving their adapter at %d steps (%s)", person, steps[person],
+                     self.directory / person)
