@@ -4,8 +4,10 @@ docs/household.md, "What is served").
 The JAX engine (`policy.mode: embedded` or `process`) starts with `policy.lora_slots` adapter slots at
 `model.lora`'s rank and targets, reading adapters from one stable directory, `<run_dir>/adapters/<person>/`
 (`engine_settings`, `server_flags`). After every per-person step, `AdapterPublisher.publish` writes the
-stepped people's adapters there (each one to a temporary directory renamed into place: the engine never reads
-half an adapter), asks the engine to read each one again (`POST /load_lora_adapter`, the server's thread pool:
+stepped people's adapters (each into a new directory of its own under `adapters/.versions/`, then
+`adapters/<person>` is switched to it, a symbolic link replaced in one rename: the engine always finds a
+whole adapter, the old one or the new; the version before stays until the next switch, for a reader that
+resolved it just before), asks the engine to read each one again (`POST /load_lora_adapter`, the server's thread pool:
 nothing runs on the event loop) and then tells the gateway to route that person's turns to it
 (`Gateway.serve_adapter`): a person whose adapter is not loaded yet is served the base model. A resumed run
 publishes every restored adapter before the first turn.
@@ -15,6 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -29,6 +35,7 @@ if TYPE_CHECKING:   # the types only: the config tree imports every section's pa
 log = logging.getLogger(__name__)
 
 SERVED_ADAPTERS_DIR = "adapters"   # <run_dir>/adapters/<person>/: what the engine serves
+VERSIONS_DIR = ".versions"         # adapters/.versions/<publish>/<person>/: what the links point to (not a person id)
 
 
 def served_adapters_dir(run_dir: str | Path) -> Path:
@@ -68,6 +75,31 @@ class AdapterPublisher:
         self.client = PoolClient([policy_url], request_timeout_s=request_timeout_s, api_key=api_key) \
             if policy_url is not None and jax.process_index() == 0 else None
         self.failures = 0
+        self._previous: dict[str, Path] = {}   # person -> the version their link pointed to before the last switch
+
+    def _switch(self, version: Path, people: Sequence[str]) -> None:
+        """Point each person's `adapters/<person>` at their directory in `version` (one rename each), then remove
+        the version their link left two switches ago (and `version` once no person's link names it)."""
+        for person in people:
+            link = self.directory / person
+            old = Path(os.readlink(link)) if link.is_symlink() else None
+            tmp = self.directory / f".{person}.link-{uuid.uuid4().hex[:8]}"
+            os.symlink(Path(VERSIONS_DIR) / version.name / person, tmp)
+            os.replace(tmp, link)
+            stale, self._previous[person] = self._previous.get(person), old
+            if stale is not None:
+                shutil.rmtree(self.directory / stale, ignore_errors=True)
+        self._remove_unreferenced()
+
+    def _remove_unreferenced(self) -> None:
+        """Remove the version directories no link names now or names as a person's previous version (what
+        earlier runs or stale switches left)."""
+        kept = {Path(os.readlink(p)).parent.name for p in self.directory.iterdir() if p.is_symlink()}
+        kept |= {p.parent.name for p in self._previous.values() if p is not None}
+        versions = self.directory / VERSIONS_DIR
+        for version in versions.iterdir() if versions.is_dir() else ():
+            if version.name not in kept:
+                shutil.rmtree(version, ignore_errors=True)
 
     async def start(self) -> "AdapterPublisher":
         if self.client is not None:
@@ -84,10 +116,11 @@ class AdapterPublisher:
         if not people:
             return
         steps = {p: self.trainer.adapters[p].steps for p in people}
-        await asyncio.to_thread(self.trainer.export_adapters, self.directory, base_model=self.base_model,
-                                people=people)
-        if self.client is None:
+        version = self.directory / VERSIONS_DIR / f"{time.time_ns()}-{uuid.uuid4().hex[:6]}"
+        await asyncio.to_thread(self.trainer.export_adapters, version, base_model=self.base_model, people=people)
+        if self.client is None:   # another process of the run: process 0 wrote them
             return
+        await asyncio.to_thread(self._switch, version, people)
         for person in people:
             replies = await self.client.load_lora_adapter(person)
             failed = {url: reply for url, reply in replies.items() if reply["status"] != 200 or reply["error"]}
