@@ -519,7 +519,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             # Record before the last chunk: once the client has the finish reason it may send the next turn.
             await out.finish(result, len(prompt_ids),
                              record=lambda: self._record_turn(ticket, req, prompt_ids, result, params,
-                                                                             adapter=adapter))
+                                                              adapter=adapter))
             # what the person waited for on this side: the policy's prefill (and how much of it the prefix
             # cache spared) and its answer
             logger.info("streamed %s turn: %d prompt tokens (%d cached), first token after %.2f s, %d tokens in "
