@@ -1,7 +1,8 @@
-"""A live run with `trainer.personalize=per_person` (`configs/live_cpu.yaml`, real processes): two people's
-turns through the gateway with the real `openai` client train each person's own adapter; the run says that
-it serves the shared base (version 0) and serves it; Ctrl-C checkpoints and exports the adapters per person;
-the same command resumes them."""
+"""A live run with `trainer.personalize=per_person` (`configs/live_cpu.yaml` with the policy embedded in the
+run's process, real processes): two people's turns through the gateway with the real `openai` client train
+each person's own adapter, which then serves them (the base, version 0, serves anyone else); Ctrl-C
+checkpoints and exports the adapters per person; the same command resumes them and serves them again before
+the first turn. (tests/e2e/test_live_per_person_serving.py checks what is served, with `policy.mode=process`.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,25 @@ from tests.e2e.test_live import LiveRun
 from tests.helpers.server_utils import free_port
 
 PER_PERSON = ("trainer.samples_per_step=4", "gate.enabled=false", "trainer.personalize=per_person",
-              "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8")
+              "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "policy.mode=embedded")
+
+
+def _served(run: LiveRun, person: str) -> dict:
+    """The response metadata of a side turn of `person`: the weight version, and the adapter that served it."""
+    r = run.client.chat.completions.create(model="model", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                           extra_headers={"X-Turn-Type": "side", "X-Person-Id": person})
+    return r.to_dict()["metadata"]
+
+
+def _wait_for_both_served(run: LiveRun) -> None:
+    deadline = time.monotonic() + 600
+    while not all(f"person '{p}': serving their adapter at 1 steps" in run.log() for p in ("alice", "bob")):
+        assert run.proc.poll() is None, run.log()[-4000:]
+        assert time.monotonic() < deadline, run.log()[-4000:]
+        time.sleep(1.0)
+    for person in ("alice", "bob"):
+        assert _served(run, person) == {"weight_version": "0", "adapter": person, "adapter_steps": "1"}
+    assert _served(run, "carol") == {"weight_version": "0"}   # no adapter of hers: the base, not an error
 
 
 def _chat(run: LiveRun, person: str, messages) -> str:
@@ -49,6 +68,7 @@ def test_live_per_person_run_trains_each_persons_adapter_and_resumes(tiny_smollm
             assert time.monotonic() < deadline, first.log()[-4000:]
             time.sleep(1.0)
         assert first.probe()[0] == "0"   # the base is what is served
+        _wait_for_both_served(first)
     finally:
         rc = first.stop()
     assert rc == 0, first.log()[-4000:]
@@ -72,6 +92,7 @@ def test_live_per_person_run_trains_each_persons_adapter_and_resumes(tiny_smollm
         assert "restored the adapters of 2 people: alice (1 steps), bob (1 steps)" in log
         assert "resumed at step 1, sample offset 4" in log
         assert second.probe()[0] == "0"
+        _wait_for_both_served(second)
     finally:
         rc = second.stop()
     assert rc == 0, second.log()[-4000:]

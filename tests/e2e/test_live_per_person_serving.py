@@ -55,7 +55,7 @@ def _reference_greedy(model_dir: Path, adapter_dir: Path | None, steps: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float64).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     if adapter_dir is not None:
         config = json.loads((adapter_dir / "adapter_config.json").read_text())
         scale = config["lora_alpha"] / config["r"]
@@ -70,7 +70,8 @@ def _reference_greedy(model_dir: Path, adapter_dir: Path | None, steps: int):
                 weight = params[stem.removeprefix("base_model.model.") + ".weight"]
                 merged = weight.numpy() + scale * (b @ a.astype(np.float64))
                 weight.copy_(torch.from_numpy(merged))
-    ids = tok.apply_chat_template(PROBE, add_generation_prompt=True)
+    text = tok.apply_chat_template(PROBE, add_generation_prompt=True, tokenize=False)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
     tokens, logprobs = [], []
     with torch.no_grad():
         for _ in range(steps):
