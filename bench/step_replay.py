@@ -32,7 +32,7 @@ BEFORE = ("trainer.packing=false", "trainer.bucket_quantum=0", "trainer.shape_re
 
 def _trainer(config_path: str, overrides: tuple[str, ...]):
     from openclaw_jax.config import load_run_config
-    from openclaw_jax.train import build_trainer, load_base_model
+    from openclaw_jax.runs.base_model import build_trainer, load_base_model
 
     cfg = load_run_config(config_path, list(overrides))   # a run's config.yaml, of any version
     return build_trainer(cfg, load_base_model(cfg))

@@ -40,7 +40,7 @@ def build_model(model_dir: str | None):
     """`--model`, else `configs/gui_cpu.yaml`'s policy as `train.load_base_model` builds it."""
     from openclaw_jax.config import load_experiment_config
     from openclaw_jax.models.hub import load_pretrained
-    from openclaw_jax.train import load_base_model
+    from openclaw_jax.runs.base_model import load_base_model
 
     if model_dir is not None:
         return load_pretrained(model_dir, tokenizer=False).model

@@ -28,7 +28,7 @@ from openclaw_jax.models.image_processing import ImageProcessorConfig
 from openclaw_jax.models.qwen_vl import QwenVL
 from openclaw_jax.models.vision_prompt import render_image_prompt
 from openclaw_jax.pool.weight_sync import InProcessWeightSync
-from openclaw_jax.train import _random_base_model
+from openclaw_jax.runs.base_model import random_base_model
 from tests.helpers.server_utils import TINY_ENGINE_KW, ServerThread
 from tests.helpers.vl_models import RANDOM_VL_OVERRIDES
 
@@ -38,7 +38,7 @@ from tests.trainer.test_vlm_train_step import png
 def _checkpoint(root, seed: int):
     cfg = load_experiment_config([], RANDOM_VL_OVERRIDES + [f"model.random.seed={seed}"])
     out = root / f"vl_seed{seed}"
-    _random_base_model(cfg, out)
+    random_base_model(cfg, out)
     return out
 
 
@@ -124,7 +124,7 @@ def test_weight_updates_swap_the_image_path_with_the_engine(tmp_path):
         # a checkpoint of another shape is refused; nothing changes
         other = load_experiment_config([], RANDOM_VL_OVERRIDES + ["model.random.vision.depth=3",
                                                                   "model.random.vision.fullatt_block_indexes=[2]"])
-        _random_base_model(other, tmp_path / "deeper")
+        random_base_model(other, tmp_path / "deeper")
         r = requests.post(policy.url + "/update_weights_from_disk",
                           json={"model_path": str(tmp_path / "deeper"), "weight_version": "3"}, timeout=120)
         assert r.status_code == 400 and "vision depth=3, the served model has 2" in r.json()["message"], r.text

@@ -21,7 +21,7 @@ from openclaw_jax.models.image_processing import ImageProcessorConfig, process_i
 from openclaw_jax.models.qwen_vl import QwenVL
 from openclaw_jax.models.random_vl import RandomVLError, vision_token_ids
 from openclaw_jax.models.tokenizer import TINY_VL_IDS, tokenizer_by_name
-from openclaw_jax.train import _random_base_model
+from openclaw_jax.runs.base_model import random_base_model
 from tests.helpers.vl_models import RANDOM_VL_OVERRIDES, hf_vl_logits
 
 from tests.trainer.test_vlm_train_step import png
@@ -40,7 +40,7 @@ def test_tiny_vl_tokenizer_has_the_vision_tokens_at_fixed_ids():
 
 def test_random_vl_checkpoint_loads_as_qwenvl_equal_to_transformers(tmp_path):
     cfg = load_experiment_config([], RANDOM_VL_OVERRIDES)
-    _random_base_model(cfg, tmp_path)
+    random_base_model(cfg, tmp_path)
     hf_config = json.loads((tmp_path / "config.json").read_text())
     assert hf_config["model_type"] == "qwen2_5_vl" and hf_config["vocab_size"] == 324
     assert (hf_config["vision_start_token_id"], hf_config["vision_end_token_id"], hf_config["image_token_id"],
@@ -95,5 +95,5 @@ def test_the_tokenizer_must_have_the_vision_tokens(tmp_path):
     with pytest.raises(RandomVLError, match=r"has no \['<\|vision_start\|>'.*use model.tokenizer=tiny_vl"):
         vision_token_ids(tokenizer_by_name("tiny"))
     cfg = load_experiment_config([], RANDOM_VL_OVERRIDES + ["model.tokenizer=qwen3"])
-    _random_base_model(cfg, tmp_path)   # the Qwen vocabulary has them: their ids go to config.json
+    random_base_model(cfg, tmp_path)   # the Qwen vocabulary has them: their ids go to config.json
     assert json.loads((tmp_path / "config.json").read_text())["image_token_id"] == 151655

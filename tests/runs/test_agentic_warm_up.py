@@ -11,7 +11,7 @@ from flax import nnx
 
 from openclaw_jax.config import load_experiment_config
 from openclaw_jax.runs.agentic import warm_up
-from openclaw_jax.train import load_base_model
+from openclaw_jax.runs.base_model import load_base_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
