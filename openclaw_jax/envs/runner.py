@@ -154,21 +154,11 @@ class EnvRunner:
         record = {"preference_score": float(result.score), "accuracy": float(result.accuracy),
                   "mean_rubric_score": float(result.mean_score)}
         if self.record_dir is not None and step is not None:
-            self._write_answers(result, self.record_dir / "heldout" / f"step_{step}.jsonl")
+            write_heldout_answers(result, self.record_dir / "heldout" / f"step_{step}.jsonl")
         if writer is not None and step is not None:
             writer.scalars(step, {f"eval/{k}": v for k, v in record.items() if v == v})
             writer.flush()
         return record
-
-    @staticmethod
-    def _write_answers(result: PreferenceScore, path: Path) -> None:
-        """Each held-out answer with the persona's verdict, one JSON line per question."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps({"question": a.question.text, "reference": a.question.answer, "answer": a.text,
-                             "finish_reason": a.finish_reason, "satisfied": v.satisfied, "correct": c,
-                             "violations": v.violations})
-                 for a, v, c in zip(result.answers, result.verdicts, result.correct)]
-        path.write_text("".join(line + "\n" for line in lines))
 
     async def preference_score(self, *, writer: Any = None, step: int | None = None) -> float:
         """The held-out preference score alone (see `heldout_eval`)."""
@@ -180,3 +170,13 @@ class EnvRunner:
             self.notes.close()
         if self.daemon is not None:
             await asyncio.to_thread(self.daemon.stop)
+
+
+def write_heldout_answers(result: PreferenceScore, path: Path) -> None:
+    """Each held-out answer with the persona's verdict, one JSON line per question."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"question": a.question.text, "reference": a.question.answer, "answer": a.text,
+                         "finish_reason": a.finish_reason, "satisfied": v.satisfied, "correct": c,
+                         "violations": v.violations})
+             for a, v, c in zip(result.answers, result.verdicts, result.correct)]
+    path.write_text("".join(line + "\n" for line in lines))

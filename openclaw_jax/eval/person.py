@@ -41,9 +41,9 @@ from typing import Any, Sequence
 from openclaw_jax.envs.openclaw_agent import AGENT_MODEL
 from openclaw_jax.envs.personas import Persona, persona_from_spec
 from openclaw_jax.envs.questions import Question, heldout_questions, train_questions
-from openclaw_jax.envs.runner import HELDOUT_PREFIX   # what the plugin's `sideSessionPrefixes` must hold
+from openclaw_jax.envs.runner import HELDOUT_PREFIX, write_heldout_answers   # sideSessionPrefixes holds the prefix
 from openclaw_jax.envs.sessions import SessionLog, describe_stable
-from openclaw_jax.envs.simulated_user import PreferenceScore, SimulatedUser, SimulatedUserConfig, preference_score
+from openclaw_jax.envs.simulated_user import SimulatedUser, SimulatedUserConfig, preference_score
 from openclaw_jax.logs import configure_logging
 
 log = logging.getLogger("openclaw_jax.eval.person")
@@ -117,7 +117,7 @@ class Person:
                                         timeout_s=cfg.timeout_s, model=AGENT_MODEL, max_tokens=cfg.max_tokens,
                                         concurrency=cfg.eval_concurrency, agent_keeps_history=True,
                                         session_prefix=f"{cfg.heldout_prefix}-{uuid.uuid4().hex[:8]}")
-        write_answers(result, cfg.out / "heldout" / f"after_{done}_sessions.jsonl")
+        write_heldout_answers(result, cfg.out / "heldout" / f"after_{done}_sessions.jsonl")
         record = {"after_sessions": done, "time": round(wall_clock, 3), "preference": result.score, "accuracy": result.accuracy,
                   "answered": sum(bool(a.text.strip()) for a in result.answers), "questions": result.n,
                   "wall_s": round(time.monotonic() - start, 1),
@@ -156,16 +156,6 @@ class Person:
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         os.replace(tmp, path)
         return summary
-
-
-def write_answers(result: PreferenceScore, path: Path) -> None:
-    """Each held-out answer with the persona's verdict, one JSON line per question."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"question": a.question.text, "reference": a.question.answer, "answer": a.text,
-                         "finish_reason": a.finish_reason, "satisfied": v.satisfied, "correct": c,
-                         "violations": v.violations})
-             for a, v, c in zip(result.answers, result.verdicts, result.correct)]
-    path.write_text("".join(line + "\n" for line in lines))
 
 
 def _parser() -> argparse.ArgumentParser:
