@@ -2,7 +2,7 @@
 
 The gateway runs as a real subprocess (`python -m openclaw_jax.gateway`) in front of a
 scripted worker; concurrent conversations keep the judge producing samples. The gateway
-logs "sample N: session S turn T ..." right after `SampleStore.append` returned (the
+logs "sample N: person P session S turn T ..." right after `SampleStore.append` returned (the
 record is fsynced), which is what "acknowledged" means. After the kill we also leave a
 torn record at the end of the store (what a crash inside `write` leaves) and check that
 the restarted gateway keeps every acknowledged sample and that reading goes on past the
@@ -27,7 +27,7 @@ from openclaw_jax.samples.store import encode_record, list_segments, segment_nam
 from openclaw_jax.models.tokenizer import tiny_test_tokenizer
 from tests.helpers.scripted_pool import LoopThread, ScriptedPool, serve_app
 
-ACK = re.compile(r"sample (\d+): session (\S+) turn (\d+) kind")
+ACK = re.compile(r"sample (\d+): person \S+ session (\S+) turn (\d+) kind")
 LISTEN = re.compile(r"listening on (http://\S+)")
 
 
