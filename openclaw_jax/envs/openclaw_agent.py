@@ -375,7 +375,7 @@ class OpenClawDaemon:
 
     def __init__(self, agent: OpenClawAgent, port: int | None = None, start_timeout_s: float = 120.0):
         self.agent = agent
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
         self.log_path = agent.cfg.state_dir / "daemon.log"
         self.proc: subprocess.Popen | None = None
@@ -448,7 +448,7 @@ class OpenClawDaemon:
         self.stop()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:

@@ -29,7 +29,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,14 +36,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
-from openclaw_jax.envs.openclaw_agent import OpenClawAgent, OpenClawDaemon, OpenClawError
+from openclaw_jax.envs.openclaw_agent import REPO, OpenClawAgent, OpenClawDaemon, OpenClawError, free_port
 from openclaw_jax.eval.person import HELDOUT_PREFIX
 from openclaw_jax.logs import configure_logging
 from openclaw_jax.serving.versions import VersionLog
 
 log = logging.getLogger("openclaw_jax.eval.live_run")
 
-REPO = Path(__file__).resolve().parents[2]
 _CONNECT = re.compile(r"bash scripts/openclaw\.sh connect --gateway (\S+) --model-id (\S+) --context-window (\d+) "
                       r"--max-tokens (\d+)")
 _READY = "Ctrl-C saves and stops, the same command continues"
@@ -157,12 +155,6 @@ def report_markdown(report: dict[str, Any]) -> str:
             + decided + "\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m openclaw_jax.eval.live_run", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -197,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m openclaw_jax.eval.live_run " + " ".join(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
-    live = LiveProcess(args.config, out, args.port or _free_port(), args.overrides)
+    live = LiveProcess(args.config, out, args.port or free_port(), args.overrides)
     daemon = None
     try:
         connect = live.start(args.start_timeout)

@@ -12,16 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from openclaw_jax.inference.adapters import AdapterError, read_adapter  # noqa: E402
-from openclaw_jax.inference.decode_layers import FUSED  # noqa: E402
-from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
-from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
-from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
-from tests.helpers.lora_refs import (ATOL, check_row, merged_hf, random_adapter, ref_log_probs,  # noqa: E402
+from openclaw_jax.inference.adapters import AdapterError, read_adapter
+from openclaw_jax.inference.decode_layers import FUSED
+from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for
+from openclaw_jax.models.tokenizer import load_tokenizer
+from openclaw_jax.models.weights import load_hf_checkpoint
+from tests.helpers.lora_refs import (ATOL, check_row, merged_hf, random_adapter, ref_log_probs,
                                      write_peft_adapter)
 
 PROMPTS = [[5, 17, 42, 99, 3], [200, 201, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [300, 1, 2, 250]]
