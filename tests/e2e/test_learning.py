@@ -39,7 +39,14 @@ def warm_model_dir(tmp_path_factory):
     return str(out)
 
 
-@pytest.mark.parametrize("method", ["combine", "rl", "opd"])
+# `opd` alone runs as the CPU demo ships it (`trainer.rl_only_teacher: none`): with the default, a turn the
+# user is already happy with is a sample whose teacher is the frozen un-hinted prompt (the method's anchor),
+# which pulls the greedy answer back towards the start once most answers satisfy the user; held-out scores
+# then flip between 1 and 0 step to step ([0, 1, 1, 0, 0, 1] on one machine, [0, 1, 1, 0, 0, 0] on another).
+METHOD_OVERRIDES = {"combine": [], "rl": [], "opd": ["trainer.rl_only_teacher=none"]}
+
+
+@pytest.mark.parametrize("method", list(METHOD_OVERRIDES))
 def test_preference_score_rises(method, warm_model_dir, tmp_path):
     cfg = load_experiment_config(["configs/tiny_cpu.yaml"], [
         f"run_dir={tmp_path / 'run'}", f"model.path={warm_model_dir}", "model.tokenizer=auto",
@@ -50,6 +57,7 @@ def test_preference_score_rises(method, warm_model_dir, tmp_path):
         "trainer.shape_reuse_slack=0.9", "trainer.optimizer.lr=2e-3",
         "env.persona=starts_with:prefix=Sure", "env.questions=arithmetic", "env.heldout_questions=12",
         "env.concurrency=4", "env.eval_every=4", "gateway.default_max_tokens=12", "env.max_tokens=12",
+        *METHOD_OVERRIDES[method],
     ])
     summary = asyncio.run(run(cfg))
     scores = [r["preference_score"] for r in summary["preference"]]
@@ -57,9 +65,7 @@ def test_preference_score_rises(method, warm_model_dir, tmp_path):
     print(f"\n{method}: held-out preference score {scores} over {MAX_STEPS} steps")  # shown with -s / in CI logs
     baseline, later = scores[0], scores[1:]
     assert baseline <= 0.25, f"the warmed-up model should rarely satisfy the persona at first: {scores}"
-    # Greedy answers share one first-token decision, so the score is nearly all-or-nothing and can
-    # flip back for a while: with `opd` alone, turns the user is already happy with are RL-only
-    # samples whose teacher is the un-hinted prompt (the method's anchor), which pulls towards the
-    # start. So: the score must rise clearly within the bound and stay above baseline on average.
+    # Greedy answers share one first-token decision, so the score is nearly all-or-nothing: it must
+    # rise clearly within the bound and stay above baseline on average.
     assert max(later) >= baseline + 0.5, f"{method}: preference score did not rise clearly: {scores}"
     assert sum(later) / len(later) >= baseline + 0.5, f"{method}: the rise did not hold: {scores}"

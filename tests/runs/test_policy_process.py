@@ -29,11 +29,33 @@ def _nice(pid: int, tid: int | None = None) -> int:
     return int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat: nice
 
 
+def _thread_nices(pid: int) -> set[int]:
+    nices = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            nices.add(_nice(pid, int(tid)))
+        except FileNotFoundError:  # a thread that ended while we listed
+            pass
+    return nices
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(x) for x in (task / "children").read_text().split()]
+        try:
+            found += [int(x) for x in (task / "children").read_text().split()]
+        except FileNotFoundError:  # a thread that ended while we listed
+            pass
     return found
+
+
+def _cmdline(pid: int) -> str:
+    """The process's command line, or "" for one that has already ended (the run starts short-lived
+    helpers too, which can end between listing and reading)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
 
 
 def test_trainer_steps_back_and_weights_reach_the_policy_process(tmp_path):
@@ -48,15 +70,13 @@ def test_trainer_steps_back_and_weights_reach_the_policy_process(tmp_path):
         deadline = time.monotonic() + 600
         child = None
         while time.monotonic() < deadline and proc.poll() is None:
-            kids = [k for k in _children(proc.pid) if "openclaw_jax.inference" in
-                    Path(f"/proc/{k}/cmdline").read_text().replace("\0", " ")]
+            kids = [k for k in _children(proc.pid) if "openclaw_jax.inference" in _cmdline(k)]
             if kids and _nice(proc.pid) == 15:
                 child = kids[0]
                 break
             time.sleep(0.2)
         assert child is not None, "no policy server child process (or the run did not lower its priority)"
-        threads = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
-        assert {_nice(proc.pid, t) for t in threads} == {15}
+        assert _thread_nices(proc.pid) == {15}
         assert _nice(child) == base_nice
         _, err = proc.communicate(timeout=900)
     finally:
