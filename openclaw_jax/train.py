@@ -315,6 +315,11 @@ async def _start_users(r: _Run, gateway_url: str, stop: asyncio.Event):
         # the person's sessions so far beside the held-out numbers: sessions to a stable effect (envs/sessions.py)
         record = {"step": step, "preference_score": score, "accuracy": accuracy if accuracy == accuracy else None,
                   "eval_s": round(time.monotonic() - t, 2), **env.sessions.summary()}
+        if "people" in graded:   # a household (env.people): each person's held-out numbers beside their sessions
+            record["people"] = {p: {**graded["people"][p], **record["people"][p]} for p in graded["people"]}
+            for p, own in record["people"].items():
+                log.info("held-out preference score of %s at step %d: %.3f, accuracy %.3f", p, step,
+                         own["preference_score"], own["accuracy"])
         r.record_eval(record)
         r.summary["preference"].append(record)
         log.info("held-out preference score at step %d: %.3f, accuracy %.3f (%.1f s)", step, score, accuracy,

@@ -1,11 +1,13 @@
-"""`env:` section of the experiment config: the simulated users of `openclaw_jax.envs`. A leaf module."""
+"""`env:` section of the experiment config: the simulated users of `openclaw_jax.envs`. Imports only the config
+library and the person-id rule (`samples/person.py`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from openclaw_jax.configlib import require
+from openclaw_jax.configlib import ConfigError, require
+from openclaw_jax.samples.person import check_person_id
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class EnvConfig:
     # new session (envs/memory.py); at most `memory_max_notes` of them, the most often given first.
     memory: Literal["none", "user_md"] = "none"
     memory_max_notes: int = 6
+    # A household: several simulated people at once, each `person_id=persona spec` (e.g.
+    # "alice=concise:max_chars=60,correct=true"), in place of `persona`. Each person sends X-Person-Id, has
+    # `concurrency` sessions of their own per round, and held-out scores and sessions of their own.
+    people: tuple[str, ...] = ()
 
     def __post_init__(self):
         require(self.concurrency > 0, f"env.concurrency={self.concurrency} must be > 0")
@@ -53,3 +59,19 @@ class EnvConfig:
                 f"env.memory={self.memory!r} is OpenClaw's own memory (its USER.md); set env.client=openclaw, or "
                 "env.memory=none")
         require(self.memory_max_notes >= 1, f"env.memory_max_notes={self.memory_max_notes} must be >= 1")
+        ids = [person_of(entry) for entry in self.people]
+        require(len(set(ids)) == len(ids), f"env.people={list(self.people)!r} names a person twice")
+        require(not self.people or self.client == "openai",
+                "env.people simulates several people through the gateway directly; through OpenClaw each person "
+                "needs an agent of their own: set env.client=openai, or leave env.people empty")
+
+
+def person_of(entry: str) -> str:
+    """The person id of an `env.people` entry `person_id=persona spec` (ValueError naming the entry)."""
+    person, eq, spec = entry.partition("=")
+    require(bool(eq and spec.strip()), f"env.people entry {entry!r} must be person_id=persona spec, e.g. "
+                                       "alice=concise:max_chars=60,correct=true")
+    try:
+        return check_person_id(person.strip(), f"the person id of env.people entry {entry!r}")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

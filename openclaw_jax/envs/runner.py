@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from openclaw_jax.envs.config import EnvConfig
+from openclaw_jax.envs.config import EnvConfig, person_of
 from openclaw_jax.envs.memory import CorrectionNotes
 from openclaw_jax.envs.openclaw_agent import AGENT_MODEL, OpenClawAgent, OpenClawDaemon
-from openclaw_jax.envs.personas import persona_from_spec
+from openclaw_jax.envs.personas import Persona, persona_from_spec
 from openclaw_jax.envs.questions import heldout_questions, train_questions
-from openclaw_jax.envs.sessions import SessionLog
+from openclaw_jax.envs.sessions import HouseholdSessions, SessionLog
 from openclaw_jax.envs.simulated_user import PreferenceScore, SimulatedUser, SimulatedUserConfig, preference_score
 from openclaw_jax.samples import SampleStore
+from openclaw_jax.samples.person import person_tag
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,23 @@ log = logging.getLogger(__name__)
 # Held-out sessions start with this; through OpenClaw the plugin counts them as side turns
 # (`sideSessionPrefixes`), directly they are sent as side turns.
 HELDOUT_PREFIX = "heldout"
+
+
+def household(people: Sequence[str]) -> list[tuple[str, str]]:
+    """`env.people` as (person id, persona spec) pairs."""
+    return [(person_of(entry), entry.partition("=")[2].strip()) for entry in people]
+
+
+@dataclasses.dataclass
+class SimulatedPerson:
+    """One simulated person of a run: who they are to the gateway ("": nobody named, the gateway's default
+    person), what they want, their sessions in order, and where their held-out answers are recorded."""
+
+    person_id: str
+    persona: Persona
+    user: SimulatedUser
+    sessions: SessionLog
+    record_dir: Path | None
 
 
 class EnvRunner:
@@ -71,24 +90,44 @@ class EnvRunner:
         self.notes = (CorrectionNotes(store_dir, self.daemon.agent.workspace, env.memory_max_notes)
                       if env.memory == "user_md" and self.daemon is not None else None)
         self.record_dir = Path(record_dir) if record_dir else None
-        self.sessions = SessionLog(self.record_dir / "sessions.jsonl" if self.record_dir else None, writer=writer)
         self.step_fn = step_fn
         self.model = model
-        self.persona = persona_from_spec(env.persona)
         self.heldout = heldout_questions(env.questions, env.heldout_questions, seed=env.seed)
         self.store_dir = store_dir
         self.offset_fn = offset_fn
         self.backlog = backlog
-        self.user = SimulatedUser(
-            self.persona, train_questions(env.questions, seed=env.seed), base_url=self.base_url, api_key=self.api_key,
-            config=SimulatedUserConfig(turns_per_session=env.turns_per_session, concurrency=env.concurrency,
-                                       max_tokens=env.max_tokens, temperature=temperature,
-                                       seed=env.seed, model=model, agent_keeps_history=self.daemon is not None,
-                                       close_by_endpoint=self.daemon is None,
-                                       timeout_s=env.request_timeout_s,
-                                       # Through OpenClaw the closing request is a plain main turn (no
-                                       # X-Session-Done), so it must ask for what the gateway serves one.
-                                       close_max_tokens=min_main_turn_tokens if self.daemon else 1))
+        user_config = SimulatedUserConfig(turns_per_session=env.turns_per_session, concurrency=env.concurrency,
+                                          max_tokens=env.max_tokens, temperature=temperature,
+                                          seed=env.seed, model=model, agent_keeps_history=self.daemon is not None,
+                                          close_by_endpoint=self.daemon is None,
+                                          timeout_s=env.request_timeout_s,
+                                          # Through OpenClaw the closing request is a plain main turn (no
+                                          # X-Session-Done), so it must ask for what the gateway serves one.
+                                          close_max_tokens=min_main_turn_tokens if self.daemon else 1)
+        self.people = [self._person(person_id, spec, user_config, writer)
+                       for person_id, spec in household(env.people) or [("", env.persona)]]
+        self.sessions = (HouseholdSessions({p.person_id: p.sessions for p in self.people}) if env.people
+                         else self.people[0].sessions)
+
+    def _person(self, person_id: str, spec: str, user_config: SimulatedUserConfig, writer: Any) -> "SimulatedPerson":
+        """One simulated person; in a household ("" = the one person of `env.persona` otherwise) their
+        records go under `<record_dir>/people/<person>/` and their metrics under `people/<person>/`."""
+        persona = persona_from_spec(spec)
+        record_dir = self.record_dir
+        if person_id and record_dir is not None:
+            record_dir = record_dir / "people" / person_id
+        sessions = SessionLog(record_dir / "sessions.jsonl" if record_dir else None, writer=writer,
+                              tag_prefix=f"people/{person_tag(person_id)}/" if person_id else "")
+        # every person asks the same questions in the same order: their answers differ only by what they want
+        user = SimulatedUser(persona, train_questions(self.env.questions, seed=self.env.seed), base_url=self.base_url,
+                             api_key=self.api_key, config=dataclasses.replace(user_config, person_id=person_id),
+                             session_prefix=f"sim-{person_id or persona.name}-{uuid.uuid4().hex[:8]}")
+        return SimulatedPerson(person_id, persona, user, sessions, record_dir)
+
+    @property
+    def persona(self) -> Persona:
+        """The persona of the one simulated person (the first of a household)."""
+        return self.people[0].persona
 
     async def start(self) -> "EnvRunner":
         """Start the OpenClaw gateway when the person talks through one (off the event loop: the
@@ -116,12 +155,15 @@ class EnvRunner:
                     if self.notes is not None:  # the next sessions start with the newest notes
                         await asyncio.to_thread(self.notes.refresh)
                     step = self.step_fn() if self.step_fn is not None else None
-                    before = len(self.user.results)
-                    stats = await self.user.run(self.env.concurrency)
-                    self.sessions.add(self.user.results[before:], step=step)
-                    log.debug("simulated sessions: %s", stats.metrics())
+                    before = [len(p.user.results) for p in self.people]
+                    # a household's people talk at once, `env.concurrency` sessions each
+                    rounds = await asyncio.gather(*(p.user.run(self.env.concurrency) for p in self.people))
+                    for person, start, stats in zip(self.people, before, rounds):
+                        person.sessions.add(person.user.results[start:], step=step)
+                        log.debug("simulated sessions of %r: %s", person.person_id, stats.metrics())
                     # back off (1 s, doubling to 60 s) while whole rounds fail, instead of spinning
-                    pause = min(max(2 * pause, 1.0), 60.0) if stats.failed_sessions == stats.sessions else 0.0
+                    failed = all(stats.failed_sessions == stats.sessions for stats in rounds)
+                    pause = min(max(2 * pause, 1.0), 60.0) if failed else 0.0
                     if pause:
                         log.warning("no session of the round got an answer; next round in %.0f s", pause)
                         with contextlib.suppress(asyncio.TimeoutError):
@@ -134,38 +176,58 @@ class EnvRunner:
         finally:
             store.close()
 
-    async def heldout_eval(self, *, writer: Any = None, step: int | None = None) -> dict[str, float]:
+    async def heldout_eval(self, *, writer: Any = None, step: int | None = None) -> dict[str, Any]:
         """Greedy held-out first answers graded two ways: `preference_score`, the fraction that
         satisfy the persona, and `accuracy`, the fraction whose final number is
         the question's answer (NaN when the questions carry no numeric answers).
 
         Logged as `eval/preference_score`, `eval/accuracy` and the mean rubric grade as
-        `eval/mean_rubric_score`.
+        `eval/mean_rubric_score`. A household's people are asked one after the other, each as
+        themselves (their own adapter answers them) and graded by their own persona: the record then holds
+        the mean over people and `people`, each person's numbers (logged as
+        `people/<person>/eval/...`).
         """
+        graded = {}
+        for person in self.people:
+            record = await self._heldout_eval_of(person, step)
+            graded[person.person_id] = record
+            if writer is not None and step is not None:
+                prefix = f"people/{person_tag(person.person_id)}/" if person.person_id else ""
+                writer.scalars(step, {f"{prefix}eval/{k}": v for k, v in record.items() if v == v})
+        if not self.env.people:
+            result = graded[""]
+        else:
+            result = {k: sum(r[k] for r in graded.values()) / len(graded) for k in next(iter(graded.values()))}
+            if writer is not None and step is not None:
+                writer.scalars(step, {f"eval/{k}": v for k, v in result.items() if v == v})
+            result["people"] = graded
+        if writer is not None and step is not None:
+            writer.flush()
+        return result
+
+    async def _heldout_eval_of(self, person: "SimulatedPerson", step: int | None) -> dict[str, float]:
         # By default as many held-out questions in flight as the policy batches at once: greedy decoding
         # on CPU is memory-bound, so a full batch costs about as much as one sequence. OpenClaw's
         # 2.5 k-token prompts make prefill the cost instead (env.eval_concurrency).
         env = self.env
-        result = await preference_score(self.base_url, self.persona, self.heldout, max_tokens=env.max_tokens,
+        result = await preference_score(self.base_url, person.persona, self.heldout, max_tokens=env.max_tokens,
                                         api_key=self.api_key, timeout_s=env.request_timeout_s,
+                                        person_id=person.person_id,
                                         concurrency=env.eval_concurrency or max(4, self.policy_batch_size),
                                         model=self.model, agent_keeps_history=self.daemon is not None,
                                         session_prefix=f"{HELDOUT_PREFIX}-{uuid.uuid4().hex[:8]}")
-        record = {"preference_score": float(result.score), "accuracy": float(result.accuracy),
-                  "mean_rubric_score": float(result.mean_score)}
-        if self.record_dir is not None and step is not None:
-            write_heldout_answers(result, self.record_dir / "heldout" / f"step_{step}.jsonl")
-        if writer is not None and step is not None:
-            writer.scalars(step, {f"eval/{k}": v for k, v in record.items() if v == v})
-            writer.flush()
-        return record
+        if person.record_dir is not None and step is not None:
+            write_heldout_answers(result, person.record_dir / "heldout" / f"step_{step}.jsonl")
+        return {"preference_score": float(result.score), "accuracy": float(result.accuracy),
+                "mean_rubric_score": float(result.mean_score)}
 
     async def preference_score(self, *, writer: Any = None, step: int | None = None) -> float:
         """The held-out preference score alone (see `heldout_eval`)."""
         return (await self.heldout_eval(writer=writer, step=step))["preference_score"]
 
     async def close(self) -> None:
-        await self.user.close()
+        for person in self.people:
+            await person.user.close()
         if self.notes is not None:
             self.notes.close()
         if self.daemon is not None:

@@ -76,12 +76,15 @@ def session_record(number: int, result: SessionResult, step: int | None) -> dict
 class SessionLog:
     """The person's sessions in order, appended to `path` (JSON lines) and to TensorBoard (`writer`).
 
-    Reopening an existing file continues it (a resumed run keeps counting after the sessions already in it)."""
+    Reopening an existing file continues it (a resumed run keeps counting after the sessions already in it).
+    `tag_prefix` goes before the metric names (`people/alice/` for one person of a household)."""
 
-    def __init__(self, path: str | os.PathLike | None, *, writer: Any = None, run: int = STABLE_RUN):
+    def __init__(self, path: str | os.PathLike | None, *, writer: Any = None, run: int = STABLE_RUN,
+                 tag_prefix: str = ""):
         self.path = Path(path) if path is not None else None
         self.writer = writer
         self.run = run
+        self.tag_prefix = tag_prefix
         self.satisfied: list[bool] = []
         if self.path is not None and self.path.is_file():
             for line in self.path.read_text().splitlines():
@@ -106,14 +109,15 @@ class SessionLog:
             self.satisfied.append(record["satisfied"])
             records.append(record)
         if self.path is not None and records:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in records))
         if self.writer is not None:
             for r in records:
-                log_scalars(self.writer, r["session"], {METRIC_SESSION_SATISFIED: float(r["satisfied"])})
+                log_scalars(self.writer, r["session"], {self.tag_prefix + METRIC_SESSION_SATISFIED: float(r["satisfied"])})
             first = self.sessions_to_stable
             if first is not None and not self._stable_written:
-                log_scalars(self.writer, first + self.run - 1, {METRIC_SESSIONS_TO_STABLE: float(first)})
+                log_scalars(self.writer, first + self.run - 1, {self.tag_prefix + METRIC_SESSIONS_TO_STABLE: float(first)})
                 self._stable_written = True
             if hasattr(self.writer, "flush"):
                 self.writer.flush()
@@ -123,3 +127,17 @@ class SessionLog:
         """`{"sessions": N, "sessions_satisfied": k, "sessions_to_stable": first or None}`."""
         return {"sessions": self.count, "sessions_satisfied": sum(self.satisfied),
                 "sessions_to_stable": self.sessions_to_stable}
+
+
+class HouseholdSessions:
+    """Several people's `SessionLog`s (by person id) as one: the totals, and each person's own summary."""
+
+    def __init__(self, logs: dict[str, SessionLog]):
+        self.logs = logs
+
+    def summary(self) -> dict[str, Any]:
+        """`{"sessions": N, "sessions_satisfied": k, "people": {person: SessionLog.summary()}}` (no one
+        sessions-to-stable number: each person has their own)."""
+        people = {person: log.summary() for person, log in self.logs.items()}
+        return {"sessions": sum(p["sessions"] for p in people.values()),
+                "sessions_satisfied": sum(p["sessions_satisfied"] for p in people.values()), "people": people}

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 SESSION_ID_HEADER = "X-Session-Id"
 TURN_TYPE_HEADER = "X-Turn-Type"
 SESSION_DONE_HEADER = "X-Session-Done"
+PERSON_ID_HEADER = "X-Person-Id"
 
 # The same tags as the benchmark CLI (`python -m openclaw_jax.eval`): the mean rubric grade of
 # first answers, and the fraction of first answers that fully satisfy the persona.
@@ -63,15 +64,19 @@ def session_headers(session_id: str, *, turn_type: str = "main", done: bool = Fa
     return headers
 
 
-def make_client(base_url: str, *, api_key: str | None = None, timeout_s: float = 300.0, max_retries: int = 2):
-    """An `openai.AsyncOpenAI` for a server root ("http://127.0.0.1:8000") or its "/v1" URL."""
+def make_client(base_url: str, *, api_key: str | None = None, timeout_s: float = 300.0, max_retries: int = 2,
+                person_id: str = ""):
+    """An `openai.AsyncOpenAI` for a server root ("http://127.0.0.1:8000") or its "/v1" URL; with
+    `person_id`, every request names that person (`X-Person-Id`, docs/household.md)."""
     import openai  # a slow import (pydantic models), needed only once a client is made
 
     url = base_url.rstrip("/")
     if not url.endswith("/v1"):
         url += "/v1"
+    headers = {PERSON_ID_HEADER: person_id} if person_id else None
     # The official client insists on a key; local servers without auth ignore the placeholder.
-    return openai.AsyncOpenAI(base_url=url, api_key=api_key or "EMPTY", timeout=timeout_s, max_retries=max_retries)
+    return openai.AsyncOpenAI(base_url=url, api_key=api_key or "EMPTY", timeout=timeout_s, max_retries=max_retries,
+                              default_headers=headers)
 
 
 async def resolve_model(client: Any, model: str | None) -> str:
@@ -262,6 +267,7 @@ class SimulatedUserConfig:
     send_seed: bool = True  # pass a per-request `seed` so seeded servers are reproducible
     next_question_intro: str = "Next question:"
     timeout_s: float = 300.0
+    person_id: str = ""  # who this user is to the gateway (X-Person-Id on every request); "" names nobody
     # The server is an agent that keeps each conversation itself (OpenClaw's gateway, whose
     # OpenAI endpoint continues the session named by the request's `user`): every request
     # sends only the person's newest message, and the agent (with our OpenClaw plugin) tags its
@@ -309,7 +315,8 @@ class SimulatedUser:
         self._own_client = client is None
         # An agent run is not idempotent (a retry is a second run beside the first): no retries there.
         self.client = client if client is not None else make_client(
-            base_url, api_key=api_key, timeout_s=config.timeout_s, max_retries=0 if config.agent_keeps_history else 2)
+            base_url, api_key=api_key, timeout_s=config.timeout_s, max_retries=0 if config.agent_keeps_history else 2,
+            person_id=config.person_id)
         self._questions: Iterator[Question] = iter(questions)
         # A random tag keeps session ids unique across runs against the same gateway.
         self.session_prefix = session_prefix or f"sim-{persona.name}-{uuid.uuid4().hex[:8]}"
@@ -542,13 +549,15 @@ async def preference_score(
     writer: Any = None,
     step: int | None = None,
     timeout_s: float = 300.0,
+    person_id: str = "",
     **answer_options: Any,
 ) -> PreferenceScore:
     """Fraction of greedy first answers on `heldout_questions` that satisfy `persona`.
 
     `answer_options` are `collect_first_answers`'s keywords (model, max_tokens, system_prompt,
     concurrency, session_prefix), with its defaults; the session prefix defaults to a fresh
-    `pref-<persona>-<id>`. Uses side turns, so measuring never feeds the trainer. When `writer`
+    `pref-<persona>-<id>`. `person_id` (with a URL) names whose answers these are (their adapter
+    serves them). Uses side turns, so measuring never feeds the trainer. When `writer`
     and `step` are given,
     writes `eval/satisfied_fraction` (= `.score`, the fraction satisfied),
     `eval/preference_score` (= `.mean_score`, the mean rubric grade, as the benchmark CLI does) and
@@ -556,8 +565,8 @@ async def preference_score(
     """
     own = isinstance(client_or_base_url, str)
     agent = answer_options.get("agent_keeps_history", False)
-    client = (make_client(client_or_base_url, api_key=api_key, timeout_s=timeout_s, max_retries=0 if agent else 2)
-              if own else client_or_base_url)
+    client = (make_client(client_or_base_url, api_key=api_key, timeout_s=timeout_s, max_retries=0 if agent else 2,
+                          person_id=person_id) if own else client_or_base_url)
     try:
         answer_options.setdefault("session_prefix", f"pref-{persona.name}-{uuid.uuid4().hex[:8]}")
         answers = await collect_first_answers(client, heldout_questions, **answer_options)

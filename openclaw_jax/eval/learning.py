@@ -15,6 +15,10 @@ a table has the same config, seeds and sample budget (`trainer.max_steps` x `tra
 Runs land in `<out>/<persona>/<method>/seed<S>/`; a finished one is reused (re-running the command
 resumes the table). Writes `<out>/learning.md` and `<out>/learning.json`.
 
+A household config (`env.people`) gives a row per person (`<label>: <person>`), each person's own sessions
+and held-out numbers; methods such as `combine@trainer.personalize=per_person` beside `combine` compare one
+shared model against an adapter per person (docs/results/household.md).
+
 Example (the OpenClaw table of docs/results/openclaw_learning.md):
   python -m openclaw_jax.eval.learning --persona arithmetic=configs/openclaw_cpu.yaml \\
       --persona student=configs/openclaw_student_cpu.yaml --methods memory,combine,rl,opd --seeds 2
@@ -100,9 +104,16 @@ def train_command(configs: Sequence[str], method: Method, seed: int, run_dir: Pa
 # ----------------------------------------------------------------------------- one run's numbers (pure)
 
 
-def read_sessions(run_dir: Path) -> list[bool]:
-    """The person's sessions in order (`sessions.jsonl`), satisfied or not."""
-    path = run_dir / "sessions.jsonl"
+def people_of(run_dir: Path) -> list[str]:
+    """The people of a household run (`env.people`: each has `people/<person>/`), or [] for one person."""
+    people = run_dir / "people"
+    return sorted(p.name for p in people.iterdir() if p.is_dir()) if people.is_dir() else []
+
+
+def read_sessions(run_dir: Path, person: str | None = None) -> list[bool]:
+    """The person's sessions in order (`sessions.jsonl`; a household's `people/<person>/sessions.jsonl`),
+    satisfied or not."""
+    path = (run_dir / "people" / person if person else run_dir) / "sessions.jsonl"
     if not path.is_file():
         return []
     return [bool(json.loads(line)["satisfied"]) for line in path.read_text().splitlines() if line.strip()]
@@ -119,12 +130,15 @@ def step_seconds_per_sample(run_dir: Path) -> float | None:
     return ratios[len(ratios) // 2] if ratios else None
 
 
-def run_result(run_dir: Path) -> dict[str, Any]:
-    """Sessions to a stable effect and the held-out numbers of one finished run."""
-    satisfied = read_sessions(run_dir)
+def run_result(run_dir: Path, person: str | None = None) -> dict[str, Any]:
+    """Sessions to a stable effect and the held-out numbers of one finished run (of `person`, in a household)."""
+    satisfied = read_sessions(run_dir, person)
     evals = read_evals(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     first, last = (evals[0], evals[-1]) if evals else ({}, {})
+    if person:   # the household's records hold each person's numbers under `people`
+        first, last = first.get("people", {}).get(person, {}), last.get("people", {}).get(person, {})
+        last = {**last, "step": evals[-1]["step"]} if evals else last
     return {
         "sessions": len(satisfied),
         "sessions_satisfied": sum(satisfied),
@@ -207,9 +221,11 @@ def table(out: Path, personas: Sequence[str], methods: Sequence[Method], seeds: 
             done = [d for d in dirs if finished(d)]
             if not done:
                 continue
-            results = [run_result(d) for d in done]
-            rows.append({"persona": persona, "method": m.spec, "seeds": [int(d.name[4:]) for d in done],
-                         "runs": results, "aggregate": aggregate(results)})
+            seeds_done = [int(d.name[4:]) for d in done]
+            for person in people_of(done[0]) or [None]:   # a household: a row per person
+                results = [run_result(d, person) for d in done]
+                rows.append({"persona": f"{persona}: {person}" if person else persona, "method": m.spec,
+                             "seeds": seeds_done, "runs": results, "aggregate": aggregate(results)})
     return rows
 
 

@@ -22,3 +22,9 @@ def check_person_id(person: Any, where: str) -> str:
     if not isinstance(person, str) or not PERSON_ID.fullmatch(person):
         raise ValueError(f"{where}={str(person)[:80]!r} is not a person id: {PERSON_ID_RULE}")
     return person
+
+
+def person_tag(person: str) -> str:
+    """A person id as one TensorBoard tag part: letters, digits, ``.``, ``_`` and ``-`` as they are, any
+    other character (``@``, ``+``: tags cannot hold them) as ``_`` and its two hex digits."""
+    return re.sub(r"[^A-Za-z0-9._-]", lambda m: f"_{ord(m.group()):02x}", person)

@@ -7,7 +7,6 @@ devices and hosts (MaxText style): combine by adding sums and counts, divide onc
 from __future__ import annotations
 
 import logging
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -15,6 +14,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from openclaw_jax.samples import Sample
+from openclaw_jax.samples.person import person_tag
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +40,6 @@ class MetricAccumulator:
     def reset(self) -> None:
         self._sums.clear()
         self._counts.clear()
-
-
-def person_tag(person: str) -> str:
-    """A person id as one TensorBoard tag part: letters, digits, ``.``, ``_`` and ``-`` as they are, any
-    other character (``@``, ``+``: tags cannot hold them) as ``_`` and its two hex digits."""
-    return re.sub(r"[^A-Za-z0-9._-]", lambda m: f"_{ord(m.group()):02x}", person)
 
 
 def person_stats(samples: Sequence[Sample]) -> dict[str, float]:

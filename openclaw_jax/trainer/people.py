@@ -45,11 +45,11 @@ from flax import nnx
 from openclaw_jax.models.lora_files import save_adapter
 from openclaw_jax.parallel import multihost
 from openclaw_jax.samples import Sample
+from openclaw_jax.samples.person import person_tag
 from openclaw_jax.trainer.batch import PackedBatch
 from openclaw_jax.trainer.batcher import pack
 from openclaw_jax.trainer.checkpoint import Checkpointer
 from openclaw_jax.trainer.loop import Trainer
-from openclaw_jax.trainer.metrics import person_tag
 from openclaw_jax.trainer.state import init_optimizer_state
 
 if TYPE_CHECKING:   # the type only: the config tree imports every section's package

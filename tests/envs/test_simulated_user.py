@@ -214,7 +214,9 @@ def test_env_runner_from_the_experiment_config(tmp_path):
     try:
         assert runner.env is cfg.env and runner.base_url == "http://127.0.0.1:9/v1" and runner.daemon is None
         assert runner.persona.name == "concise" and len(runner.heldout) == 2
-        assert runner.user.config.temperature == cfg.gateway.temperature and runner.user.config.concurrency == 3
+        (person,) = runner.people
+        assert person.person_id == "" and person.user.config.person_id == ""   # one person, who names nobody
+        assert person.user.config.temperature == cfg.gateway.temperature and person.user.config.concurrency == 3
         assert runner.backlog == 2 * 4  # two steps of the trainer's default 4 samples
         assert runner.policy_batch_size == cfg.policy.max_batch_size
     finally:
@@ -413,8 +415,8 @@ def test_env_runner_backs_off_while_the_gateway_is_down_and_records_each_session
                                                                 concurrency=2, request_timeout_s=5))
     SampleStore(tmp_path / "samples").close()
     runner = env_runner(cfg, "http://127.0.0.1:9/", store_dir=str(tmp_path / "samples"), offset_fn=lambda: 0)
-    runner.user.client = runner.user.client.with_options(max_retries=0)
-    runner.user._model = "smollm2"   # as through OpenClaw: the model is named, not listed from the server
+    runner.people[0].user.client = runner.people[0].user.client.with_options(max_retries=0)
+    runner.people[0].user._model = "smollm2"   # as through OpenClaw: the model is named, not listed from the server
 
     async def drive_for(seconds: float) -> None:
         stop = asyncio.Event()

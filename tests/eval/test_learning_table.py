@@ -71,3 +71,33 @@ def test_table_from_finished_runs(tmp_path):
     assert "| arith | memory | 4, not within 4 | 7, 4 | 0.250 -> 0.375 | +0.125 | no | 0.375 -> 0.500 | n/a | 1, 1 |" \
         in table
     assert "| arith | combine | 1.5 (1, 2) | 3, 4 | 0.250 -> 0.625 | +0.375 | yes | 0.375 -> 0.500 |" in table
+
+
+# a household run: person -> (sessions as 0/1, [(preference, accuracy) at steps 0 and 4])
+HOUSEHOLD = {"alice": ("01110", [(0.25, 0.5), (0.75, 0.5)]), "bob": ("0000", [(0.5, 0.5), (0.25, 0.75)])}
+
+
+def test_household_runs_give_a_row_per_person(tmp_path):
+    method = L.Method.parse("combine@trainer.personalize=per_person")
+    run = L.run_dir_for(tmp_path, "home", method, 0)
+    for person, (flags, _) in HOUSEHOLD.items():
+        (run / "people" / person).mkdir(parents=True)
+        (run / "people" / person / "sessions.jsonl").write_text(
+            "".join(json.dumps({"session": i + 1, "satisfied": c == "1"}) + "\n" for i, c in enumerate(flags)))
+    evals = [{"step": step, "preference_score": 0.0, "accuracy": 0.0,   # the means are not any person's numbers
+              "people": {p: {"preference_score": e[i][0], "accuracy": e[i][1]} for p, (_, e) in HOUSEHOLD.items()}}
+             for i, step in enumerate((0, 4))]
+    (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    (run / "summary.json").write_text(json.dumps({"interrupted": False, "preference": [{}], "wall_time_s": 120.0}))
+    assert L.main(["--persona", f"home={CONFIG}", "--methods", method.spec, "--seeds", "1",
+                   "--out", str(tmp_path), "--table-only"]) == 0
+    rows = {r["persona"]: r for r in json.loads((tmp_path / "learning.json").read_text())["rows"]}
+    assert set(rows) == {"home: alice", "home: bob"}
+    alice, bob = rows["home: alice"]["aggregate"], rows["home: bob"]["aggregate"]
+    assert alice["sessions_to_stable"] == [2] and alice["preference_gain"] == pytest.approx(0.5)
+    assert bob["sessions_to_stable"] == [None] and bob["preference_gain"] == pytest.approx(-0.25)
+    assert bob["accuracy_change"] == pytest.approx(0.25) and bob["every_seed_above_base"] is False
+    assert rows["home: bob"]["runs"][0]["final_step"] == 4
+    table = (tmp_path / "learning.md").read_text()
+    assert "| home: alice | combine@trainer.personalize=per_person | 2.0 (2) | 5 | 0.250 -> 0.750 | +0.500 | yes |" \
+        in table

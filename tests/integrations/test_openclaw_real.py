@@ -292,11 +292,11 @@ def person_through_openclaw(played, stack, tmp_path_factory):
         runner = env_runner(cfg, stack.url, store_dir=str(stack.store_dir), offset_fn=lambda: 0)
         await runner.start()
         try:
-            user_stats = await runner.user.run(1)
+            user_stats = await runner.people[0].user.run(1)
             graded = await runner.heldout_eval()
         finally:
             await runner.close()
-        return {"user": user_stats, "graded": graded, "result": runner.user.results[0]}
+        return {"user": user_stats, "graded": graded, "result": runner.people[0].user.results[0]}
 
     out = stack.lt.run(play(), timeout=600)
     stack.lt.run(stack.gateway.drain(60), timeout=90)
