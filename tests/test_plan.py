@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from openclaw_jax.plan import hlo_matmul_flops, parse_bytes
+from openclaw_jax.plan.cli import parse_bytes
+from openclaw_jax.plan.hlo import hlo_matmul_flops
 from tests.helpers.xla_flags import env_without_device_count
 
 ROOT = Path(__file__).resolve().parents[1]
