@@ -77,7 +77,7 @@ def _people_lines(pp: dict[str, Any]) -> list[str]:
         f"serving engine (one device; the base in {s['param_dtype']}, {s['slots']} adapter slots at rank "
         f"{s['max_rank']}, {_size(s['slot_bytes'])} a slot):",
         f"  weights {_size(s['weights'])} + decode copy {_size(s['decode_weights'])} + KV cache "
-        f"{_size(s['kv_cache'])} (the batch's budget, or one sequence of up to {s['longest_sequence']} tokens alone) + "
+        f"{_size(s['kv_cache'])} (the larger of the batch budget and one sequence of up to {s['longest_sequence']} tokens alone) + "
         f"prefix cache "
         f"{_size(s['prefix_cache'])} + rows' gathered adapters {_size(s['row_adapters'])} + slots (and slot 0) "
         f"{_size(s['adapter_slots'])} = {s['total'] / GIB:.2f} GiB (activations not included)",
