@@ -30,9 +30,9 @@ from openclaw_jax.plan.table import format_table
 from openclaw_jax.trainer.state import optimizer
 
 from tests.helpers.xla_flags import env_without_device_count
-from tests.test_plan import HF_CONFIG, OVERRIDES, _plan
+from tests.plan.test_plan import HF_CONFIG, OVERRIDES, _plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("q", "v", "up", "down")
 PER_PERSON = ["trainer.personalize=per_person", "model.lora.enabled=true", "model.lora.rank=4",
               f"model.lora.targets=[{','.join(TARGETS)}]"]
