@@ -39,7 +39,7 @@ from openclaw_jax.configlib import ConfigError, dump_yaml
 from openclaw_jax.envs.openclaw_connect import connect_command
 from openclaw_jax.gateway.server import API_KEY_ENV, start_gateway, stop_gateway
 from openclaw_jax.gateway.status import trainer_summary
-from openclaw_jax.inference.engine import Engine, EngineConfig
+from openclaw_jax.inference.engine import Engine
 from openclaw_jax.inference.server import API_KEY_ENV as POLICY_API_KEY_ENV, InferenceServer
 from openclaw_jax.inference.vision import VisionGenerator
 from openclaw_jax.logs import configure_logging
@@ -51,7 +51,7 @@ from openclaw_jax.runs.base_model import BaseModel, build_trainer, load_base_mod
 from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
 from openclaw_jax.runs.gate import LateJudge, start_gate
 from openclaw_jax.runs.person_adapters import AdapterPublisher, engine_settings, server_flags
-from openclaw_jax.runs.policy_process import PolicyProcess, lower_priority, server_command
+from openclaw_jax.runs.policy_process import PolicyProcess, engine_config, lower_priority, server_command
 from openclaw_jax.runs.untrained import UntrainedLearner
 from openclaw_jax.runs.users import env_runner
 from openclaw_jax.serving.versions import versions_dir_for
@@ -114,17 +114,6 @@ class _Run:
         record["time_s"] = time.monotonic() - self.t_start
         with open(self.run_dir / "eval.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-
-
-def engine_config(policy) -> EngineConfig:
-    """The embedded engine's settings from the `policy:` section."""
-    return EngineConfig(max_batch_size=policy.max_batch_size, min_batch_bucket=policy.min_batch_rows,
-                        min_prefill_rows=1, max_prefill_rows=policy.max_prefill_rows,
-                        min_cache_bucket=policy.min_cache_len, min_prompt_bucket=policy.min_prompt_len,
-                        prefix_cache_bytes=policy.prefix_cache_mb << 20,
-                        prefix_refresh_tokens=policy.prefix_refresh_tokens,
-                        prefix_refresh_entries=policy.prefix_refresh_entries,
-                        prefix_refresh_wait_s=policy.prefix_refresh_wait_s)
 
 
 async def _start_embedded_pool(r: _Run):

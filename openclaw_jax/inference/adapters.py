@@ -154,6 +154,23 @@ def _gather_layer_rows(bank, slots):
 JITTED = {"adapter_write": _write_slot, "adapter_rows": _gather_rows, "adapter_layer_rows": _gather_layer_rows}
 
 
+def lora_templates(cfg: ModelConfig, lora: LoRAConfig) -> tuple[nnx.GraphDef, dict[tuple[str, str], nnx.Variable]]:
+    """(the graphdef of `cfg`'s LoRA model, {(target, "lora_a" | "lora_b"): its abstract variable}): one
+    adapter's A `[L, *in, r]` and B `[L, r, *out]` of every target, in `cfg.param_dtype` (nothing allocated)."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), lora=lora)))
+    flat = {tuple(p): v for p, v in nnx.to_flat_state(abstract)}
+    return graphdef, {(t, part): flat[TARGET_MODULES[t] + (part,)] for t in lora.targets
+                      for part in ("lora_a", "lora_b")}
+
+
+def adapter_slot_bytes(cfg: ModelConfig, *, max_rank: int, targets: tuple[str, ...]) -> int:
+    """Device memory of one slot of an `AdapterBank` serving `cfg` (every target's A and B at `max_rank`, in
+    `cfg.param_dtype`), from the shapes alone."""
+    _, templates = lora_templates(cfg, LoRAConfig(rank=max_rank, alpha=float(max_rank), targets=targets))
+    return sum(int(np.prod(v.get_value().shape)) * jnp.dtype(v.get_value().dtype).itemsize
+               for v in templates.values())
+
+
 class AdapterBank:
     """The resident adapters of one engine (see the module docstring). Not thread-safe: the engine
     calls it from its own thread only."""
@@ -164,11 +181,7 @@ class AdapterBank:
         self.slots = slots
         self.lora = LoRAConfig(rank=max_rank, alpha=float(max_rank), targets=targets)  # scale 1: folded into B
         self.directory = directory
-        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), lora=self.lora)))
-        self.graphdef = graphdef
-        flat = {tuple(p): v for p, v in nnx.to_flat_state(abstract)}
-        self._templates = {(t, part): flat[TARGET_MODULES[t] + (part,)] for t in self.lora.targets
-                           for part in ("lora_a", "lora_b")}
+        self.graphdef, self._templates = lora_templates(cfg, self.lora)
         dt = jnp.dtype(cfg.param_dtype)
 
         def stacked(shape):  # [L, ...] -> [L, slots + 1, ...]

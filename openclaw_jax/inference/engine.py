@@ -36,7 +36,8 @@ Parts: `kernels.py` (the jitted prefill / insert / decode steps), `prefill.py` a
 (admission prefills and the prefix cache), `weight_swap.py` (checks, casts and the prefix refresh of
 a swap), `adapter_serving.py` and `adapters.py` (each row with its own person's LoRA adapter,
 `EngineConfig.lora_slots`), `scheduler.py` (config, buckets, request setup and handles, batch sizing
-and prefill grouping), `stops.py` (finish reasons and reported text); this module is the engine
+and prefill grouping), `stops.py` (finish reasons and reported text), `memory.py` (what the engine holds
+in device memory, from its config alone: the planner's serving numbers); this module is the engine
 thread that drives them.
 """
 
@@ -64,6 +65,7 @@ from openclaw_jax.inference.decode_layers import FUSED, fuse_layers
 from openclaw_jax.inference.kernels import (decode_loop_fused_jit, decode_loop_jit, extend_jit, gather_prefix_jit,
                                             grow_cache_jit, insert_jit, prefill_jit, split_layers, store_blocks_jit,
                                             zeros_cache_jit)
+from openclaw_jax.inference.memory import kv_bytes_per_token
 from openclaw_jax.inference.prefill import Prefiller
 from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, check_spec,
@@ -100,7 +102,7 @@ class Engine(WeightSwaps, AdapterServing):
         self.eos_token_ids = frozenset(eos)
         cfg = model.cfg
         cache_dtype = jnp.dtype(cfg.dtype)
-        self._kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cache_dtype.itemsize
+        self._kv_bytes_per_token = kv_bytes_per_token(cfg)
         self._rng = np.random.default_rng(seed)
         # bumped by every weight install: prefix-cache entries belong to one generation
         self._weights_gen = 0

@@ -42,15 +42,24 @@ def served_adapters_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / SERVED_ADAPTERS_DIR
 
 
-def engine_settings(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
-    """The `EngineConfig` adapter fields of a run: none in a shared run (no adapter code runs), else slots at
-    the people's adapters' rank and targets, read from the run's adapter directory (created here)."""
+def adapter_slots(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The `EngineConfig` adapter slots of a run: none in a shared run (no adapter code runs), else
+    `policy.lora_slots` slots at the people's adapters' rank and targets."""
     if cfg.trainer.personalize != "per_person":
+        return {}
+    return {"lora_slots": cfg.policy.lora_slots, "lora_max_rank": cfg.model.lora.rank,
+            "lora_targets": tuple(cfg.model.lora.targets)}
+
+
+def engine_settings(cfg: ExperimentConfig, run_dir: str | Path) -> dict[str, Any]:
+    """The `EngineConfig` adapter fields of a run: `adapter_slots`, read from the run's adapter directory
+    (created here)."""
+    slots = adapter_slots(cfg)
+    if not slots:
         return {}
     directory = served_adapters_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    return {"lora_slots": cfg.policy.lora_slots, "lora_max_rank": cfg.model.lora.rank,
-            "lora_targets": tuple(cfg.model.lora.targets), "lora_dir": str(directory)}
+    return {**slots, "lora_dir": str(directory)}
 
 
 def server_flags(settings: dict[str, Any]) -> list[str]:

@@ -22,7 +22,8 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from openclaw_jax.config import ExperimentConfig
+from openclaw_jax.config import ExperimentConfig, PolicyConfig
+from openclaw_jax.inference.scheduler import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,20 @@ class PolicyProcessError(RuntimeError):
     """The policy server process did not start."""
 
 
+def engine_config(policy: PolicyConfig) -> EngineConfig:
+    """The embedded engine's settings from the `policy:` section (`server_command` gives the process the same)."""
+    return EngineConfig(max_batch_size=policy.max_batch_size, min_batch_bucket=policy.min_batch_rows,
+                        min_prefill_rows=1, max_prefill_rows=policy.max_prefill_rows,
+                        min_cache_bucket=policy.min_cache_len, min_prompt_bucket=policy.min_prompt_len,
+                        prefix_cache_bytes=policy.prefix_cache_mb << 20,
+                        prefix_refresh_tokens=policy.prefix_refresh_tokens,
+                        prefix_refresh_entries=policy.prefix_refresh_entries,
+                        prefix_refresh_wait_s=policy.prefix_refresh_wait_s)
+
+
 def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weight_dirs: Sequence[Path]) -> list[str]:
     """The `python -m openclaw_jax.inference` command serving `model` with the `policy:` section's settings
-    (the same EngineConfig as `train.engine_config` gives the embedded engine), loading weight updates from
+    (the same EngineConfig as `engine_config` gives the embedded engine), loading weight updates from
     `weight_dirs` only (the trainer's pushes; the kept versions a rollback serves). Its key comes in its
     environment (`PolicyProcess(env=...)`)."""
     policy = cfg.policy

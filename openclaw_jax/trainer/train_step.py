@@ -10,7 +10,7 @@ weights (the advantages' last touch), the loss batch, then the gradient and the 
 (`step.py`); with `trainer.fused_old_pass` phases 1-7 are one program (`fused_step.py`). Each phase is one jitted program, compiled once per shape of
 its own inputs (the student phases per student shape, the teacher pass per teacher shape, so the
 programs a run compiles add up rather than multiply, `ShapeLadder.bound`), timed on its own
-(`time/<phase>`) and planned on its own (`plan.py`, through `TrainStep.compile`).
+(`time/<phase>`) and planned on its own (`plan/build.py`, through `TrainStep.compile`).
 
 The loop (`loop.py`), the planner, the benchmarks and the tests all call this one step; `loss_batch`
 gives what the loss sees (phases 1-6) for inspection.
@@ -286,7 +286,7 @@ class TrainStep:
     def compile(self, state: TrainState, inputs: S.StudentInputs, teacher_inputs: S.TeacherInputs, *,
                 serve: bool = True, image_grid: tuple = ()) -> list[CompiledPhase]:
         """Every phase of the step on a batch with hint candidates, lowered and compiled in order, from
-        abstract arguments (`jax.ShapeDtypeStruct`s with shardings: `plan.py`); `serve`: the update that
+        abstract arguments (`jax.ShapeDtypeStruct`s with shardings: `plan/build.py`); `serve`: the update that
         also writes the serving weights (the step of a weight sync, the largest)."""
         phases = self._jitted(image_grid)
         compiled: list[CompiledPhase] = []

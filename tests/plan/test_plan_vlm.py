@@ -15,7 +15,7 @@ from openclaw_jax.models.qwen_vl import QwenVL, QwenVLConfig
 
 from tests.helpers.vl_models import tiny_hf_vl_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_vl_config() -> dict:

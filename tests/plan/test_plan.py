@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from openclaw_jax.plan import hlo_matmul_flops, parse_bytes
+from openclaw_jax.plan.cli import parse_bytes
+from openclaw_jax.plan.hlo import hlo_matmul_flops
 from tests.helpers.xla_flags import env_without_device_count
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 HF_CONFIG = {"model_type": "qwen3", "vocab_size": 384, "hidden_size": 64, "intermediate_size": 96,
              "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
