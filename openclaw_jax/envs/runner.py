@@ -110,8 +110,8 @@ class EnvRunner:
                          else self.people[0].sessions)
 
     def _person(self, person_id: str, spec: str, user_config: SimulatedUserConfig, writer: Any) -> "SimulatedPerson":
-        """One simulated person; in a household ("" = the one person of `env.persona` otherwise) their
-        records go under `<record_dir>/people/<person>/` and their metrics under `people/<person>/`."""
+        """One simulated person (`person_id` "": the one person of `env.persona`, who names nobody). A
+        household's people record under `<record_dir>/people/<person>/` and log under `people/<person>/`."""
         persona = persona_from_spec(spec)
         record_dir = self.record_dir
         if person_id and record_dir is not None:
