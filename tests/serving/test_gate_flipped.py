@@ -81,7 +81,7 @@ async def _scenario(cfg, base, trainer, run_dir):
         users = env_runner(cfg, gateway_url, store_dir=store_dir, offset_fn=lambda: 0)
         run.cleanups.append(users.close)
         while len(run.gateway.store) < STEPS * PER_STEP + 8:   # the person talks: scored turns pile up
-            await users.user.run(cfg.env.concurrency)
+            await users.people[0].user.run(cfg.env.concurrency)
         await run.gateway.drain(120)
         for name, sign in (("flipped", -1), ("true", 1)):
             await asyncio.to_thread(_copy_store, store_dir, str(run_dir / name), sign)
