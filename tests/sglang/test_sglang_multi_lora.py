@@ -1,6 +1,6 @@
 """Real SGLang 0.5.23 on CPU serves several LoRA adapters at once, each request naming its own.
 
-One SGLang worker started with LoRA enabled (`LORA_FLAGS`) on the tiny random Qwen3; two adapters written
+One SGLang worker started with LoRA enabled (tests/sglang/conftest.py `LORA_FLAGS`) on the tiny random Qwen3; two adapters written
 by our own writer (models/lora_files.py, PEFT's layout, non-zero B) are loaded by path through SGLang's
 `/load_lora_adapter`; one batch of concurrent `/generate` requests names different adapters (`lora_path`
 per request, one with none). Each row's greedy tokens and log-probs equal an independent reference: HF
@@ -29,11 +29,6 @@ from openclaw_jax.models.weights import load_hf_checkpoint
 pytestmark = pytest.mark.sglang
 logger = logging.getLogger(__name__)
 
-# What a worker needs to serve our adapters (docs/household.md, "With SGLang workers"); torch_native is the
-# LoRA backend that runs without a GPU (the default, csgmv, is Triton).
-LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "4", "--lora-target-modules", "q_proj", "k_proj", "v_proj",
-              "o_proj", "gate_proj", "up_proj", "down_proj", "--max-loras-per-batch", "3",
-              "--lora-backend", "torch_native")
 LORA = LoRAConfig(rank=4, alpha=8.0)
 PROMPT = [12, 99, 150, 7, 201, 33, 64, 5]
 STEPS = 6
@@ -53,8 +48,8 @@ def _write_adapter(model, directory: Path, seed: int, base_model: Path) -> Path:
     return save_adapter(directory, state, LORA, base_model=str(base_model))
 
 
-def _reference(model_dir: Path, adapter_dir: Path | None):
-    """Greedy tokens, their log-probs, and the smallest top-1/top-2 log-prob gap, of PROMPT in HF transformers
+def reference_greedy(model_dir: Path, adapter_dir: Path | None, prompt: list[int] = PROMPT, steps: int = STEPS):
+    """Greedy tokens, their log-probs, and the smallest top-1/top-2 log-prob gap, of `prompt` in HF transformers
     float64 with the adapter (read with the `safetensors` package) merged into W in NumPy float64."""
     import torch
     from safetensors.numpy import load_file
@@ -73,9 +68,9 @@ def _reference(model_dir: Path, adapter_dir: Path | None):
                     b = tensors[stem + ".lora_B.weight"].astype(np.float64)
                     weight = params[stem.removeprefix("base_model.model.") + ".weight"]
                     weight.copy_(torch.from_numpy(weight.numpy() + scale * (b @ a.astype(np.float64))))
-    ids, tokens, logprobs, gap = list(PROMPT), [], [], np.inf
+    ids, tokens, logprobs, gap = list(prompt), [], [], np.inf
     with torch.no_grad():
-        for _ in range(STEPS):
+        for _ in range(steps):
             logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1).numpy()
             top2 = np.sort(logp)[-2:]
             nxt = int(np.argmax(logp))
@@ -109,21 +104,8 @@ def _adapter_route(url: str, route: str, **body):
     return r.json()
 
 
-@pytest.fixture(scope="module")
-def lora_worker(sglang_model_dir, tmp_path_factory):
-    from tests.helpers.sglang_workers import SGLangProcess, require_sglang_venv
-
-    require_sglang_venv()
-    worker = SGLangProcess.worker(sglang_model_dir, log_dir=tmp_path_factory.mktemp("sglang_lora_logs"),
-                                  name="lora-worker", extra=LORA_FLAGS).launch()
-    try:
-        yield worker.wait_healthy()
-    finally:
-        worker.kill()
-
-
-def test_each_request_is_served_by_the_adapter_it_names(lora_worker, sglang_model_dir, tmp_path):
-    url = lora_worker.url
+def test_each_request_is_served_by_the_adapter_it_names(sglang_lora_worker, sglang_model_dir, tmp_path):
+    url = sglang_lora_worker.url
     model, _ = load_hf_checkpoint(sglang_model_dir)
     alice = _write_adapter(model, tmp_path / "alice", 1, sglang_model_dir)
     bob = _write_adapter(model, tmp_path / "bob", 2, sglang_model_dir)
@@ -133,7 +115,8 @@ def test_each_request_is_served_by_the_adapter_it_names(lora_worker, sglang_mode
 
     rows = ("alice", None, "bob", "alice")
     served = _batch(url, rows)
-    refs = {name: _reference(sglang_model_dir, path) for name, path in (("alice", alice), (None, None), ("bob", bob))}
+    refs = {name: reference_greedy(sglang_model_dir, path)
+            for name, path in (("alice", alice), (None, None), ("bob", bob))}
     for row, (tokens, logprobs) in zip(rows, served):
         ref_tokens, ref_logprobs, gap = refs[row]
         logger.info("row %s: max |SGLang - reference| log-prob %.2e, smallest greedy gap %.3f", row,
@@ -155,7 +138,7 @@ def test_each_request_is_served_by_the_adapter_it_names(lora_worker, sglang_mode
         # not bit-exact: a row may read the prompt from SGLang's prefix cache, a different float32 summation
         # than a full prefill
         np.testing.assert_allclose(now[1], before[1], rtol=0, atol=UNCHANGED_TOL)
-    new_tokens, new_logprobs, gap = _reference(sglang_model_dir, alice)
+    new_tokens, new_logprobs, gap = reference_greedy(sglang_model_dir, alice)
     assert gap > 10 * TOL and new_tokens != refs["alice"][0]
     for tokens, logprobs in (after[0], after[3]):
         assert tokens == new_tokens
