@@ -11,7 +11,6 @@ reference, the others are bit-exact what they were.
 
 from __future__ import annotations
 
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +24,7 @@ from flax import nnx
 from openclaw_jax.models.lora import LoRAConfig, add_lora, lora_state
 from openclaw_jax.models.lora_files import save_adapter
 from openclaw_jax.models.weights import load_hf_checkpoint
+from tests.helpers.lora_reference import merged_hf_model
 
 pytestmark = pytest.mark.sglang
 logger = logging.getLogger(__name__)
@@ -52,22 +52,8 @@ def reference_greedy(model_dir: Path, adapter_dir: Path | None, prompt: list[int
     """Greedy tokens, their log-probs, and the smallest top-1/top-2 log-prob gap, of `prompt` in HF transformers
     float64 with the adapter (read with the `safetensors` package) merged into W in NumPy float64."""
     import torch
-    from safetensors.numpy import load_file
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-    if adapter_dir is not None:
-        config = json.loads((adapter_dir / "adapter_config.json").read_text())
-        scale = config["lora_alpha"] / config["r"]
-        tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, a in tensors.items():
-                if name.endswith(".lora_A.weight"):
-                    stem = name.removesuffix(".lora_A.weight")
-                    b = tensors[stem + ".lora_B.weight"].astype(np.float64)
-                    weight = params[stem.removeprefix("base_model.model.") + ".weight"]
-                    weight.copy_(torch.from_numpy(weight.numpy() + scale * (b @ a.astype(np.float64))))
+    model = merged_hf_model(model_dir, adapter_dir)
     ids, tokens, logprobs, gap = list(prompt), [], [], np.inf
     with torch.no_grad():
         for _ in range(steps):

@@ -5,9 +5,7 @@ feedback alone, the run has loaded her adapter on the worker by path and the gat
 
 from __future__ import annotations
 
-import re
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import requests
 
 from openclaw_jax.samples import SampleStore
 from tests.e2e.test_live import LiveRun
+from tests.e2e.test_live_per_person_serving import PROBE, _chat, _probe, _wait_for
 from tests.helpers.server_utils import free_port
 from tests.helpers.sglang_workers import REPO
 from tests.sglang.test_sglang_multi_lora import TOL, UNCHANGED_TOL, reference_greedy
@@ -24,35 +23,12 @@ pytestmark = pytest.mark.sglang
 PER_PERSON = ("env.enabled=false", "trainer.personalize=per_person", "gate.enabled=false", "trainer.samples_per_step=2",
               "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "trainer.optimizer.lr=1e-2",
               "trainer.optimizer.warmup_steps=0", "trainer.max_steps=100")
-PROBE = [{"role": "user", "content": "Describe the sea in a few words."}]
-
-
-def _probe(run: LiveRun, person: str):
-    """A greedy side turn of `person` with log-probs: (metadata, tokens, log-probs). Side turns never train."""
-    r = run.client.chat.completions.create(model="model", messages=PROBE, max_tokens=8, temperature=0, logprobs=True,
-                                           extra_headers={"X-Turn-Type": "side", "X-Person-Id": person})
-    tokens = r.choices[0].logprobs.content
-    return r.to_dict()["metadata"], [t.token for t in tokens], [t.logprob for t in tokens]
 
 
 def _assert_same_answer(got, want) -> None:
     """Same tokens, log-probs within float32 rounding (SGLang's prefix cache changes the summation order)."""
     assert got[1] == want[1]
     np.testing.assert_allclose(got[2], want[2], rtol=0, atol=UNCHANGED_TOL)
-
-
-def _chat(run: LiveRun, person: str, messages) -> str:
-    r = run.client.chat.completions.create(model="model", messages=messages, max_tokens=12, extra_headers={
-        "X-Session-Id": f"s-{person}", "X-Turn-Type": "main", "X-Person-Id": person})
-    return r.choices[0].message.content
-
-
-def _wait_for(run: LiveRun, pattern: str, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not re.search(pattern, run.log()):
-        assert run.proc.poll() is None, run.log()[-4000:]
-        assert time.monotonic() < deadline, f"no {pattern!r} in {timeout_s} s:\n{run.log()[-4000:]}"
-        time.sleep(1.0)
 
 
 def _worker_adapters(url: str) -> list[str]:
