@@ -7,6 +7,7 @@ second step's version replaces the first on the worker (loaded under a new name,
 from __future__ import annotations
 
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -69,7 +70,9 @@ def test_a_persons_turns_are_served_by_their_adapter_on_sglang(sglang_lora_worke
         _chat(run, "alice", talk)   # scores the fourth answer: her second step, a new version replaces the first
         _wait_for(run, r"sample 3: person alice")
         _wait_for(run, r"person 'alice': serving their adapter at 2 steps")
-        replaced = _worker_adapters(sglang_lora_worker.url)
+        deadline = time.monotonic() + 120   # the old name is unloaded just after the new one is served
+        while len(replaced := _worker_adapters(sglang_lora_worker.url)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert len(replaced) == 1 and replaced[0].startswith("alice#") and replaced != loaded, replaced
         assert _probe(run, "alice")[0]["adapter_steps"] == "2"
     finally:
