@@ -387,10 +387,6 @@ class ExperimentConfig:
                  "trainer.personalize=per_person serves each person their own adapter as it trains, with no promotion "
                  "check (the gate decides on shared versions), and the gate would hold out 1 in "
                  f"{self.gate.holdout_every} of each person's turns from training: set gate.enabled=false")
-        _require(self.trainer.personalize == "shared" or self.policy.mode != "external",
-                 "trainer.personalize=per_person serves each person's adapter from the JAX engine "
-                 "(policy.mode=embedded or process); policy.mode=external (SGLang workers) is not wired to per-person "
-                 "adapters: set policy.mode=embedded or policy.mode=process")
         if self.gate.enabled:
             _require(not self.agentic.enabled, "gate.enabled=true checks candidates on the person's held-out turns "
                                                "from the gateway; agentic.enabled runs have none: set gate.enabled=false")

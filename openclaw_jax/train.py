@@ -360,9 +360,11 @@ async def _start_adapter_serving(r: _Run, policy_urls: list[str]) -> None:
     """Per-person runs: each person's adapter is served to them (runs/person_adapters.py); a resumed run's
     adapters at once."""
     r.adapters = await AdapterPublisher(
-        r.trainer, r.run_dir, base_model=r.base.model_dir, policy_url=policy_urls[0] if policy_urls else None,
+        r.trainer, r.run_dir, base_model=r.base.model_dir,
+        policy_urls=policy_urls if r.cfg.policy.mode == "external" else policy_urls[:1],
         api_key=r.pool_api_key, request_timeout_s=r.cfg.policy.request_timeout_s,
-        on_served=r.gateway.serve_adapter if r.gateway is not None else None).start()
+        on_served=r.gateway.serve_adapter if r.gateway is not None else None,
+        by_path=r.cfg.policy.mode == "external").start()
     r.cleanups.append(r.adapters.close)
     await r.adapters.publish(list(r.trainer.adapters))
 

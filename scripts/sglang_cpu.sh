@@ -22,7 +22,9 @@
 # sglang-router. The published kernel package (`sglang-kernel`, import name `sgl_kernel`) holds CUDA
 # builds only and fails to import without a GPU; `serve`/`python` put tests/sglang_cpu first on
 # PYTHONPATH, whose pure-torch `sgl_kernel` stand-in provides the one function SGLang's CPU path
-# calls and raises a clear error for any other (test harness only).
+# calls and raises a clear error for any other (test harness only). The same directory's
+# sitecustomize.py lets SGLang's LoRA code ask for pinned host memory without a GPU (pinning is a no-op
+# there; it changes no value), so workers started with --enable-lora run on CPU too.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

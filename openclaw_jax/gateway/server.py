@@ -164,11 +164,13 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
         # person -> their adapter's optimizer steps, for each person whose LoRA adapter the pool serves
         # (a per-person run's `serve_adapter`): their turns go to it; everyone else's to the base model
         self.served_adapters: dict[str, int] = {}
+        self._lora_names: dict[str, str] = {}   # person -> the pool's name of their adapter, when not the person id
 
-    def serve_adapter(self, person: str, adapter_steps: int) -> None:
-        """From now on `person`'s turns are generated with their adapter (`lora_path=<person>`): the pool has it
-        loaded, at `adapter_steps` optimizer steps."""
+    def serve_adapter(self, person: str, adapter_steps: int, lora_name: str | None = None) -> None:
+        """From now on `person`'s turns are generated with their adapter (`lora_path=<lora_name>`, by default the
+        person id): the pool has it loaded, at `adapter_steps` optimizer steps."""
         self.served_adapters[person] = int(adapter_steps)
+        self._lora_names[person] = lora_name or person
 
     def _adapter_of(self, person: str, req: ChatCompletionRequest) -> tuple[str | None, int | None]:
         """(the adapter a request of `person` is served with, its steps), or (None, None): the base model (a
@@ -474,7 +476,8 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
     async def _complete_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
                              params: SamplingParams, ticket: TurnTicket | None,
                              grids: list[tuple[int, int, int]], adapter: tuple[str | None, int | None]) -> web.Response:
-        result = await self._generate(prompt_ids, params, req.top_logprobs, req.images, lora_path=adapter[0])
+        result = await self._generate(prompt_ids, params, req.top_logprobs, req.images,
+                                      lora_path=self._lora_names.get(adapter[0]))
         transport = request.transport
         if transport is None or transport.is_closing():
             # The agent hung up: it never saw this reply, so the turn must not be trained on.
@@ -506,7 +509,8 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
                            adapter: tuple[str | None, int | None]) -> web.StreamResponse:
         started = time.monotonic()
         stream = self.policy.generate_stream(prompt_ids, sampling_params=params, return_logprob=True,
-                                             top_logprobs_num=req.top_logprobs, lora_path=adapter[0])
+                                             top_logprobs_num=req.top_logprobs,
+                                             lora_path=self._lora_names.get(adapter[0]))
         first = await self._first_chunk(stream)  # before answering 200: pool trouble is still an error status
         first_s = time.monotonic() - started
         response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no",

@@ -501,10 +501,17 @@ class PoolClient:
     async def flush_cache(self) -> dict[str, Any]:
         return await self._fan_out_simple("POST", "/flush_cache")
 
-    async def load_lora_adapter(self, name: str) -> dict[str, Any]:
-        """POST `/load_lora_adapter {"lora_name": name}` to every worker: each (re)reads the adapter `name` from
-        its adapter directory; {url: {"status", "body", "error"}}."""
-        return await self._fan_out_simple("POST", "/load_lora_adapter", {"lora_name": name})
+    async def load_lora_adapter(self, name: str, path: str | None = None) -> dict[str, Any]:
+        """POST `/load_lora_adapter` to every worker: with no `path` (our engine) each (re)reads the adapter `name`
+        from its adapter directory; with `path` (SGLang) each loads the PEFT directory `path` under the new name
+        `name`; {url: {"status", "body", "error"}}."""
+        body = {"lora_name": name} if path is None else {"lora_name": name, "lora_path": path}
+        return await self._fan_out_simple("POST", "/load_lora_adapter", body)
+
+    async def unload_lora_adapter(self, name: str) -> dict[str, Any]:
+        """POST `/unload_lora_adapter {"lora_name": name}` to every worker (SGLang); {url: {"status", "body",
+        "error"}}."""
+        return await self._fan_out_simple("POST", "/unload_lora_adapter", {"lora_name": name})
 
 
 async def _sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:

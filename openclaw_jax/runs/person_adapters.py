@@ -11,6 +11,12 @@ resolved it just before), asks the engine to read each one again (`POST /load_lo
 nothing runs on the event loop) and then tells the gateway to route that person's turns to it
 (`Gateway.serve_adapter`): a person whose adapter is not loaded yet is served the base model. A resumed run
 publishes every restored adapter before the first turn.
+
+SGLang workers (`policy.mode: external`, started with `--enable-lora`, docs/household.md "With SGLang
+workers") load adapters by path, under names that must be new: each publish loads the person's new version
+directory on every worker as `<person>#<version>` (`#` is in no person id), then routes their turns to that
+name, then unloads the name it replaces. A turn is always sent to a name every worker holds. The run
+directory must be visible to the workers at the same path.
 """
 
 from __future__ import annotations
@@ -75,16 +81,18 @@ class AdapterPublisher:
     them (module doc). Every process calls `publish` (the adapters are gathered); process 0 writes and loads."""
 
     def __init__(self, trainer: PerPersonTrainer, run_dir: str | Path, *, base_model: str,
-                 policy_url: str | None, api_key: str | None, request_timeout_s: float,
-                 on_served: Callable[[str, int], None] | None):
+                 policy_urls: Sequence[str], api_key: str | None, request_timeout_s: float,
+                 on_served: Callable[[str, int, str], None] | None, by_path: bool = False):
         self.trainer = trainer
-        self.directory = served_adapters_dir(run_dir)
+        self.directory = served_adapters_dir(run_dir).resolve()
         self.base_model = base_model
         self.on_served = on_served
-        self.client = PoolClient([policy_url], request_timeout_s=request_timeout_s, api_key=api_key) \
-            if policy_url is not None and jax.process_index() == 0 else None
+        self.by_path = by_path   # SGLang workers: load each version by path under a new name (module doc)
+        self.client = PoolClient(list(policy_urls), request_timeout_s=request_timeout_s, api_key=api_key) \
+            if policy_urls and jax.process_index() == 0 else None
         self.failures = 0
         self._previous: dict[str, Path] = {}   # person -> the version their link pointed to before the last switch
+        self.served_names: dict[str, str] = {}   # person -> the name the workers serve their adapter under
 
     def _switch(self, version: Path, people: Sequence[str]) -> None:
         """Point each person's `adapters/<person>` at their directory in `version` (one rename each), then remove
@@ -131,14 +139,29 @@ class AdapterPublisher:
             return
         await asyncio.to_thread(self._switch, version, people)
         for person in people:
-            replies = await self.client.load_lora_adapter(person)
-            failed = {url: reply for url, reply in replies.items() if reply["status"] != 200 or reply["error"]}
+            name, path = person, None
+            if self.by_path:
+                name, path = f"{person}#{version.name}", str(version / person)
+            failed = _failures(await self.client.load_lora_adapter(name, path))
             if failed:
                 self.failures += 1
                 log.warning("person %r: the policy did not load their adapter (%s); their turns are served as before",
-                            person, "; ".join(f"{url}: {r['error'] or r['body']}" for url, r in failed.items()))
+                            person, failed)
                 continue
             if self.on_served is not None:
-                self.on_served(person, steps[person])
+                self.on_served(person, steps[person], name)
             log.info("person %r: serving their adapter at %d steps (%s)", person, steps[person],
                      self.directory / person)
+            old, self.served_names[person] = self.served_names.get(person), name
+            if self.by_path and old is not None:
+                failed = _failures(await self.client.unload_lora_adapter(old))
+                if failed:
+                    log.warning("person %r: the workers did not unload their previous adapter %r (%s); it stays "
+                                "loaded until the workers evict it", person, old, failed)
+
+
+def _failures(replies: dict[str, Any]) -> str:
+    """The workers' replies that are not a success, as one line; "" when all succeeded."""
+    return "; ".join(f"{url}: {r['error'] or r['body']}" for url, r in replies.items()
+                     if r["status"] != 200 or r["error"] or (isinstance(r["body"], dict)
+                                                             and r["body"].get("success") is False))

@@ -7,7 +7,6 @@ in NumPy float64. Her scored turns record the adapter that served them."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from openclaw_jax.samples import SampleStore
 from tests.e2e.test_live import LiveRun
+from tests.helpers.lora_reference import merged_hf_model
 from tests.helpers.server_utils import free_port
 
 PER_PERSON = ("trainer.samples_per_step=2", "gate.enabled=false", "trainer.personalize=per_person",
@@ -51,25 +51,10 @@ def _wait_for(run: LiveRun, pattern: str, timeout_s: float = 900) -> None:
 def _reference_greedy(model_dir: Path, adapter_dir: Path | None, steps: int):
     """Greedy tokens and log-probs of PROBE in HF transformers, float64, with the adapter merged into W."""
     import torch
-    from safetensors.numpy import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-    if adapter_dir is not None:
-        config = json.loads((adapter_dir / "adapter_config.json").read_text())
-        scale = config["lora_alpha"] / config["r"]
-        tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, a in tensors.items():
-                if not name.endswith(".lora_A.weight"):
-                    continue
-                stem = name[:-len(".lora_A.weight")]
-                b = tensors[stem + ".lora_B.weight"].astype(np.float64)
-                weight = params[stem.removeprefix("base_model.model.") + ".weight"]
-                merged = weight.numpy() + scale * (b @ a.astype(np.float64))
-                weight.copy_(torch.from_numpy(merged))
+    model = merged_hf_model(model_dir, adapter_dir)
     text = tok.apply_chat_template(PROBE, add_generation_prompt=True, tokenize=False)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     tokens, logprobs = [], []

@@ -20,7 +20,7 @@ def _version(directory, name, people):
 def test_switching_keeps_the_served_and_the_previous_version_only(tmp_path):
     directory = tmp_path / "adapters"
     _version(directory, "left-by-an-earlier-run", ["alice"])
-    publisher = AdapterPublisher(None, tmp_path, base_model="m", policy_url=None, api_key=None, request_timeout_s=1,
+    publisher = AdapterPublisher(None, tmp_path, base_model="m", policy_urls=(), api_key=None, request_timeout_s=1,
                                  on_served=None)
     names = ["v1", "v2", "v3"]
     for name in names:

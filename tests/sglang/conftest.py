@@ -39,6 +39,29 @@ def sglang_pair(sglang_model_dir, tmp_path_factory):
     _SGLANG_PAIRS.remove(pair)
 
 
+# What a worker needs to serve our adapters (docs/household.md, "With SGLang workers"): rank and targets of
+# model.lora (rank 4, all seven projections); torch_native is the LoRA backend that runs without a GPU (the
+# default, csgmv, is Triton).
+LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "4", "--lora-target-modules", "q_proj", "k_proj", "v_proj",
+              "o_proj", "gate_proj", "up_proj", "down_proj", "--max-loras-per-batch", "3",
+              "--lora-backend", "torch_native")
+
+
+@pytest.fixture(scope="module")
+def sglang_lora_worker(sglang_model_dir, tmp_path_factory):
+    """One SGLang worker with LoRA enabled (`LORA_FLAGS`) serving `sglang_model_dir`, no adapter loaded; a fresh
+    one per test module."""
+    from tests.helpers.sglang_workers import SGLangProcess, require_sglang_venv
+
+    require_sglang_venv()
+    worker = SGLangProcess.worker(sglang_model_dir, log_dir=tmp_path_factory.mktemp("sglang_lora_logs"),
+                                  name="lora-worker", extra=LORA_FLAGS).launch()
+    try:
+        yield worker.wait_healthy()
+    finally:
+        worker.kill()
+
+
 @pytest.fixture
 def sglang_workers(sglang_pair):
     """[worker0, worker1], both healthy, serving `sglang_model_dir` (weights: whatever the last test left)."""

@@ -78,13 +78,13 @@ def test_per_person_needs_lora_and_says_so():
 
 
 def test_per_person_serving_is_configured_and_checked():
-    """Each person's adapter is served by the JAX engine: SGLang workers are refused with what to do, and the
-    adapter slots are validated."""
+    """Each person's adapter is served by the JAX engine or by SGLang workers, and the adapter slots are
+    validated."""
     per_person = ["trainer.personalize=per_person", "model.lora.enabled=true", "gate.enabled=false"]
     cfg = load_experiment_config([], per_person)
     assert cfg.policy.lora_slots == 4 and cfg.policy.mode == "embedded"
-    with pytest.raises(ConfigError, match="policy.mode=embedded or policy.mode=process"):
-        load_experiment_config([], per_person + ["policy.mode=external", "policy.urls=[http://127.0.0.1:1]"])
+    external = load_experiment_config([], per_person + ["policy.mode=external", "policy.urls=[http://127.0.0.1:1]"])
+    assert external.trainer.personalize == "per_person" and external.policy.mode == "external"
     with pytest.raises(ConfigError, match="policy.lora_slots=0 must be >= 1"):
         load_experiment_config([], per_person + ["policy.lora_slots=0"])
     with pytest.raises(ConfigError, match="gate.enabled=false"):
