@@ -74,7 +74,11 @@ def test_tiny_run_with_the_gate_then_a_restart(tmp_path):
     with SampleStore(run_dir / "samples", readonly=True) as store:
         samples = store.read(0)
     answered_by = {s.weight_version for s in samples} | {s.last_weight_version for s in samples}
-    assert answered_by <= set(served) and len(answered_by) >= 2   # users met a promoted version, never a refused one
+    # users never met a refused version. Whether any of their stored turns met a promoted one before the run
+    # ended depends on the machine's speed (the gate's replay against the users' backlog: on a loaded machine
+    # every stored turn was answered by version 0 while 1, 3 and 4 were promoted); that the promoted version
+    # is served is checked by the log above and by the restart below, which serves it from its first request.
+    assert answered_by <= set(served), (answered_by, served)
     # held-out turns were never trained on: the trainer counted each one in its windows as skipped
     windows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     end = windows[-1]["end_offset"]
