@@ -59,19 +59,19 @@ class EnvConfig:
                 f"env.memory={self.memory!r} is OpenClaw's own memory (its USER.md); set env.client=openclaw, or "
                 "env.memory=none")
         require(self.memory_max_notes >= 1, f"env.memory_max_notes={self.memory_max_notes} must be >= 1")
-        ids = [person_of(entry) for entry in self.people]
+        ids = [person_of(entry)[0] for entry in self.people]
         require(len(set(ids)) == len(ids), f"env.people={list(self.people)!r} names a person twice")
         require(not self.people or self.client == "openai",
                 "env.people simulates several people through the gateway directly; through OpenClaw each person "
                 "needs an agent of their own: set env.client=openai, or leave env.people empty")
 
 
-def person_of(entry: str) -> str:
-    """The person id of an `env.people` entry `person_id=persona spec` (ValueError naming the entry)."""
+def person_of(entry: str) -> tuple[str, str]:
+    """(person id, persona spec) of an `env.people` entry `person_id=persona spec` (ConfigError naming the entry)."""
     person, eq, spec = entry.partition("=")
     require(bool(eq and spec.strip()), f"env.people entry {entry!r} must be person_id=persona spec, e.g. "
                                        "alice=concise:max_chars=60,correct=true")
     try:
-        return check_person_id(person.strip(), f"the person id of env.people entry {entry!r}")
+        return check_person_id(person.strip(), f"the person id of env.people entry {entry!r}"), spec.strip()
     except ValueError as e:
         raise ConfigError(str(e)) from None

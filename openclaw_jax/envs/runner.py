@@ -19,7 +19,7 @@ import logging
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from openclaw_jax.envs.config import EnvConfig, person_of
 from openclaw_jax.envs.memory import CorrectionNotes
@@ -37,11 +37,6 @@ log = logging.getLogger(__name__)
 # Held-out sessions start with this; through OpenClaw the plugin counts them as side turns
 # (`sideSessionPrefixes`), directly they are sent as side turns.
 HELDOUT_PREFIX = "heldout"
-
-
-def household(people: Sequence[str]) -> list[tuple[str, str]]:
-    """`env.people` as (person id, persona spec) pairs."""
-    return [(person_of(entry), entry.partition("=")[2].strip()) for entry in people]
 
 
 @dataclasses.dataclass
@@ -105,7 +100,7 @@ class EnvRunner:
                                           # X-Session-Done), so it must ask for what the gateway serves one.
                                           close_max_tokens=min_main_turn_tokens if self.daemon else 1)
         self.people = [self._person(person_id, spec, user_config, writer)
-                       for person_id, spec in household(env.people) or [("", env.persona)]]
+                       for person_id, spec in [person_of(e) for e in env.people] or [("", env.persona)]]
         self.sessions = (HouseholdSessions({p.person_id: p.sessions for p in self.people}) if env.people
                          else self.people[0].sessions)
 
@@ -123,11 +118,6 @@ class EnvRunner:
                              api_key=self.api_key, config=dataclasses.replace(user_config, person_id=person_id),
                              session_prefix=f"sim-{person_id or persona.name}-{uuid.uuid4().hex[:8]}")
         return SimulatedPerson(person_id, persona, user, sessions, record_dir)
-
-    @property
-    def persona(self) -> Persona:
-        """The persona of the one simulated person (the first of a household)."""
-        return self.people[0].persona
 
     async def start(self) -> "EnvRunner":
         """Start the OpenClaw gateway when the person talks through one (off the event loop: the

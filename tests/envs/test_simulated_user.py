@@ -213,7 +213,7 @@ def test_env_runner_from_the_experiment_config(tmp_path):
     runner = env_runner(cfg, "http://127.0.0.1:9/", store_dir=str(tmp_path / "samples"), offset_fn=lambda: 0)
     try:
         assert runner.env is cfg.env and runner.base_url == "http://127.0.0.1:9/v1" and runner.daemon is None
-        assert runner.persona.name == "concise" and len(runner.heldout) == 2
+        assert runner.people[0].persona.name == "concise" and len(runner.heldout) == 2
         (person,) = runner.people
         assert person.person_id == "" and person.user.config.person_id == ""   # one person, who names nobody
         assert person.user.config.temperature == cfg.gateway.temperature and person.user.config.concurrency == 3
