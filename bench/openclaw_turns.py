@@ -2,7 +2,8 @@
 
 One run, two phases, the same scripted conversation in each (a person asking, correcting and thanking;
 `SCRIPT`), each phase a fresh live run (`python -m openclaw_jax.train --config CONFIG` with no simulated
-users) and a fresh OpenClaw gateway daemon (`openclaw gateway run`, Node kept warm) in front of it:
+users and no promotion gate: every step's weights are swapped in) and a fresh OpenClaw gateway daemon
+(`openclaw gateway run`, Node kept warm) in front of it:
 
   * training off: the trainer waits for a step that never fills (trainer.samples_per_step above the
     conversation's turns), so serving has the machine to itself;
@@ -41,7 +42,6 @@ import re
 import secrets
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,7 +55,11 @@ logger = logging.getLogger("bench.openclaw_turns")
 
 # what the bench sets on top of the run config (besides ports, run directory and compilation cache): live
 # mode's essentials, so that another config (configs/openclaw_cpu.yaml, say) runs as live mode too
-LIVE_OVERRIDES = ["env.enabled=false", "policy.prefix_cache_mb=1024", "trainer.max_steps=1000000", "progress=false"]
+# The promotion gate is off: what is timed is serving while steps train and swap in, and a 24-turn conversation
+# holds fewer held-out turns than a gate needs to check a version (live_cpu.yaml's refuses every one, so
+# nothing would ever swap).
+LIVE_OVERRIDES = ["env.enabled=false", "policy.prefix_cache_mb=1024", "trainer.max_steps=1000000", "progress=false",
+                  "gate.enabled=false"]
 # the person: questions, corrections (the rule judge reads them as -1 with a hint), thanks (+1), moving on
 SCRIPT = [
     "What is 7 + 5?", "Thanks! And 12 times 3?", "No, that's wrong. 12 times 3 is 36. Can you fix that?",
@@ -147,24 +151,32 @@ class LiveRun:
 
 
 def streamed_turn(client, conversation: str, text: str, max_tokens: int) -> dict:
-    """One turn through OpenClaw: seconds to the first content token and to the end, usage, the reply."""
+    """One turn through OpenClaw: seconds to the first content token and to the end, usage, the reply, and
+    `error` when OpenClaw ended the stream with one (the person saw an error instead of the whole reply)."""
+    import openai
+
     from openclaw_jax.envs.openclaw_agent import AGENT_MODEL
     start = time.perf_counter()
-    first, usage, parts = None, None, []
+    first, usage, parts, error = None, None, [], None
     stream = client.chat.completions.create(model=AGENT_MODEL, messages=[{"role": "user", "content": text}],
                                             user=conversation, stream=True, max_tokens=max_tokens,
                                             stream_options={"include_usage": True})
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            if first is None:
-                first = time.perf_counter() - start
-            parts.append(chunk.choices[0].delta.content)
-        if chunk.usage is not None:
-            usage = chunk.usage
+    try:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                if first is None:
+                    first = time.perf_counter() - start
+                parts.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                usage = chunk.usage
+    except openai.APIError as err:
+        # e.g. OpenClaw's "Assistant output cannot be represented as an append-only response stream", when
+        # its final text of a cut-off reply differs from what it streamed
+        error = str(err)
     total = time.perf_counter() - start
     details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
     return {"ttft_s": first if first is not None else total, "total_s": total, "reply": "".join(parts),
-            "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "prompt_tokens": getattr(usage, "prompt_tokens", None), "error": error,
             "cached_tokens": int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0}
 
 
@@ -197,9 +209,10 @@ def run_phase(name: str, args, overrides: list[str], work: Path, turns: int, min
                             swapped_during=after != before, **(policy[0] if policy else {}))
                 version = after
                 records.append(turn)
-                logger.warning("%s turn %d: ttft %.2fs total %.2fs, %s of %s prompt tokens cached, version %s%s",
+                logger.warning("%s turn %d: ttft %.2fs total %.2fs, %s of %s prompt tokens cached, version %s%s%s",
                                name, index + 1, turn["ttft_s"], turn["total_s"], turn["cached_tokens"],
-                               turn["prompt_tokens"], before, " (after a swap)" if turn["swapped_before"] else "")
+                               turn["prompt_tokens"], before, " (after a swap)" if turn["swapped_before"] else "",
+                               f"; OpenClaw's error: {turn['error']}" if turn["error"] else "")
         samples = run.samples()
     finally:
         run.stop()
@@ -207,13 +220,15 @@ def run_phase(name: str, args, overrides: list[str], work: Path, turns: int, min
 
 
 def summarize(records: list[dict]) -> dict:
-    measured = records[1:]  # the first turn prefills the conversation's system prompt cold in both phases
+    # the first turn prefills the conversation's system prompt cold in both phases; a turn OpenClaw ended with an
+    # error has no whole reply (and no usage) to time
+    measured = [r for r in records[1:] if not r["error"]]
     out = {key: {"p50": round(percentile([r[key] for r in measured], 0.5), 3),
                  "p95": round(percentile([r[key] for r in measured], 0.95), 3)}
            for key in ("ttft_s", "total_s", "policy_ttft_s") if all(key in r for r in measured)}
     first_prompt = records[0]["prompt_tokens"] or 0
     cold = [r["turn"] for r in measured if r["cached_tokens"] < first_prompt - WARM_SLACK]
-    out.update(turns=len(records), swaps=sum(r["swapped_before"] for r in records), cold_turns=cold,
+    out.update(turns=len(records), errors=[r["turn"] for r in records if r["error"]], swaps=sum(r["swapped_before"] for r in records), cold_turns=cold,
                after_swap=[{k: r[k] for k in ("turn", "version", "ttft_s", "cached_tokens", "prompt_tokens")}
                            for r in records if r["swapped_before"]])
     return out
@@ -261,11 +276,11 @@ def main() -> None:
           f"maxTokens {args.max_tokens}; {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} "
           f"{load[2]:.2f}; {time.time() - started:.0f} s; work dir {work}")
     print(f"{'training':>8} | {'turns':>5} {'swaps':>5} {'samples':>7} | {'TTFT p50':>8} {'p95':>6} | "
-          f"{'reply p50':>9} {'p95':>6} | cold turns after the first")
+          f"{'reply p50':>9} {'p95':>6} | cold turns after the first | OpenClaw errors")
     for name, s in summary.items():
         print(f"{name:>8} | {s['turns']:>5} {s['swaps']:>5} {s['samples']:>7} | {s['ttft_s']['p50']:>8.2f} "
               f"{s['ttft_s']['p95']:>6.2f} | {s['total_s']['p50']:>9.2f} {s['total_s']['p95']:>6.2f} | "
-              f"{s['cold_turns'] or 'none'}")
+              f"{s['cold_turns'] or 'none'} | {s['errors'] or 'none'}")
     for name, s in summary.items():
         if "policy_ttft_s" in s:
             print(f"training {name}: of the time to first token, the policy's own (gateway to first token) "

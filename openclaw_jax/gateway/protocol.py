@@ -12,12 +12,14 @@ Pure functions, no I/O.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from openclaw_jax.pool.client import NoHealthyWorkerError, RequestRejectedError, WorkerUnavailableError
 from openclaw_jax.wire import openai as O
-from openclaw_jax.wire.errors import WireError
+from openclaw_jax.wire.errors import WireError, with_context_advice
 from openclaw_jax.wire.images import DEFAULT_LIMITS, ImageInput, ImageLimits, extract_images
 from openclaw_jax.wire.openai import short as _short
 from openclaw_jax.wire.fields import optional_bool
@@ -273,3 +275,25 @@ def parse_agent_chat_request(body: Any, image_limits: ImageLimits = DEFAULT_LIMI
             chat_template_kwargs=O.parse_chat_template_kwargs(body), images=tuple(images))
     except WireError as err:
         raise GatewayHTTPError.of(err) from None
+
+
+def pool_error_to_http(err: BaseException, what: str = "policy pool") -> GatewayHTTPError:
+    """Map a pool failure to the status the agent sees (no sample is recorded for it)."""
+    if isinstance(err, NoHealthyWorkerError):
+        return GatewayHTTPError(503, f"no healthy worker in the {what}: {err}", headers={"Retry-After": "1"})
+    if isinstance(err, RequestRejectedError):
+        if err.status in (400, 413, 422):
+            # The worker refused this request itself (e.g. the prompt exceeds the context length).
+            message = f"the {what} rejected the request: {err.message}"
+            if "context length" in message:
+                message = with_context_advice(message)
+            return GatewayHTTPError(400, message)
+        return GatewayHTTPError(502, f"the {what} answered HTTP {err.status}: {err.message}")
+    if isinstance(err, WorkerUnavailableError):
+        attempts = err.attempts
+        if attempts and all("timed out" in a for a in attempts):
+            return GatewayHTTPError(504, f"the {what} timed out: {err}")
+        return GatewayHTTPError(502, f"the {what} failed: {err}")
+    if isinstance(err, asyncio.TimeoutError):
+        return GatewayHTTPError(504, f"the {what} timed out")
+    return GatewayHTTPError(502, f"the {what} failed: {type(err).__name__}: {err}")

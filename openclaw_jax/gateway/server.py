@@ -38,7 +38,7 @@ import logging
 import os
 import time
 from array import array
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -58,7 +58,7 @@ from openclaw_jax.gateway.admin_routes import AdminRoutes
 from openclaw_jax.gateway.session_routes import GATEWAY_HEADERS, SessionRoutes
 from openclaw_jax.gateway.status import SessionActivity
 from openclaw_jax.gateway.status_routes import StatusRoutes
-from openclaw_jax.gateway.protocol import (ChatCompletionRequest, GatewayHTTPError, bad_request,
+from openclaw_jax.gateway.protocol import (ChatCompletionRequest, GatewayHTTPError, bad_request, pool_error_to_http,
                                            parse_agent_chat_request, parse_session_info)
 from openclaw_jax.samples import SampleStore
 from openclaw_jax.samples.holdout import sample_ids
@@ -69,13 +69,7 @@ from openclaw_jax.http.offload import freeze_startup_heap, return_large_blocks_t
 from openclaw_jax.http.text_budget import TextBudget, message_chars
 from openclaw_jax.models.tokenizer import tokenizer_by_name
 from openclaw_jax.models.image_processing import processor_for_model_dir
-from openclaw_jax.pool.client import (
-    NoHealthyWorkerError,
-    PoolClient,
-    PoolError,
-    RequestRejectedError,
-    WorkerUnavailableError,
-)
+from openclaw_jax.pool.client import PoolClient, PoolError
 from openclaw_jax.wire import json_safe
 from openclaw_jax.wire import openai as O
 from openclaw_jax.wire.errors import with_context_advice
@@ -89,28 +83,6 @@ logger = logging.getLogger(__name__)
 API_KEY_ENV = KEY_ENVIRONMENT["api_key"]
 
 
-def pool_error_to_http(err: BaseException, what: str = "policy pool") -> GatewayHTTPError:
-    """Map a pool failure to the status the agent sees (no sample is recorded for it)."""
-    if isinstance(err, NoHealthyWorkerError):
-        return GatewayHTTPError(503, f"no healthy worker in the {what}: {err}", headers={"Retry-After": "1"})
-    if isinstance(err, RequestRejectedError):
-        if err.status in (400, 413, 422):
-            # The worker refused this request itself (e.g. the prompt exceeds the context length).
-            message = f"the {what} rejected the request: {err.message}"
-            if "context length" in message:
-                message = with_context_advice(message)
-            return GatewayHTTPError(400, message)
-        return GatewayHTTPError(502, f"the {what} answered HTTP {err.status}: {err.message}")
-    if isinstance(err, WorkerUnavailableError):
-        attempts = err.attempts
-        if attempts and all("timed out" in a for a in attempts):
-            return GatewayHTTPError(504, f"the {what} timed out: {err}")
-        return GatewayHTTPError(502, f"the {what} failed: {err}")
-    if isinstance(err, asyncio.TimeoutError):
-        return GatewayHTTPError(504, f"the {what} timed out")
-    return GatewayHTTPError(502, f"the {what} failed: {type(err).__name__}: {err}")
-
-
 GatewayStats = counters(
     "GatewayStats",
     "requests main_turns side_turns client_errors pool_errors turns_recorded "
@@ -120,6 +92,13 @@ GatewayStats = counters(
     ``store_errors`` counts failed store writes (each retry counts; ``judge_errors`` never includes them);
     ``samples_dropped_store`` the samples lost because the store could not take them.
     """)
+
+
+class ServedAdapter(NamedTuple):
+    """A person's LoRA adapter as the pool serves it."""
+    person: str
+    steps: int       # its optimizer steps
+    lora_name: str   # the pool's name for it (a generate request's `lora_path`)
 
 
 class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRoutes, AdminRoutes):
@@ -161,24 +140,19 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
         self.budget: TextBudget | None = None
         self.writer: StoreWriter | None = None
         self._stop_ids: list[int] = []
-        # person -> their adapter's optimizer steps, for each person whose LoRA adapter the pool serves
-        # (a per-person run's `serve_adapter`): their turns go to it; everyone else's to the base model
-        self.served_adapters: dict[str, int] = {}
-        self._lora_names: dict[str, str] = {}   # person -> the pool's name of their adapter, when not the person id
+        # each person whose LoRA adapter the pool serves (a per-person run's `serve_adapter`): their turns go
+        # to it; everyone else's to the base model
+        self.served_adapters: dict[str, ServedAdapter] = {}
 
     def serve_adapter(self, person: str, adapter_steps: int, lora_name: str | None = None) -> None:
         """From now on `person`'s turns are generated with their adapter (`lora_path=<lora_name>`, by default the
         person id): the pool has it loaded, at `adapter_steps` optimizer steps."""
-        self.served_adapters[person] = int(adapter_steps)
-        self._lora_names[person] = lora_name or person
+        self.served_adapters[person] = ServedAdapter(person, int(adapter_steps), lora_name or person)
 
-    def _adapter_of(self, person: str, req: ChatCompletionRequest) -> tuple[str | None, int | None]:
-        """(the adapter a request of `person` is served with, its steps), or (None, None): the base model (a
-        person with no adapter yet; prompts with images, which adapters do not serve)."""
-        steps = self.served_adapters.get(person)
-        if steps is None or req.images:
-            return None, None
-        return person, steps
+    def _adapter_of(self, person: str, req: ChatCompletionRequest) -> ServedAdapter | None:
+        """The adapter a request of `person` is served with, or None: the base model (a person with no adapter
+        yet; prompts with images, which adapters do not serve)."""
+        return None if req.images else self.served_adapters.get(person)
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -434,7 +408,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
 
     def _record_turn(self, ticket: TurnTicket | None, req: ChatCompletionRequest, prompt_ids: list[int],
                      result: GenerateResult, params: SamplingParams, images: tuple[SpooledImage, ...] = (),
-                     adapter: tuple[str | None, int | None] = (None, None)) -> None:
+                     adapter: ServedAdapter | None = None) -> None:
         if ticket is None:
             return
         if not result.response_ids or len(result.rollout_logprobs) != len(result.response_ids):
@@ -453,7 +427,8 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             last_weight_version=result.last_weight_version,
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             finish_reason=result.finish_reason.type if result.finish_reason else "", images=images,
-            person=ticket.person, adapter=adapter[0], adapter_steps=adapter[1])
+            person=ticket.person, adapter=adapter.person if adapter else None,
+            adapter_steps=adapter.steps if adapter else None)
         self.stats.turns_recorded += 1
         job = self.sessions.complete_turn(ticket, record)
         if job is not None:
@@ -465,19 +440,19 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
                                  lambda t: self.tokenizer.decode([t]), top_n=top)
 
     def _metadata(self, result: GenerateResult, ticket: TurnTicket | None,
-                  adapter: tuple[str | None, int | None]) -> dict[str, Any]:
+                  adapter: ServedAdapter | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"weight_version": result.weight_version}
-        if adapter[0] is not None:   # OpenAI's metadata values are strings
-            meta.update(adapter=adapter[0], adapter_steps=str(adapter[1]))
+        if adapter is not None:   # OpenAI's metadata values are strings
+            meta.update(adapter=adapter.person, adapter_steps=str(adapter.steps))
         if ticket is not None:
             meta.update(session_id=ticket.session_id, turn_index=ticket.turn_index)
         return meta
 
     async def _complete_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
                              params: SamplingParams, ticket: TurnTicket | None,
-                             grids: list[tuple[int, int, int]], adapter: tuple[str | None, int | None]) -> web.Response:
+                             grids: list[tuple[int, int, int]], adapter: ServedAdapter | None) -> web.Response:
         result = await self._generate(prompt_ids, params, req.top_logprobs, req.images,
-                                      lora_path=self._lora_names.get(adapter[0]))
+                                      lora_path=adapter.lora_name if adapter else None)
         transport = request.transport
         if transport is None or transport.is_closing():
             # The agent hung up: it never saw this reply, so the turn must not be trained on.
@@ -506,11 +481,11 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
 
     async def _stream_chat(self, request: web.Request, req: ChatCompletionRequest, prompt_ids: list[int],
                            params: SamplingParams, ticket: TurnTicket | None,
-                           adapter: tuple[str | None, int | None]) -> web.StreamResponse:
+                           adapter: ServedAdapter | None) -> web.StreamResponse:
         started = time.monotonic()
         stream = self.policy.generate_stream(prompt_ids, sampling_params=params, return_logprob=True,
                                              top_logprobs_num=req.top_logprobs,
-                                             lora_path=self._lora_names.get(adapter[0]))
+                                             lora_path=adapter.lora_name if adapter else None)
         first = await self._first_chunk(stream)  # before answering 200: pool trouble is still an error status
         first_s = time.monotonic() - started
         response = web.StreamResponse(status=200, headers={**O.SSE_HEADERS, "X-Accel-Buffering": "no",
