@@ -247,7 +247,9 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=48, help="with training on, at most this many turns")
     parser.add_argument("--samples-per-step", type=int, default=2, help="with training on: a step every N scored turns")
     parser.add_argument("--think-s", type=float, default=15.0, help="seconds between a reply and the next message")
-    parser.add_argument("--max-tokens", type=int, default=128, help="OpenClaw's maxTokens for the model")
+    # 64: a 24-turn conversation of 128-token replies outgrows OpenClaw's prompt budget (its context window less
+    # its reserve), and OpenClaw then spends minutes compacting the session on 2 cores
+    parser.add_argument("--max-tokens", type=int, default=64, help="OpenClaw's maxTokens for the model")
     parser.add_argument("--warmup-turns", type=int, default=6, help="turns of the warm-up pass (0: none)")
     parser.add_argument("--work-dir", default=None, help="run dirs, logs and OpenClaw state (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")

@@ -374,6 +374,7 @@ class Engine(WeightSwaps, AdapterServing):
             if not self._pending:
                 return
             size, cache_len = plan_batch(self._pending, self.config, self._kv_bytes_per_token)
+        logger.debug("new running batch: %d rows x %d cache slots", size, cache_len)
         cfg = self.model_config
         shape = (cfg.num_layers, size, cache_len, cfg.num_kv_heads, cfg.head_dim)
         # the fused decode keeps one cache array per layer (see kernels.zeros_cache_jit)

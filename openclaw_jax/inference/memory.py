@@ -28,7 +28,7 @@ from flax import nnx
 
 from openclaw_jax.inference.adapters import adapter_slot_bytes
 from openclaw_jax.inference.decode_layers import fuse_layers
-from openclaw_jax.inference.scheduler import EngineConfig, bucket
+from openclaw_jax.inference.scheduler import EngineConfig, bucket, cache_bucket
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder
 
@@ -90,7 +90,7 @@ def serving_memory(cfg: ModelConfig, config: EngineConfig, *, longest_sequence: 
         # a tied head is the embedding itself (no copy); an untied one is transposed once
         decode = _bytes(fused["layers"]) + (0 if cfg.tie_word_embeddings else _bytes(fused["head"]))
     per_token = kv_bytes_per_token(cfg)
-    alone = bucket(1, config.min_batch_bucket) * bucket(longest_sequence, config.min_cache_bucket) * per_token
+    alone = bucket(1, config.min_batch_bucket) * cache_bucket(longest_sequence, config) * per_token
     block = config.prefix_cache_block
     slot = adapter_slot_bytes(cfg, max_rank=config.lora_max_rank, targets=tuple(config.lora_targets)) \
         if config.lora_slots else 0

@@ -29,6 +29,11 @@ from openclaw_jax.models.config import LORA_TARGETS
 FINE_BUCKETS_FROM = 512
 # smallest bucket of an extend prefill's new tokens (see extend_bucket)
 MIN_EXTEND_BUCKET = 16
+# running batches' cache lengths past half of this are bucketed in `EngineConfig.cache_bucket_steps` sizes per
+# octave: every decode step attends over (and reads) the whole cache, so a 4.4 k-token OpenClaw session in a
+# power-of-two 8192-slot cache decoded at about half the rate of one in 4096 slots; below it the cache is small
+# beside the weights a step reads, and the few power-of-two lengths keep the compilations few
+FINE_CACHE_BUCKETS_FROM = 8192
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class EngineConfig:
     # (4: at most 25% padding, e.g. OpenClaw's ~2.3 k-token prompt to 2560 rather than 4096; each size
     # compiles the prefill once); 1: powers of two
     prompt_bucket_steps: int = 4
+    # cache lengths (prompt + new tokens) past FINE_CACHE_BUCKETS_FROM / 2 in this many sizes per octave
+    # (4: 5120, 6144, 7168, 8192 past 4096; each compiles the decode once); 1: powers of two
+    cache_bucket_steps: int = 4
     # KV cache memory allowed for one running batch (B * Lc * bytes per token)
     kv_cache_budget_bytes: int = 2 << 30
     # at most this many (padded) prompt tokens per prefill call
@@ -110,7 +118,7 @@ class EngineConfig:
                              f"lora_max_rank={self.lora_max_rank} >= 1")
         if not self.lora_targets or any(t not in LORA_TARGETS for t in self.lora_targets):
             raise ValueError(f"lora_targets={self.lora_targets!r} must be a non-empty subset of {LORA_TARGETS}")
-        for name in ("min_prompt_bucket", "min_cache_bucket", "prompt_bucket_steps"):
+        for name in ("min_prompt_bucket", "min_cache_bucket", "prompt_bucket_steps", "cache_bucket_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
@@ -136,6 +144,11 @@ def bucket(n: int, minimum: int = 1, steps: int = 1, fine_from: int = FINE_BUCKE
 def prompt_bucket(n: int, config: "EngineConfig") -> int:
     """The padded length of a prefill of n prompt tokens."""
     return bucket(n, config.min_prompt_bucket, config.prompt_bucket_steps)
+
+
+def cache_bucket(n: int, config: "EngineConfig") -> int:
+    """The cache length of a running batch whose longest sequence (prompt + new tokens) is n tokens."""
+    return bucket(n, config.min_cache_bucket, config.cache_bucket_steps, FINE_CACHE_BUCKETS_FROM)
 
 
 def extend_bucket(n: int, config: "EngineConfig") -> int:
@@ -289,7 +302,7 @@ def plan_batch(pending: Iterable[Seq], config: EngineConfig, kv_bytes_per_token:
     for seq in pending:
         if chosen >= config.max_batch_size:
             break
-        lc = max(cache_len, bucket(seq.need_len, config.min_cache_bucket))
+        lc = max(cache_len, cache_bucket(seq.need_len, config))
         b = bucket(chosen + 1, config.min_batch_bucket)
         if chosen and b * lc * kv_bytes_per_token > config.kv_cache_budget_bytes:
             break
@@ -303,12 +316,13 @@ def grown_batch_shape(size: int, cache_len: int, active: int, waiting: Sequence[
                       kv_bytes_per_token: int) -> tuple[int, int]:
     """(rows, cache length) a running batch of `size` x `cache_len` with `active` rows grows to, so that
     the head of the queue (`waiting`, in order, at most the rows `max_batch_size` leaves) can join it:
-    as many of them as the KV budget allows, each bucket a power of two and never smaller than now.
+    as many of them as the KV budget allows, each a bucket (`cache_bucket`, rows a power of two) never smaller
+    than now.
     Unchanged when they already fit (free rows, long enough cache) or none fits the budget."""
     best = (size, cache_len)
     need = cache_len
     for taken, seq in enumerate(waiting, start=1):
-        need = max(need, bucket(seq.need_len, config.min_cache_bucket))
+        need = max(need, cache_bucket(seq.need_len, config))
         rows = max(size, min(bucket(active + taken, config.min_batch_bucket), bucket(config.max_batch_size)))
         if rows * need * kv_bytes_per_token > config.kv_cache_budget_bytes:
             break

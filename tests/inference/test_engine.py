@@ -381,3 +381,43 @@ def test_prefill_groups_hold_at_most_max_prefill_rows():
         == [[5, 30], [7], [60], [2]]
     with pytest.raises(ValueError, match="max_prefill_rows"):
         EngineConfig(max_prefill_rows=-1)
+
+
+def test_long_caches_are_bucketed_in_four_sizes_per_octave():
+    """Past 4096 slots a running batch's cache grows in quarters of an octave (5120, 6144, 7168, 8192, 10240,
+    ...), not to the next power of two; below that, and with cache_bucket_steps=1, powers of two."""
+    from openclaw_jax.inference.scheduler import cache_bucket
+    fine, pow2 = EngineConfig(min_cache_bucket=64), EngineConfig(min_cache_bucket=64, cache_bucket_steps=1)
+    needs = [100, 3000, 4096, 4097, 5120, 5121, 7000, 8192, 8193, 13000]
+    assert [cache_bucket(n, fine) for n in needs] == [128, 4096, 4096, 5120, 5120, 6144, 7168, 8192, 10240, 14336]
+    assert [cache_bucket(n, pow2) for n in needs] == [128, 4096, 4096, 8192, 8192, 8192, 8192, 8192, 16384, 16384]
+    assert cache_bucket(100, EngineConfig(min_cache_bucket=4096)) == 4096
+    with pytest.raises(ValueError, match="cache_bucket_steps=0"):
+        EngineConfig(cache_bucket_steps=0)
+
+
+def test_a_long_session_decodes_in_a_cache_a_quarter_octave_past_it(tiny_smollm2_dir, caplog):
+    """A 4.2 k-token prompt decodes in a 5120-slot running cache (not 8192), and its greedy tokens and log-probs
+    are HF transformers' on the same checkpoint (full forwards, float64 log-softmax)."""
+    import torch
+    import transformers
+    model, _ = load_hf_checkpoint(tiny_smollm2_dir)
+    engine = Engine(model, load_tokenizer(tiny_smollm2_dir), context_length=8192, seed=0,
+                    config=EngineConfig(max_batch_size=1, min_prompt_bucket=512, min_cache_bucket=4096,
+                                        max_prefill_rows=1, batch_wait_s=0.0))
+    prompt = np.random.default_rng(0).integers(10, 49000, size=4200).tolist()
+    try:
+        with caplog.at_level("DEBUG", logger="openclaw_jax.inference.engine"):
+            out = engine.generate_sync([spec_for(prompt, max_new_tokens=8, temperature=0, ignore_eos=True,
+                                                 return_logprob=True)])[0]
+    finally:
+        engine.shutdown()
+    assert [r.getMessage() for r in caplog.records if "running batch" in r.getMessage()] == \
+        ["new running batch: 1 rows x 5120 cache slots"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_smollm2_dir).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + out.output_ids])).logits[0].numpy()
+    for step, token in enumerate(out.output_ids):
+        row = log_softmax64(logits[len(prompt) - 1 + step])
+        assert token == int(np.argmax(row)), step
+        np.testing.assert_allclose(out.output_logprobs[step], row[token], atol=1e-4)
