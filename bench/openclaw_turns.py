@@ -9,7 +9,9 @@ users and no promotion gate: every step's weights are swapped in) and a fresh Op
     conversation's turns), so serving has the machine to itself;
   * training on: a step every `--samples-per-step` scored turns, each step's weights swapped into the
     server while the conversation goes on; the phase continues past `--turns` until `--min-swaps` weight
-    swaps happened between turns (at most `--max-turns`).
+    swaps happened between turns (at most `--max-turns`); in `policy.mode=process` the trainer's threads
+    are in SCHED_IDLE (`policy.trainer_idle`, the default);
+  * with `--compare-nice`, training on again with the trainer at nice 19 alone (`policy.trainer_idle=false`).
 
 The person is the real `openai` client on OpenClaw's OpenAI-compatible endpoint, streaming, sending
 only their newest message (`user` names the conversation; OpenClaw keeps the history and writes its
@@ -252,6 +254,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="OpenClaw's maxTokens for the model")
     parser.add_argument("--warmup-turns", type=int, default=6, help="turns of the warm-up pass (0: none)")
     parser.add_argument("--work-dir", default=None, help="run dirs, logs and OpenClaw state (default: a temp dir)")
+    parser.add_argument("--compare-nice", action="store_true",
+                        help="a third phase, training on with the trainer at nice 19 alone (policy.trainer_idle=false) "
+                             "instead of in SCHED_IDLE")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
@@ -270,8 +275,11 @@ def main() -> None:
         run_phase("warmup", args, off, work, args.warmup_turns, 0)
     phases = {"off": run_phase("off", args, off, work, args.turns, 0),
               "on": run_phase("on", args, on, work, args.turns, args.min_swaps)}
+    if args.compare_nice:
+        phases["on-nice"] = run_phase("on-nice", args, [*on, "policy.trainer_idle=false"], work, args.turns,
+                                      args.min_swaps)
     summary = {name: summarize(p["turns"]) | {"samples": p["samples"]} for name, p in phases.items()}
-    ratio = summary["on"]["ttft_s"]["p95"] / summary["off"]["ttft_s"]["p95"]
+    ratios = {name: summary[name]["ttft_s"]["p95"] / summary["off"]["ttft_s"]["p95"] for name in phases if name != "off"}
     load = os.getloadavg()
     print(f"\nTurns through OpenClaw ({Path(args.config).name}, policy.mode={args.policy_mode}), think time "
           f"{args.think_s:.0f} s, "
@@ -287,13 +295,16 @@ def main() -> None:
         if "policy_ttft_s" in s:
             print(f"training {name}: of the time to first token, the policy's own (gateway to first token) "
                   f"p50 {s['policy_ttft_s']['p50']:.2f} s, p95 {s['policy_ttft_s']['p95']:.2f} s; the rest is OpenClaw's")
-    print(f"p95 time to first token, training on / off: {ratio:.2f}x (target <= 1.5x)")
-    for r in summary["on"]["after_swap"]:
-        print(f"  after a swap: turn {r['turn']} (version {r['version']}): TTFT {r['ttft_s']:.2f} s, "
-              f"{r['cached_tokens']} of {r['prompt_tokens']} prompt tokens cached")
+    for name, ratio in ratios.items():
+        trainer = "nice 19" if name == "on-nice" else "SCHED_IDLE" if args.policy_mode == "process" else "in process"
+        print(f"p95 time to first token, training {name} (trainer {trainer}) / off: {ratio:.2f}x (target <= 1.5x)")
+        for r in summary[name]["after_swap"]:
+            print(f"  after a swap: turn {r['turn']} (version {r['version']}): TTFT {r['ttft_s']:.2f} s, "
+                  f"{r['cached_tokens']} of {r['prompt_tokens']} prompt tokens cached")
     (work / "turns.json").write_text(json.dumps(phases, indent=1))
     if args.json:
-        print(json.dumps({"ttft_p95_on_over_off": round(ratio, 3), **summary}))
+        print(json.dumps({f"ttft_p95_{name.replace('-', '_')}_over_off": round(r, 3) for name, r in ratios.items()}
+                         | summary))
 
 
 if __name__ == "__main__":

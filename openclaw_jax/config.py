@@ -182,7 +182,8 @@ class PolicyConfig:
     """The serving pool: the embedded JAX server (in-process) or external SGLang workers."""
 
     # embedded: the JAX engine in this process; process: the same engine as its own server process, this
-    # run's process (trainer, gateway, judge) at nice `trainer_nice` so serving comes first
+    # run's trainer (every thread of its process but the gateway's event loop) in SCHED_IDLE (`trainer_idle`) and at
+    # nice `trainer_nice`, so serving comes first
     # (runs/policy_process.py); external: SGLang workers (or a router) at `urls`
     mode: Literal["embedded", "process", "external"] = "embedded"
     urls: tuple[str, ...] = ()          # pool entry points (workers or a router)
@@ -203,7 +204,10 @@ class PolicyConfig:
     prefix_refresh_tokens: int = 8192
     prefix_refresh_entries: int = 8
     prefix_refresh_wait_s: float = 10.0  # before each chunk of the refresh, wait this long at most for no request
-    trainer_nice: int = 19              # mode=process: the CPU priority (nice) this run's own process steps down to
+    # mode=process: the trainer's threads take a core only when serving (the policy server, the gateway, OpenClaw)
+    # leaves one idle (Linux SCHED_IDLE; cpu_priority.py); false: nice trainer_nice alone, a share beside serving
+    trainer_idle: bool = True
+    trainer_nice: int = 19              # mode=process: the nice value the trainer's threads step down to (0: none)
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external / process mode: where HF safetensors are written ("" = <run_dir>/weights)
     request_timeout_s: float = 300.0

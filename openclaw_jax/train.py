@@ -25,6 +25,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,9 @@ from aiohttp import web
 from flax import nnx
 
 from openclaw_jax.compile_cache import enable_compile_cache
-from openclaw_jax.config import ExperimentConfig, load_experiment_config
+from openclaw_jax.config import ExperimentConfig, PolicyConfig, load_experiment_config
 from openclaw_jax.configlib import ConfigError, dump_yaml
+from openclaw_jax.cpu_priority import lower_threads, lowered_executor
 from openclaw_jax.envs.openclaw_connect import connect_command
 from openclaw_jax.gateway.server import API_KEY_ENV, start_gateway, stop_gateway
 from openclaw_jax.gateway.status import trainer_summary
@@ -51,7 +53,7 @@ from openclaw_jax.runs.base_model import BaseModel, build_trainer, load_base_mod
 from openclaw_jax.runs.agentic import AgenticDriver, policy_images, warm_up
 from openclaw_jax.runs.gate import LateJudge, start_gate
 from openclaw_jax.runs.person_adapters import AdapterPublisher, engine_settings, server_flags
-from openclaw_jax.runs.policy_process import PolicyProcess, engine_config, lower_priority, server_command
+from openclaw_jax.runs.policy_process import PolicyProcess, engine_config, server_command
 from openclaw_jax.runs.untrained import UntrainedLearner
 from openclaw_jax.runs.users import env_runner
 from openclaw_jax.serving.versions import versions_dir_for
@@ -163,8 +165,8 @@ def _served_version(r: _Run) -> str:
 
 
 async def _start_policy_process(r: _Run, resumed: bool):
-    """policy.mode=process: the JAX server as a child process at this process's priority, then this process
-    (trainer, gateway, judge) lowered to policy.trainer_nice; returns (policy urls, weight push)."""
+    """policy.mode=process: the JAX server as a child process at this process's priority, then this process's
+    trainer lowered (`_lower_the_trainer`); returns (policy urls, weight push)."""
     if jax.process_count() > 1:
         raise ConfigError("policy.mode=process runs one policy server beside a single-process trainer; with "
                           f"{jax.process_count()} processes use policy.mode=embedded or external")
@@ -181,11 +183,23 @@ async def _start_policy_process(r: _Run, resumed: bool):
     server = PolicyProcess(command, r.run_dir / "policy.log", env={POLICY_API_KEY_ENV: key})
     url = await server.start()
     r.cleanups.append(server.stop)
-    if r.cfg.policy.trainer_nice:
-        lowered = lower_priority(r.cfg.policy.trainer_nice)
-        log.info("this process (trainer, gateway, judge): %d threads at nice %d; the policy server keeps its "
-                 "priority", lowered, r.cfg.policy.trainer_nice)
+    _lower_the_trainer(r.cfg.policy)
     return await _connect_external_pool(r, resumed, urls=[url], api_key=key)
+
+
+def _lower_the_trainer(policy: PolicyConfig) -> None:
+    """Every thread of this process but the event loop's (the gateway answers turns on it; threads it starts,
+    such as its request pools, keep its priority) to SCHED_IDLE and nice `policy.trainer_nice`, and the loop's
+    default executor, which runs the trainer's steps, checkpoints and weight exports and the gate's replays,
+    with threads that lower themselves alike (`cpu_priority.py`)."""
+    if not (policy.trainer_idle or policy.trainer_nice):
+        return
+    lowered = lower_threads(policy.trainer_nice, policy.trainer_idle, spare=[threading.get_native_id()])
+    asyncio.get_running_loop().set_default_executor(lowered_executor(policy.trainer_nice, policy.trainer_idle,
+                                                                     name="trainer"))
+    log.info("the trainer's threads (%d now, and its executor's) %sat nice %d; the gateway's event loop and the "
+             "policy server keep their priority", lowered, "in SCHED_IDLE, " if policy.trainer_idle else "",
+             policy.trainer_nice)
 
 
 async def _connect_external_pool(r: _Run, resumed: bool, urls: list[str] | None = None, api_key: str | None = None):

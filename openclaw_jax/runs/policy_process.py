@@ -1,12 +1,12 @@
 """`policy.mode: process`: the JAX policy server in a child process at the normal CPU priority, while the
-run's own process (trainer, gateway, judge) steps back to `policy.trainer_nice`.
+run's trainer steps back (`policy.trainer_idle`, `policy.trainer_nice`; `cpu_priority`).
 
 In one process the trainer's steps and a person's turns share XLA's CPU thread pool, and nothing orders
 them: on a 2-core machine a turn that arrives during a step is prefilled at about half speed. The
 operating system can put serving first only when the two are different processes, so here the policy is
 `python -m openclaw_jax.inference` (the engine and settings of `embedded` mode, from the `policy:`
-section) started by the run, and the run lowers its own priority: a training step gets what serving
-leaves. Weights reach the server as in `external` mode, as HF safetensors it loads on
+section) started by the run, and the run lowers its trainer's threads (all but the gateway's event loop;
+`train.py`, `cpu_priority.py`): a training step gets what serving leaves. Weights reach the server as in `external` mode, as HF safetensors it loads on
 `/update_weights_from_disk`, its hot prefixes recomputed with them before they serve.
 """
 
@@ -61,6 +61,8 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weigh
            "--prefix-refresh-wait", str(policy.prefix_refresh_wait_s),
            *(a for d in weight_dirs for a in ("--weight-dir", str(d))),
            "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", "warning"]
+    if policy.trainer_idle:   # the server prepares new weights as the trainer trains: when serving leaves a core
+        cmd.append("--weight-swap-idle")
     if policy.context_length:
         cmd += ["--context-length", str(policy.context_length)]
     if cfg.seed is not None:
@@ -127,19 +129,4 @@ class PolicyProcess:
         self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-
-
-def lower_priority(nice: int) -> int:
-    """Every thread of this process to at least `nice` (Linux keeps a nice value per thread; threads started
-    later inherit their creator's), so that other processes' work comes first; returns how many threads
-    were lowered. Raising a nice value needs no privilege."""
-    lowered = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:
-                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-                lowered += 1
-        except (ProcessLookupError, PermissionError):  # a thread that just ended
-            continue
-    return lowered
 
