@@ -1,14 +1,18 @@
-"""CPU priority per thread: a person's turn first, background work (training, loading new weights) after it.
+"""CPU priority per thread: a person's turn first, background work (training) after it.
 
 Linux keeps the scheduling class and the nice value per thread, and a new thread starts with its
 creator's. Two ways down, neither needing a privilege (and neither undone without one):
 
-* a nice value (1-19): a smaller share of a core while normal threads want it. At nice 19 a thread still
-  runs in slices between a serving thread's wake-ups, and a warm turn waits for them;
+* a nice value (1-19): a smaller share of a core while normal threads want it. It does not keep a
+  background thread off a core a serving thread is about to need: beside an XLA process at nice 19 a warm
+  turn took about as long as beside one at the normal priority;
 * the SCHED_IDLE class: a core only when no normal thread wants it; a serving thread that wakes takes the
-  core at once. Under BFQ its disk writes also go to the idle I/O class.
+  core at once, and the turn took as long as with nothing beside it (`python bench/serving_priority.py`).
 
-`python bench/serving_priority.py` times a warm turn beside a busy XLA process at each.
+But a Python thread in SCHED_IDLE that holds the interpreter lock while other processes have the cores
+keeps every other thread of its process waiting for the lock: the gateway's event loop, beside the trainer.
+So `idle` puts only the threads that run no Python in SCHED_IDLE (XLA's and the runtime's own pools, where
+a train step's arithmetic runs); Python threads get the nice value alone.
 
 A process that serves and trains in one (the run's own: gateway on the event loop, trainer on worker
 threads) lowers every thread but the event loop's (`lower_threads`) and gives the loop an executor whose
@@ -41,28 +45,34 @@ def _lower(tid: int, nice: int, idle: bool) -> bool:
         return False
 
 
-def lower_thread(nice: int = 19, idle: bool = True) -> None:
-    """The calling thread (and every thread it starts from now on) down to `nice` and, with `idle`, SCHED_IDLE."""
+def lower_thread(nice: int = 19, idle: bool = False) -> None:
+    """The calling thread (and every thread it starts from now on) down to `nice` and, with `idle`, SCHED_IDLE
+    (for a thread that will not run Python: see the module's docstring)."""
     _lower(threading.get_native_id(), nice, idle)
 
 
-def lower_threads(nice: int = 19, idle: bool = True, spare: Iterable[int] = ()) -> int:
-    """Every thread of this process but the native thread ids in `spare` down to `nice` and, with `idle`,
-    SCHED_IDLE (XLA's pools included); returns how many changed. Threads started later inherit their
-    creator's priority: a spared thread's new threads keep the normal one."""
-    keep = set(spare)
+def python_thread_ids() -> set[int]:
+    """Native ids of this process's threads that run Python (started by `threading`, or the main thread)."""
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
+
+
+def lower_threads(nice: int = 19, idle: bool = False, spare: Iterable[int] = ()) -> int:
+    """Every thread of this process but the native thread ids in `spare` down to `nice`, and with `idle` those
+    that run no Python (XLA's pools) in SCHED_IDLE as well; returns how many changed. Threads started later
+    inherit their creator's priority: a spared thread's new threads keep the normal one."""
+    keep, python = set(spare), python_thread_ids()
     lowered = 0
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) not in keep:
-            lowered += _lower(int(tid), nice, idle)
+    for tid in map(int, os.listdir("/proc/self/task")):
+        if tid not in keep:
+            lowered += _lower(tid, nice, idle and tid not in python)
     return lowered
 
 
-def lowered_executor(nice: int = 19, idle: bool = True, max_workers: int | None = None,
+def lowered_executor(nice: int = 19, max_workers: int | None = None,
                      name: str = "background") -> concurrent.futures.ThreadPoolExecutor:
-    """A thread pool whose threads run at `nice` and, with `idle`, in SCHED_IDLE."""
+    """A thread pool whose (Python) threads run at `nice`."""
     return concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix=name,
-                                                 initializer=lower_thread, initargs=(nice, idle))
+                                                 initializer=lower_thread, initargs=(nice, False))
 
 
 def thread_priority(tid: int) -> tuple[str, int]:

@@ -189,17 +189,17 @@ async def _start_policy_process(r: _Run, resumed: bool):
 
 def _lower_the_trainer(policy: PolicyConfig) -> None:
     """Every thread of this process but the event loop's (the gateway answers turns on it; threads it starts,
-    such as its request pools, keep its priority) to SCHED_IDLE and nice `policy.trainer_nice`, and the loop's
-    default executor, which runs the trainer's steps, checkpoints and weight exports and the gate's replays,
-    with threads that lower themselves alike (`cpu_priority.py`)."""
+    such as its request pools, keep its priority) to nice `policy.trainer_nice` (with `policy.trainer_idle`, the
+    threads that run no Python, XLA's pools, to SCHED_IDLE), and the loop's default executor, which runs the
+    trainer's steps, checkpoints and weight exports and the gate's replays, with threads that lower themselves
+    to that nice value (`cpu_priority.py`)."""
     if not (policy.trainer_idle or policy.trainer_nice):
         return
     lowered = lower_threads(policy.trainer_nice, policy.trainer_idle, spare=[threading.get_native_id()])
-    asyncio.get_running_loop().set_default_executor(lowered_executor(policy.trainer_nice, policy.trainer_idle,
-                                                                     name="trainer"))
-    log.info("the trainer's threads (%d now, and its executor's) %sat nice %d; the gateway's event loop and the "
-             "policy server keep their priority", lowered, "in SCHED_IDLE, " if policy.trainer_idle else "",
-             policy.trainer_nice)
+    asyncio.get_running_loop().set_default_executor(lowered_executor(policy.trainer_nice, name="trainer"))
+    log.info("the trainer's threads (%d now, and its executor's) at nice %d%s; the gateway's event loop and the "
+             "policy server keep their priority", lowered, policy.trainer_nice,
+             ", XLA's in SCHED_IDLE" if policy.trainer_idle else "")
 
 
 async def _connect_external_pool(r: _Run, resumed: bool, urls: list[str] | None = None, api_key: str | None = None):

@@ -15,7 +15,6 @@ from typing import Sequence
 from aiohttp import web
 
 from openclaw_jax.compile_cache import AUTO, enable_compile_cache
-from openclaw_jax.cpu_priority import lowered_executor
 from openclaw_jax.inference.engine import Engine, EngineConfig
 from openclaw_jax.inference.loading import context_length_from, load_for_serving, load_vl_for_serving
 from openclaw_jax.inference.vision import VisionGenerator
@@ -64,9 +63,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
                     help="at most this many prefixes (sessions) recomputed per weight update (0: none)")
     ap.add_argument("--prefix-refresh-wait", type=float, default=10.0,
                     help="seconds the refresh waits at most, before each 512-token chunk, for no request to run")
-    ap.add_argument("--weight-swap-idle", action="store_true",
-                    help="load new weights and recompute the hot prefixes on a thread in Linux's SCHED_IDLE class: a "
-                         "core only when serving leaves one idle (the run sets it beside its trainer)")
     lora = ap.add_argument_group("per-person LoRA adapters (a request names its adapter in lora_path)")
     lora.add_argument("--lora-slots", type=int, default=0,
                       help="adapters resident at once, least recently used evicted (0: serve the base model only)")
@@ -192,9 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,
                              max_request_tokens=args.max_request_tokens, weight_dirs=args.weight_dir,
-                             image_limits=image_limits,
-                             swap_executor=lowered_executor(max_workers=1, name="weight-swap")
-                             if args.weight_swap_idle else None)
+                             image_limits=image_limits)
     if vl is not None:
         server.vision = VisionGenerator(vl_model, weight_version=engine.weight_version,
                                         max_batch=args.max_running_requests)

@@ -32,7 +32,6 @@ are :mod:`openclaw_jax.wire`.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -120,7 +119,7 @@ class InferenceServer(OpenAIRoutes):
                  weight_loader: WeightLoader | None = None, guard: G.GuardConfig | None = None,
                  max_text_chars: int | None = None, max_request_tokens: int | None = None,
                  vision: VisionGenerator | None = None, weight_dirs: Sequence[str] = (),
-                 image_limits: ImageLimits | None = None, swap_executor: concurrent.futures.Executor | None = None):
+                 image_limits: ImageLimits | None = None):
         self.engine = engine
         # the image path of a Qwen2.5-VL model (inference/vision.py; the engine serves its text decoder)
         self.vision = vision
@@ -142,9 +141,6 @@ class InferenceServer(OpenAIRoutes):
         self.weight_dirs = WeightDirectories(weight_dirs)
         self.image_limits = image_limits or ImageLimits(prefix="--")
         self._update_lock = asyncio.Lock()
-        # where /update_weights_from_disk loads, casts and refreshes (None: the loop's default executor; the CLI's
-        # --weight-swap-idle: a SCHED_IDLE thread, so the preparation never competes with a turn for a core)
-        self._swap_executor = swap_executor
         self._token_text_cache: dict[int, str] = {}
 
     # ------------------------------------------------------------------ app
@@ -447,12 +443,10 @@ class InferenceServer(OpenAIRoutes):
             return json_response(S.update_weights_body(False, str(exc)), 400)
         async with self._update_lock:
             try:
-                loop = asyncio.get_running_loop()
-                state = await loop.run_in_executor(self._swap_executor, self.weight_loader, model_path,
-                                                   upd.load_format)
+                state = await asyncio.to_thread(self.weight_loader, model_path, upd.load_format)
                 if upd.abort_all_requests:
                     await asyncio.to_thread(self.engine.abort_all, "Aborted for a weight update.")
-                await loop.run_in_executor(self._swap_executor, self.swap_weights, state, upd.weight_version)
+                await asyncio.to_thread(self.swap_weights, state, upd.weight_version)
             except Exception as exc:
                 logger.warning("weight update from %s failed: %s", upd.model_path, exc)
                 return json_response(S.update_weights_body(

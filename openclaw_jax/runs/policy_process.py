@@ -61,8 +61,6 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weigh
            "--prefix-refresh-wait", str(policy.prefix_refresh_wait_s),
            *(a for d in weight_dirs for a in ("--weight-dir", str(d))),
            "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", "warning"]
-    if policy.trainer_idle:   # the server prepares new weights as the trainer trains: when serving leaves a core
-        cmd.append("--weight-swap-idle")
     if policy.context_length:
         cmd += ["--context-length", str(policy.context_length)]
     if cfg.seed is not None:
