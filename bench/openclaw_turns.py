@@ -10,9 +10,8 @@ users and no promotion gate: every step's weights are swapped in) and a fresh Op
   * training on: a step every `--samples-per-step` scored turns, each step's weights swapped into the
     server while the conversation goes on; the phase continues past `--turns` until `--min-swaps` weight
     swaps happened between turns (at most `--max-turns`); in `policy.mode=process` the trainer's threads
-    are at nice 19 (the gateway's event loop is not);
-  * with `--compare-idle`, training on again with the trainer's threads in SCHED_IDLE as well
-    (`policy.trainer_idle=true`).
+    are at nice 19 (the gateway's event loop is not) and its XLA threads in SCHED_IDLE (`policy.trainer_idle`);
+  * with `--compare-nice`, training on again with the trainer at nice 19 alone (`policy.trainer_idle=false`).
 
 The person is the real `openai` client on OpenClaw's OpenAI-compatible endpoint, streaming, sending
 only their newest message (`user` names the conversation; OpenClaw keeps the history and writes its
@@ -255,9 +254,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="OpenClaw's maxTokens for the model")
     parser.add_argument("--warmup-turns", type=int, default=6, help="turns of the warm-up pass (0: none)")
     parser.add_argument("--work-dir", default=None, help="run dirs, logs and OpenClaw state (default: a temp dir)")
-    parser.add_argument("--compare-idle", action="store_true",
-                        help="a third phase, training on with the trainer's threads in SCHED_IDLE as well "
-                             "(policy.trainer_idle=true)")
+    parser.add_argument("--compare-nice", action="store_true",
+                        help="a third phase, training on with the trainer at nice 19 alone (policy.trainer_idle=false)")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
@@ -276,8 +274,8 @@ def main() -> None:
         run_phase("warmup", args, off, work, args.warmup_turns, 0)
     phases = {"off": run_phase("off", args, off, work, args.turns, 0),
               "on": run_phase("on", args, on, work, args.turns, args.min_swaps)}
-    if args.compare_idle:
-        phases["on-idle"] = run_phase("on-idle", args, [*on, "policy.trainer_idle=true"], work, args.turns,
+    if args.compare_nice:
+        phases["on-nice"] = run_phase("on-nice", args, [*on, "policy.trainer_idle=false"], work, args.turns,
                                       args.min_swaps)
     summary = {name: summarize(p["turns"]) | {"samples": p["samples"]} for name, p in phases.items()}
     ratios = {name: summary[name]["ttft_s"]["p95"] / summary["off"]["ttft_s"]["p95"] for name in phases if name != "off"}
@@ -297,7 +295,8 @@ def main() -> None:
             print(f"training {name}: of the time to first token, the policy's own (gateway to first token) "
                   f"p50 {s['policy_ttft_s']['p50']:.2f} s, p95 {s['policy_ttft_s']['p95']:.2f} s; the rest is OpenClaw's")
     for name, ratio in ratios.items():
-        trainer = "SCHED_IDLE" if name == "on-idle" else "nice 19" if args.policy_mode == "process" else "in process"
+        trainer = ("nice 19" if name == "on-nice" else "nice 19, XLA's threads SCHED_IDLE") \
+            if args.policy_mode == "process" else "in process"
         print(f"p95 time to first token, training {name} (trainer {trainer}) / off: {ratio:.2f}x (target <= 1.5x)")
         for r in summary[name]["after_swap"]:
             print(f"  after a swap: turn {r['turn']} (version {r['version']}): TTFT {r['ttft_s']:.2f} s, "

@@ -182,8 +182,8 @@ class PolicyConfig:
     """The serving pool: the embedded JAX server (in-process) or external SGLang workers."""
 
     # embedded: the JAX engine in this process; process: the same engine as its own server process, this
-    # run's trainer (every thread of its process but the gateway's event loop) at nice `trainer_nice`, so serving
-    # comes first
+    # run's trainer (every thread of its process but the gateway's event loop) at nice `trainer_nice` and its XLA
+    # threads in SCHED_IDLE (`trainer_idle`), so serving comes first
     # (runs/policy_process.py); external: SGLang workers (or a router) at `urls`
     mode: Literal["embedded", "process", "external"] = "embedded"
     urls: tuple[str, ...] = ()          # pool entry points (workers or a router)
@@ -206,8 +206,8 @@ class PolicyConfig:
     prefix_refresh_wait_s: float = 10.0  # before each chunk of the refresh, wait this long at most for no request
     # mode=process: the trainer's threads that run no Python (XLA's pools, where a step's arithmetic runs) in Linux's
     # SCHED_IDLE class as well: a core only when serving leaves one (cpu_priority.py; its Python threads share the
-    # interpreter lock with the gateway and keep the nice value alone)
-    trainer_idle: bool = False
+    # interpreter lock with the gateway and keep the nice value alone). Measured: docs/performance.md
+    trainer_idle: bool = True
     trainer_nice: int = 19              # mode=process: the nice value the trainer's threads step down to (0: none)
     context_length: int = 0             # 0 = from the model config
     weight_sync_dir: str = ""           # external / process mode: where HF safetensors are written ("" = <run_dir>/weights)
