@@ -22,8 +22,8 @@ import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from openclaw_jax.samples import SampleStore
@@ -106,7 +106,21 @@ def _sign_in(driver, url: str, key: str) -> None:
     field.send_keys(key)
     driver.find_element(By.ID, "sign-in").click()
     # the click only starts the form's POST: wait until the browser has left the sign-in page it was on
-    WebDriverWait(driver, 120).until(expected_conditions.staleness_of(field))
+    WebDriverWait(driver, 120).until(lambda _: _gone(field))
+
+
+def _gone(element) -> bool:
+    """Whether `element` no longer belongs to the page shown. Chrome answers a probe of an element of a page it
+    is leaving either as stale or, mid-navigation, with "Node with given id does not belong to the document"."""
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+    return False
 
 
 def test_the_page_shows_the_runs_numbers(live, browser):
