@@ -42,6 +42,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -218,6 +219,9 @@ def run_phase(name: str, args, overrides: list[str], work: Path, turns: int, min
         samples = run.samples()
     finally:
         run.stop()
+        if not args.keep_runs:   # a phase writes GBs (a 1.6 GB checkpoint and exported weights every step)
+            for heavy in ("ckpt", "weights", "versions", "export"):
+                shutil.rmtree(work / name / heavy, ignore_errors=True)
     return {"turns": records, "samples": samples, "log": str(run.log_path)}
 
 
@@ -254,6 +258,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="OpenClaw's maxTokens for the model")
     parser.add_argument("--warmup-turns", type=int, default=6, help="turns of the warm-up pass (0: none)")
     parser.add_argument("--work-dir", default=None, help="run dirs, logs and OpenClaw state (default: a temp dir)")
+    parser.add_argument("--keep-runs", action="store_true",
+                        help="keep each phase's checkpoints and weights (by default only logs and records are kept)")
     parser.add_argument("--compare-nice", action="store_true",
                         help="a third phase, training on with the trainer at nice 19 alone (policy.trainer_idle=false)")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")

@@ -22,12 +22,9 @@ threads lower themselves (`lowered_executor`): work handed to `asyncio.to_thread
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import os
 import threading
 from typing import Iterable
-
-log = logging.getLogger(__name__)
 
 
 def _lower(tid: int, nice: int, idle: bool) -> bool:

@@ -6,8 +6,9 @@ them: on a 2-core machine a turn that arrives during a step is prefilled at abou
 operating system can put serving first only when the two are different processes, so here the policy is
 `python -m openclaw_jax.inference` (the engine and settings of `embedded` mode, from the `policy:`
 section) started by the run, and the run lowers its trainer's threads (all but the gateway's event loop;
-`train.py`, `cpu_priority.py`): a training step gets what serving leaves. Weights reach the server as in `external` mode, as HF safetensors it loads on
-`/update_weights_from_disk`, its hot prefixes recomputed with them before they serve.
+`train.py`, `cpu_priority.py`): a training step gets what serving leaves. Weights reach the server as in
+`external` mode, as HF safetensors it loads on `/update_weights_from_disk`, its hot prefixes recomputed
+with them before they serve.
 """
 
 from __future__ import annotations
