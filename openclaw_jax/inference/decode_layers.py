@@ -18,7 +18,8 @@ an update made it copy each layer's cache twice a step). Attention for one query
 (`decode_attention`) is `cached_attention`'s softmax for L = 1 over the slots up to the row's own.
 
 The arithmetic is the block's (`openclaw_jax.models.decoder.Block`): RMSNorm, RoPE, scores and
-softmax in float32, matmuls in the compute dtype; only the grouping of the matmuls differs.
+softmax in float32, matmuls in the compute dtype with float32 accumulation (`models.matmul.contract`);
+only the grouping of the matmuls differs.
 Models with LoRA adapters, and params sharded over several devices (the concatenations would
 regather them), keep the generic path (`fuse_layers` returns None). Per-row adapters of multi-adapter
 serving ride along instead: each layer's dict may carry `lora` (see `decode_layer`).
@@ -35,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from openclaw_jax.models.matmul import contract
 from openclaw_jax.models.rope import apply_rope, rope_sin_cos
 
 # static marker the decode loop receives instead of a layer graphdef (kernels._decode_logits)
@@ -109,9 +111,9 @@ def decode_attention(q, cache_k, cache_v, positions):
     b, n, d = q.shape
     s_len, kh = cache_k.shape[1], cache_k.shape[2]
     f32 = jnp.float32
+    visible = jnp.arange(s_len, dtype=jnp.int32)[None, :] <= positions[:, None]            # [B, S]
     grouped = q.astype(f32).reshape(b, 1, kh, n // kh, d)                                   # [B, 1, K, G, D]
     scores = jnp.sum(grouped * cache_k.astype(f32)[:, :, :, None, :], axis=-1) * d ** -0.5  # [B, S, K, G]
-    visible = jnp.arange(s_len, dtype=jnp.int32)[None, :] <= positions[:, None]            # [B, S]
     probs = jax.nn.softmax(jnp.where(visible[:, :, None, None], scores, -jnp.inf), axis=1)
     out = jnp.sum(probs[..., None] * cache_v.astype(f32)[:, :, :, None, :], axis=1)         # [B, K, G, D]
     return out.reshape(b, n, d).astype(q.dtype)
@@ -126,11 +128,24 @@ def _row_lora(x, lora, parts, dt):
     for target, width in parts:
         if target in lora:
             a, b = lora[target]
-            low = jnp.einsum("bi,bir->br", x, a.astype(dt))
-            out.append(jnp.einsum("br,bro->bo", low, b.astype(dt)))
+            low = jnp.einsum("bi,bir->br", x, a.astype(dt), preferred_element_type=jnp.float32).astype(dt)
+            out.append(jnp.einsum("br,bro->bo", low, b.astype(dt), preferred_element_type=jnp.float32).astype(dt))
         else:
             out.append(jnp.zeros((x.shape[0], width), dt))
     return out[0] if len(out) == 1 else jnp.concatenate(out, axis=1)
+
+
+def write_cache_slots(cache, rows, positions, new):
+    """cache `[B, S, K, D]` with row b's slot positions[b] set to new[b] (a slot past the end: nothing).
+
+    A 16-bit cache is scattered as its bits (uint16): XLA:CPU has no bfloat16 scatter and would convert
+    the whole cache to float32 and back around it, every layer of every step."""
+    new = new.astype(cache.dtype)
+    if cache.dtype.itemsize != 2:
+        return cache.at[rows, positions].set(new, mode="drop")
+    bits = jax.lax.bitcast_convert_type(cache, jnp.uint16)
+    bits = bits.at[rows, positions].set(jax.lax.bitcast_convert_type(new, jnp.uint16), mode="drop")
+    return jax.lax.bitcast_convert_type(bits, cache.dtype)
 
 
 def decode_layer(cfg, layer, h, cos, sin, cache_k, cache_v, positions):
@@ -143,7 +158,7 @@ def decode_layer(cfg, layer, h, cos, sin, cache_k, cache_v, positions):
     b = h.shape[0]
     lora = layer.get("lora")
     x = _rms(h, layer["ln1"], cfg.rms_norm_eps, dt)
-    qkv = jnp.dot(x, layer["wqkv"].astype(dt))
+    qkv = contract(x, layer["wqkv"], 1, dt)
     if "bqkv" in layer:
         qkv = qkv + layer["bqkv"].astype(dt)
     if lora is not None:
@@ -156,20 +171,20 @@ def decode_layer(cfg, layer, h, cos, sin, cache_k, cache_v, positions):
         k = _rms(k, layer["k_norm"], cfg.rms_norm_eps, dt)
     q, k = apply_rope(q, cos, sin)[:, 0], apply_rope(k, cos, sin)[:, 0]
     rows = jnp.arange(b)
-    cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
-    cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
+    cache_k = write_cache_slots(cache_k, rows, positions, k)
+    cache_v = write_cache_slots(cache_v, rows, positions, v)
     attn = decode_attention(q, cache_k, cache_v, positions).reshape(b, N * D)
-    o = jnp.dot(attn, layer["wo"].astype(dt))
+    o = contract(attn, layer["wo"], 1, dt)
     if lora is not None:
         o = o + _row_lora(attn, lora, (("o", o.shape[-1]),), dt)
     h = h + o
     x = _rms(h, layer["ln2"], cfg.rms_norm_eps, dt)
-    gu = jnp.dot(x, layer["wgu"].astype(dt))
+    gu = contract(x, layer["wgu"], 1, dt)
     inter = gu.shape[-1] // 2
     if lora is not None:
         gu = gu + _row_lora(x, lora, (("gate", inter), ("up", inter)), dt)
     act = jax.nn.silu(gu[:, :inter]) * gu[:, inter:]
-    down = jnp.dot(act, layer["wd"].astype(dt))
+    down = contract(act.astype(dt), layer["wd"], 1, dt)
     if lora is not None:
         down = down + _row_lora(act, lora, (("down", down.shape[-1]),), dt)
     return h + down, cache_k, cache_v

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from openclaw_jax.inference import kernels
-from openclaw_jax.inference.decode_layers import decode_step, fuse_layers
+from openclaw_jax.inference.decode_layers import write_cache_slots, decode_step, fuse_layers
 from openclaw_jax.models.config import ModelConfig
 from openclaw_jax.models.decoder import Decoder, KVCache
 from openclaw_jax.models.lora import LoRAConfig, add_lora
@@ -76,3 +76,46 @@ def test_lora_models_keep_the_block_path():
     model = add_lora(Decoder(_cfg(), rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
     graphdef, state = nnx.split(model)
     assert fuse_layers(graphdef, state) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cache_writes_equal_a_plain_scatter(dtype):
+    """Each row's new key lands at its slot, bit for bit (a bfloat16 cache is scattered as uint16 bits);
+    a slot past the end writes nothing."""
+    rng = np.random.default_rng(0)
+    cache = jnp.asarray(rng.standard_normal((3, 8, 2, 4)), dtype)
+    new = jnp.asarray(rng.standard_normal((3, 2, 4)), jnp.float32)  # written in the cache's dtype
+    rows, positions = jnp.arange(3), jnp.asarray([0, 5, 8], jnp.int32)
+    got = jax.jit(write_cache_slots)(cache, rows, positions, new)
+    assert got.dtype == cache.dtype
+    want = np.asarray(cache.astype(jnp.float32)).copy()
+    want[0, 0] = np.asarray(new[0].astype(dtype).astype(jnp.float32))
+    want[1, 5] = np.asarray(new[1].astype(dtype).astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), want)
+
+
+def test_bfloat16_fused_decode_matches_block_path():
+    """A bfloat16 model (bf16 weights and cache, float32 accumulation) decodes the same on both paths, to
+    bfloat16's precision."""
+    model = Decoder(_cfg(dtype="bfloat16", param_dtype="bfloat16"), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    cfg = model.cfg
+    b, s = 3, 16
+    rng = np.random.default_rng(0)
+    shape = (cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim)
+    cache = KVCache(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16),
+                    jnp.asarray(rng.standard_normal(shape), jnp.bfloat16))
+    tokens, positions = jnp.asarray([5, 17, 90], jnp.int32), jnp.asarray([0, 7, s - 1], jnp.int32)
+
+    def step(st, weights, c):
+        m = nnx.merge(graphdef, st)
+        logits, out = decode_step(cfg, weights, m.embed, m.norm, tokens, positions, KVCache(tuple(c.k), tuple(c.v)))
+        return logits, KVCache(jnp.stack(out.k), jnp.stack(out.v))
+
+    logits, new_cache = jax.jit(step)(state, fuse_layers(graphdef, state), cache)
+    full, ref_cache = model.decode(tokens[:, None], positions[:, None], cache)
+    assert new_cache.k.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(full[:, 0]), rtol=0.02, atol=0.02)
+    for got, want in ((new_cache.k, ref_cache.k), (new_cache.v, ref_cache.v)):
+        np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                                   rtol=0.02, atol=0.02)

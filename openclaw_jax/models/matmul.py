@@ -1,0 +1,60 @@
+"""Matmuls in a low-precision compute dtype, accumulated and produced in float32, rounded once.
+
+`contract(x, w, n, dtype)` is `tensordot(x, w, n)` with both operands in `dtype`. For bfloat16 it
+asks XLA for a float32 result (`preferred_element_type`) and rounds that to bfloat16 afterwards.
+The value is what a bfloat16 matmul means anyway (products summed in float32, the sum rounded), but
+on CPU the two forms run very differently: XLA:CPU hands a bf16 x bf16 -> f32 dot to its fast
+library kernels (AVX512-BF16 where the CPU has it) and runs bf16 -> bf16 on a slow path. Measured
+on a 2-core AVX-512 EPYC, [2048, 576] x [576, 1536]: float32 33.6 ms, bf16 -> bf16 20.2 ms,
+bf16 -> f32 -> bf16 10.3 ms (see docs/performance.md for the prefill and decode it gives).
+
+Differentiating the float32-result dot the plain way would make its transposes float32 matmuls of
+upcast operands (JAX's rule for `preferred_element_type`), so the backward has its own rule: the same
+mixed-precision matmuls, the cotangent rounded to `dtype` first. With `dtype` float32 this is plain
+`tensordot`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+_F32 = jnp.dtype(jnp.float32)
+
+
+def contract(x: jax.Array, w: jax.Array, n: int, dtype) -> jax.Array:
+    """`tensordot(x, w, n)` (the last n axes of x with the first n of w) in `dtype`: float32
+    accumulation, one rounding of the result to `dtype`."""
+    dtype = jnp.dtype(dtype)
+    x, w = x.astype(dtype), w.astype(dtype)
+    if dtype == _F32:
+        return jnp.tensordot(x, w, axes=n)
+    return _mixed(x, w, n)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _mixed(x, w, n):
+    return _dot(x, w, n)
+
+
+def _dot(x, w, axes):
+    return jnp.tensordot(x, w, axes=axes, preferred_element_type=_F32).astype(x.dtype)
+
+
+def _mixed_fwd(x, w, n):
+    return _dot(x, w, n), (x, w)
+
+
+def _mixed_bwd(n, residuals, g):
+    x, w = residuals
+    g = g.astype(x.dtype)
+    out_axes = w.ndim - n          # w: [*in (n), *out]; g: [*batch, *out]
+    batch_axes = x.ndim - n        # x: [*batch, *in]
+    dx = _dot(g, w, (tuple(range(g.ndim - out_axes, g.ndim)), tuple(range(n, w.ndim))))
+    dw = _dot(x, g, (tuple(range(batch_axes)), tuple(range(batch_axes))))
+    return dx, dw
+
+
+_mixed.defvjp(_mixed_fwd, _mixed_bwd)
