@@ -1,19 +1,20 @@
 """Decode throughput: our JAX engine vs the real SGLang server (CPU) and HF transformers `generate` on SmolLM2-135M.
 
-All three use the same dequantised float32 weights (the packaged GGUF via `load_pretrained("smollm2")`;
+All three use the same dequantised weights (the packaged GGUF via `load_pretrained("smollm2")`;
 the PyTorch model is built from that same state dict; SGLang loads them exported to an HF directory
 with `save_hf_checkpoint`) and the same chat-templated prompts, greedy, exactly N new tokens (EOS
 ignored). Ours and transformers run in this process; SGLang is `scripts/sglang_cpu.sh serve` (its
 CPU venv, `bash scripts/sglang_cpu.sh setup`; skipped with a note when missing or with --no-sglang),
 sent each batch as one `/generate` request of token ids (so its numbers include HTTP and its
-tokenizer-manager / scheduler IPC, as a client sees them). Compilation and warm-up are excluded;
+tokenizer-manager / scheduler IPC, as a client sees them). Every side runs in --dtype (float32 by
+default; bfloat16: bf16 weights and matmuls, ours with float32 accumulation, softmax and logits). Compilation and warm-up are excluded;
 each number is the median of the timed repeats, ours and transformers timed in turn within each round
 (then SGLang), in one run.
 
   * end-to-end tokens/s = batch * N / time(generate N tokens)   (prefill included)
   * decode tokens/s     = batch * (N - 1) / (time(N tokens) - time(1 token))   (prefill cancels out)
 
-    python bench/decode.py [--new-tokens 64] [--repeats 3] [--batches 1 16] [--json] [--no-sglang]
+    python bench/decode.py [--new-tokens 64] [--repeats 3] [--batches 1 16] [--dtype bfloat16] [--json] [--no-sglang]
 
 An AVX-512 machine stands in for an AVX2-only one with both sides capped:
 `XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2 python bench/decode.py`; the table's header
@@ -31,7 +32,8 @@ import logging
 import os
 
 import numpy as np
-from references import add_sglang_arguments, interleaved_medians, isa_report, start_sglang, transformers_model
+from references import (add_dtype_argument, add_sglang_arguments, interleaved_medians, isa_report, start_sglang,
+                        transformers_model)
 
 logger = logging.getLogger("bench.decode")
 
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--json", action="store_true", help="also print the decode ratios as one JSON line")
+    add_dtype_argument(parser)
     add_sglang_arguments(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -100,10 +103,12 @@ def main() -> None:
         raise SystemExit(f"at most {len(prompts)} prompts are defined; --batches {max_batch} is too large")
 
     # --- SGLang: started first, it loads while the other two are set up
-    server, sglang_note = start_sglang(args, pre, "decode")
+    server, sglang_note = start_sglang(args, pre, "decode", ["--dtype", args.dtype])
 
     # --- ours
-    engine = Engine(pre.model, tok, context_length=pre.config.max_position_embeddings,
+    served = pre.model if args.dtype == "float32" else load_pretrained(
+        "smollm2", dtype=args.dtype, param_dtype=args.dtype, tokenizer=False).model
+    engine = Engine(served, tok, context_length=pre.config.max_position_embeddings,
                     config=EngineConfig(max_batch_size=max_batch, min_prompt_bucket=16, min_cache_bucket=64,
                                         batch_wait_s=0.0))
 
@@ -112,7 +117,7 @@ def main() -> None:
         return engine.generate_sync(specs)
 
     # --- transformers: same dequantised weights, eager PyTorch on CPU, left-padded batches
-    model, hf_config = transformers_model()
+    model, hf_config = transformers_model(args.dtype)
     pad = int(hf_config.get("pad_token_id", 2))
     # Exactly N tokens on both sides: no EOS for HF either (min_new_tokens would instead mask EOS
     # out of the argmax, which changes the greedy path compared with ignore_eos).
@@ -173,7 +178,7 @@ def main() -> None:
 
     load = os.getloadavg()
     isa = isa_report()
-    print(f"\nSmolLM2-135M-Instruct greedy generation, float32, {n_new} new tokens per sequence, "
+    print(f"\nSmolLM2-135M-Instruct greedy generation, {args.dtype}, {n_new} new tokens per sequence, "
           f"{jax.devices()[0].platform} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}), "
           f"median of {args.repeats}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"{isa['cpu']}: ours with XLA ISA {isa['xla_isa']}, transformers with ATen {isa['torch_isa']}")
@@ -196,7 +201,7 @@ def main() -> None:
     print(f"(transformers {transformers.__version__}, torch {torch.__version__}, jax {jax.__version__})")
     if args.json:
         result = {"ours_over_transformers": {str(r["batch"]): round(r["ours_dec"] / r["hf_dec"], 3) for r in rows},
-                  "isa": {"xla": isa["xla_isa"], "torch": isa["torch_isa"]}}
+                  "isa": {"xla": isa["xla_isa"], "torch": isa["torch_isa"]}, "dtype": args.dtype}
         if has_sg:
             result = {"ours_over_sglang": {str(r["batch"]): round(r["ours_dec"] / r["sg_dec"], 3) for r in rows},
                       **result}

@@ -2,8 +2,9 @@
 
 A person's turn through OpenClaw starts with a prefill of a ~2.3 k-token prompt; this times that step
 alone: B prompts of L tokens each (cut from OpenClaw's recorded minimal-profile system prompt, each row
-from a different offset so no two rows share a prefix), one new token (greedy), float32, the packaged
-SmolLM2-135M weights on every side, in one process run:
+from a different offset so no two rows share a prefix), one new token (greedy), the packaged
+SmolLM2-135M weights on every side in one dtype (--dtype: float32, or bfloat16 matmuls with float32
+accumulation), in one process run:
 
   * ours: the embedded engine with its prefix cache off (`Engine.generate_sync`, all B prompts submitted
     together: the engine's own cold prefill, first token and bookkeeping);
@@ -12,15 +13,16 @@ SmolLM2-135M weights on every side, in one process run:
   * SGLang: `scripts/sglang_cpu.sh serve` with its radix cache off, one `/generate` of the B token-id
     prompts with max_new_tokens=1 (HTTP and its IPC included, as a client sees it); skipped with a note
     when its venv is missing (`bash scripts/sglang_cpu.sh setup`) or with --no-sglang;
-  * the machine's own matmul rate: an XLA dot of each of a layer's weight matrices by B*L rows, timed in
-    this process (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
+  * the machine's own matmul rate: an XLA dot of each of a layer's weight matrices by B*L rows (in
+    --dtype, as our layers run them: `openclaw_jax.models.matmul.contract`), timed in this process (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
     second over that rate; 1.0 = the whole prefill runs as fast as plain matmuls of the layer shapes).
 
 Model FLOPs count the layers' matmuls, causal attention (QK^T and PV over the visible keys, which also
 run as matmuls) and the LM head of the last position. Compilation and warm-up are excluded; each number is the median of --repeats runs,
 the implementations timed in turn within each round. The first greedy token of every row is compared across them.
 
-    python bench/prefill.py [--shapes 1x2048 4x2048 1x4096 4x4096] [--repeats 3] [--no-sglang] [--json]
+    python bench/prefill.py [--shapes 1x2048 4x2048 1x4096 4x4096] [--repeats 3] [--dtype bfloat16] [--no-sglang]
+                            [--json]
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import logging
 import os
 
 import numpy as np
-from references import (REPO, add_sglang_arguments, interleaved_medians, isa_report, median_time, start_sglang,
-                        transformers_model)
+from references import (REPO, add_dtype_argument, add_sglang_arguments, interleaved_medians, isa_report,
+                        median_time, start_sglang, transformers_model)
 
 logger = logging.getLogger("bench.prefill")
 PROMPT_SOURCE = REPO / "tests" / "fixtures" / "openclaw" / "minimal_system_prompt.txt"
@@ -65,17 +67,20 @@ def model_flops(cfg, rows: int, length: int) -> float:
     return rows * (cfg.num_layers * (length * per_token + attention) + 2 * h * cfg.vocab_size)
 
 
-def layer_dot_seconds(cfg, tokens: int, repeats: int) -> float:
-    """Seconds of one layer's weight matmuls (q, k, v, o, gate, up, down) by `tokens` rows: plain XLA dots."""
+def layer_dot_seconds(cfg, tokens: int, repeats: int, dtype: str) -> float:
+    """Seconds of one layer's weight matmuls (q, k, v, o, gate, up, down) by `tokens` rows: plain XLA dots
+    in `dtype` (float32 accumulation)."""
     import jax
     import jax.numpy as jnp
+
+    from openclaw_jax.models.matmul import contract
 
     h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
     shapes = [(h, n * d), (h, k * d), (h, k * d), (n * d, h), (h, i), (h, i), (i, h)]
     rng = np.random.default_rng(0)
-    xs = [jnp.asarray(rng.standard_normal((tokens, a), np.float32)) for a, _ in shapes]
-    ws = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02) for s in shapes]
-    dots = jax.jit(lambda xs, ws: [x @ w for x, w in zip(xs, ws)])
+    xs = [jnp.asarray(rng.standard_normal((tokens, a), np.float32), dtype) for a, _ in shapes]
+    ws = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02, dtype) for s in shapes]
+    dots = jax.jit(lambda xs, ws: [contract(x, w, 1, dtype) for x, w in zip(xs, ws)])
     jax.block_until_ready(dots(xs, ws))
     return median_time(lambda: jax.block_until_ready(dots(xs, ws)), max(repeats, 5))
 
@@ -86,6 +91,7 @@ def main() -> None:
                         help="ROWSxTOKENS prompts prefilled together (default: 1x2048 4x2048 1x4096 4x4096)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="also print the results as one JSON line")
+    add_dtype_argument(parser)
     add_sglang_arguments(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -110,12 +116,15 @@ def main() -> None:
     server, sglang_note = start_sglang(args, pre, "prefill", [
         "--disable-radix-cache", "--max-total-tokens", str(pool), "--max-prefill-tokens", str(pool),
         "--chunked-prefill-size", str(pool), "--context-length", str(cfg.max_position_embeddings),
-        "--mem-fraction-static", "0.8"])
+        "--mem-fraction-static", "0.8", "--dtype", args.dtype])
 
-    engine = Engine(pre.model, pre.tokenizer, context_length=cfg.max_position_embeddings,
+    # the float32 load above is what transformers and SGLang start from (SGLang's export is shared by dtypes)
+    served = pre.model if args.dtype == "float32" else load_pretrained(
+        "smollm2", dtype=args.dtype, param_dtype=args.dtype, tokenizer=False).model
+    engine = Engine(served, pre.tokenizer, context_length=cfg.max_position_embeddings,
                     config=EngineConfig(max_batch_size=most_rows, prefix_cache_bytes=0, batch_wait_s=0.02,
                                         max_prefill_tokens=max(16384, max(r * n for r, n in shapes))))
-    hf_model, _ = transformers_model()
+    hf_model, _ = transformers_model(args.dtype)
 
     def ours(rows_ids):
         outs = engine.generate_sync([spec_for(p, max_new_tokens=1, temperature=0, ignore_eos=True) for p in rows_ids])
@@ -140,7 +149,7 @@ def main() -> None:
                 firsts["SGLang"] = [o["output_ids"][0] for o in server.generate(batch, 1)]
                 fns["sglang"] = lambda: server.generate(batch, 1)
             row.update({f"{name}_s": t for name, t in interleaved_medians(fns, args.repeats).items()})
-            dot_s = layer_dot_seconds(cfg, rows * length, args.repeats)
+            dot_s = layer_dot_seconds(cfg, rows * length, args.repeats, args.dtype)
             row["matmul_gflops"] = 2 * rows * length * sum(
                 a * b for a, b in [(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim),
                                    (cfg.num_heads * cfg.head_dim, cfg.hidden_size),
@@ -156,7 +165,7 @@ def main() -> None:
 
     load, isa = os.getloadavg(), isa_report()
     has_sg = server is not None
-    print(f"\nSmolLM2-135M-Instruct prefill (cold, 1 new token), float32, {isa['cpu']}, {os.cpu_count()} cores "
+    print(f"\nSmolLM2-135M-Instruct prefill (cold, 1 new token), {args.dtype}, {isa['cpu']}, {os.cpu_count()} cores "
           f"(XLA ISA {isa['xla_isa']}, ATen {isa['torch_isa']}, torch threads {torch.get_num_threads()}), "
           f"median of {args.repeats}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     sg_head = f" {'SGLang':>8} {'ours/SGL':>8}" if has_sg else ""
@@ -176,7 +185,7 @@ def main() -> None:
         print(sglang_note)
     print(f"(transformers {transformers.__version__}, torch {torch.__version__}, jax {jax.__version__})")
     if args.json:
-        out = {"isa": {"xla": isa["xla_isa"], "torch": isa["torch_isa"]},
+        out = {"isa": {"xla": isa["xla_isa"], "torch": isa["torch_isa"]}, "dtype": args.dtype,
                "ours_over_transformers": {r["shape"]: round(r["transformers_s"] / r["ours_s"], 3) for r in results},
                "fraction_of_matmul_rate": {r["shape"]: round(r["matmul_fraction"], 3) for r in results},
                "ours_tokens_per_s": {r["shape"]: round(r["tokens"] / r["ours_s"], 1) for r in results}}

@@ -32,6 +32,17 @@ def add_sglang_arguments(parser) -> None:
                         help="where the weights are exported for SGLang (reused when present)")
 
 
+DTYPES = ("float32", "bfloat16")
+
+
+def add_dtype_argument(parser) -> None:
+    """--dtype: the dtype of the weights and matmuls on every side."""
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="weights and matmuls in this dtype on every side (ours: model.dtype, with float32 "
+                             "accumulation, norms, softmax and logits; transformers: the torch dtype; SGLang: "
+                             "--dtype); default float32")
+
+
 def median_time(fn: Callable[[], Any], repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -41,20 +52,29 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+# Idle time before each timed call of `interleaved_medians`. Thread pools keep spinning for a while after a
+# call returns (PyTorch's OpenMP threads do), and took the cores from whatever ran next: on the 2-core
+# EPYC a 16-row decode step of ours took 57 ms alone, 67-75 ms right after a transformers `generate`, and
+# 57 ms again with half a second between them.
+SETTLE_S = 0.5
+
+
+def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int, settle_s: float = SETTLE_S) -> dict[str, float]:
     """Median seconds of each function, timed in turn (one call of each per round): on a shared machine
-    a burst of other work then falls on every implementation alike rather than on one."""
+    a burst of other work then falls on every implementation alike rather than on one. Each call starts
+    after `settle_s` idle seconds, so none runs beside the spinning threads of the one before."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            time.sleep(settle_s)
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def transformers_model():
-    """(HF transformers LlamaForCausalLM in float32 on the packaged SmolLM2 weights, its HF config dict)."""
+def transformers_model(dtype: str = "float32"):
+    """(HF transformers LlamaForCausalLM in `dtype` on the packaged SmolLM2 weights, its HF config dict)."""
     import torch
     import transformers
 
@@ -62,7 +82,7 @@ def transformers_model():
 
     hf_config, hf_state = gguf_to_hf(smollm2_gguf_path())
     config = transformers.AutoConfig.for_model(**{k: v for k, v in hf_config.items() if k != "architectures"})
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in hf_state.items()}, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
