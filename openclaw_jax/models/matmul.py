@@ -8,6 +8,10 @@ library kernels (AVX512-BF16 where the CPU has it) and runs bf16 -> bf16 on a sl
 on a 2-core AVX-512 EPYC, [2048, 576] x [576, 1536]: float32 33.6 ms, bf16 -> bf16 20.2 ms,
 bf16 -> f32 -> bf16 10.3 ms (see docs/performance.md for the prefill and decode it gives).
 
+Only where the matmuls run on CPU: a GPU's bf16 -> bf16 matmul already sums in float32 on its fast units, and
+an extra float32 result there would cost memory. The memory planner compiles on CPU for GPUs, so it traces
+under `matmuls_as_on("gpu")`.
+
 Differentiating the float32-result dot the plain way would make its transposes float32 matmuls of
 upcast operands (JAX's rule for `preferred_element_type`), so the backward has its own rule: the same
 mixed-precision matmuls, the cotangent rounded to `dtype` first. With `dtype` float32 this is plain
@@ -16,20 +20,36 @@ mixed-precision matmuls, the cotangent rounded to `dtype` first. With `dtype` fl
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
 
 _F32 = jnp.dtype(jnp.float32)
+# the platform the traced matmuls are for, when it is not the one tracing them (None: jax.default_backend())
+_TARGET = contextvars.ContextVar("matmul_target_platform", default=None)
+
+
+@contextlib.contextmanager
+def matmuls_as_on(platform: str) -> Iterator[None]:
+    """Trace `contract` as it runs on `platform` ("cpu", "gpu", ...) inside the block."""
+    token = _TARGET.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
 
 
 def contract(x: jax.Array, w: jax.Array, n: int, dtype) -> jax.Array:
     """`tensordot(x, w, n)` (the last n axes of x with the first n of w) in `dtype`: float32
-    accumulation, one rounding of the result to `dtype`."""
+    accumulation, one rounding of the result to `dtype` (on CPU as a float32-result dot, elsewhere as
+    the platform's own `dtype` matmul)."""
     dtype = jnp.dtype(dtype)
     x, w = x.astype(dtype), w.astype(dtype)
-    if dtype == _F32:
+    if dtype == _F32 or (_TARGET.get() or jax.default_backend()) != "cpu":
         return jnp.tensordot(x, w, axes=n)
     return _mixed(x, w, n)
 

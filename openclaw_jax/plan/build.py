@@ -106,6 +106,7 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
     `trainer.personalize=per_person`: the step of one person with `people` people's adapters and optimizer
     states resident, and the "per_person" section (`people.py`; the engine on a device of `serving_memory`)."""
     # these import JAX: after main's XLA_FLAGS
+    from openclaw_jax.models.matmul import matmuls_as_on
     from openclaw_jax.trainer.state import optimizer
     from openclaw_jax.trainer.train_step import make_train_step
 
@@ -122,8 +123,9 @@ def build_plan(cfg, hf_config: dict[str, Any], *, response_len: int | None = Non
         resident["people"] = people * adapter.device_bytes
     # shared: the step of a weight sync (the largest), the update that also writes the serving weights, one
     # more copy of the model in the compute dtype (LoRA merged), live until the hand-off; per person: no sync
-    phases = train_step.compile(state, inputs, tinputs, serve=not per_person,
-                                image_grid=vision["grid"] if vision else ())
+    with matmuls_as_on("gpu"):  # this CPU compile stands in for the accelerators' (models/matmul.py)
+        phases = train_step.compile(state, inputs, tinputs, serve=not per_person,
+                                    image_grid=vision["grid"] if vision else ())
     report = _phase_report(phases, sum(resident.values()))
     plan = _plan_report(cfg, mcfg, train_step, report, resident, inputs, tinputs, state, lengths, T,
                         serving_bytes=0 if per_person else _tree_bytes(phases[-1].outputs[4]),

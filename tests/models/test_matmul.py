@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from openclaw_jax.models.matmul import contract
+from openclaw_jax.models.matmul import contract, matmuls_as_on
 
 BF16_EPS = 2.0 ** -8  # half of bfloat16's spacing at 1: one rounding's relative error
 
@@ -54,7 +54,7 @@ def test_bfloat16_forward_and_gradients_match_float64(x_shape, w_shape, n):
 
 def test_bfloat16_backward_matmuls_take_bfloat16_operands():
     """The backward's matmuls stay bf16 x bf16 -> f32 (JAX's own rule for a float32-result dot would
-    transpose it into float32 matmuls of upcast operands: half the speed on CPU, no tensor cores on GPU)."""
+    transpose it into float32 matmuls of upcast operands: half the speed on CPU)."""
     x = jnp.ones((2, 8, 16), jnp.bfloat16)
     w = jnp.ones((16, 12), jnp.bfloat16)
     grad = jax.grad(lambda x, w: jnp.sum(contract(x, w, 1, jnp.bfloat16).astype(jnp.float32) ** 2), argnums=(0, 1))
@@ -81,3 +81,15 @@ def test_float32_is_plain_tensordot():
     gx = jax.grad(lambda x: jnp.sum(contract(x, w, 1, jnp.float32) ** 2))(x)
     gx_plain = jax.grad(lambda x: jnp.sum(jnp.tensordot(x, w, axes=1) ** 2))(x)
     np.testing.assert_array_equal(np.asarray(gx), np.asarray(gx_plain))
+
+
+def test_traced_for_a_gpu_a_bfloat16_matmul_is_the_plain_one():
+    """For another platform (the memory planner compiles on CPU for GPUs) the matmul is the platform's own
+    bf16 x bf16 -> bf16, as before: no float32 result, no custom backward."""
+    x, w = jnp.ones((4, 16), jnp.bfloat16), jnp.ones((16, 8), jnp.bfloat16)
+    with matmuls_as_on("gpu"):
+        eqns = jax.make_jaxpr(lambda x, w: contract(x, w, 1, jnp.bfloat16))(x, w).jaxpr.eqns
+    assert [e.primitive.name for e in eqns] == ["dot_general"], eqns
+    assert eqns[0].outvars[0].aval.dtype == jnp.bfloat16
+    on_cpu = jax.make_jaxpr(lambda x, w: contract(x, w, 1, jnp.bfloat16))(x, w).jaxpr.eqns
+    assert [e.primitive.name for e in on_cpu] != ["dot_general"]  # the float32-result form with its own rule
