@@ -111,9 +111,9 @@ def decode_attention(q, cache_k, cache_v, positions):
     b, n, d = q.shape
     s_len, kh = cache_k.shape[1], cache_k.shape[2]
     f32 = jnp.float32
-    visible = jnp.arange(s_len, dtype=jnp.int32)[None, :] <= positions[:, None]            # [B, S]
     grouped = q.astype(f32).reshape(b, 1, kh, n // kh, d)                                   # [B, 1, K, G, D]
     scores = jnp.sum(grouped * cache_k.astype(f32)[:, :, :, None, :], axis=-1) * d ** -0.5  # [B, S, K, G]
+    visible = jnp.arange(s_len, dtype=jnp.int32)[None, :] <= positions[:, None]            # [B, S]
     probs = jax.nn.softmax(jnp.where(visible[:, :, None, None], scores, -jnp.inf), axis=1)
     out = jnp.sum(probs[..., None] * cache_v.astype(f32)[:, :, :, None, :], axis=1)         # [B, K, G, D]
     return out.reshape(b, n, d).astype(q.dtype)
