@@ -7,7 +7,8 @@ ignored). Ours and transformers run in this process; SGLang is `scripts/sglang_c
 CPU venv, `bash scripts/sglang_cpu.sh setup`; skipped with a note when missing or with --no-sglang),
 sent each batch as one `/generate` request of token ids (so its numbers include HTTP and its
 tokenizer-manager / scheduler IPC, as a client sees them). Every side runs in --dtype (float32 by
-default; bfloat16: bf16 weights and matmuls, ours with float32 accumulation, softmax and logits). Compilation and warm-up are excluded;
+default; bfloat16: bf16 weights and matmuls, ours with float32 accumulation, softmax and logits).
+Compilation and warm-up are excluded;
 each number is the median of the timed repeats, ours and transformers timed in turn within each round
 (then SGLang), in one run.
 

@@ -1,4 +1,4 @@
-"""How much bfloat16 serving changes greedy answers: ours and HF transformers, each in bfloat16 against itself in float32.
+"""How much bfloat16 changes greedy answers: ours and HF transformers, each against itself in float32.
 
 The packaged SmolLM2-135M-Instruct, `bench/decode.py`'s chat-templated questions, N greedy tokens per question
 (EOS ignored). Ours: the embedded engine with `model.dtype = param_dtype = bfloat16` (matmuls with float32
@@ -53,7 +53,8 @@ def main() -> None:
         engine = Engine(pre.model, pre.tokenizer, context_length=pre.config.max_position_embeddings,
                         config=EngineConfig(max_batch_size=16, batch_wait_s=0.0))
         try:
-            done = engine.generate_sync([spec_for(p, max_new_tokens=n, temperature=0, ignore_eos=True) for p in prompts])
+            specs = [spec_for(p, max_new_tokens=n, temperature=0, ignore_eos=True) for p in prompts]
+            done = engine.generate_sync(specs)
         finally:
             engine.shutdown()
         outputs[("ours", dtype)] = [list(o.output_ids) for o in done]

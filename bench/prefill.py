@@ -14,7 +14,8 @@ accumulation), in one process run:
     prompts with max_new_tokens=1 (HTTP and its IPC included, as a client sees it); skipped with a note
     when its venv is missing (`bash scripts/sglang_cpu.sh setup`) or with --no-sglang;
   * the machine's own matmul rate: an XLA dot of each of a layer's weight matrices by B*L rows (in
-    --dtype, as our layers run them: `openclaw_jax.models.matmul.contract`), timed in this process (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
+    --dtype, as our layers run them: `openclaw_jax.models.matmul.contract`), timed in this process
+    (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
     second over that rate; 1.0 = the whole prefill runs as fast as plain matmuls of the layer shapes).
 
 Model FLOPs count the layers' matmuls, causal attention (QK^T and PV over the visible keys, which also

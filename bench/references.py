@@ -59,7 +59,8 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
 SETTLE_S = 0.5
 
 
-def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int, settle_s: float = SETTLE_S) -> dict[str, float]:
+def interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int,
+                        settle_s: float = SETTLE_S) -> dict[str, float]:
     """Median seconds of each function, timed in turn (one call of each per round): on a shared machine
     a burst of other work then falls on every implementation alike rather than on one. Each call starts
     after `settle_s` idle seconds, so none runs beside the spinning threads of the one before."""
