@@ -66,7 +66,8 @@ def main() -> None:
                 # the mask given: without it `generate` takes every pad id for padding, and SmolLM2's pad id is
                 # <|im_end|>, which ends each turn inside the chat-templated prompt
                 mask = torch.ones(1, len(p), dtype=torch.long)
-                out = model.generate(input_ids=torch.tensor([p]), attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=pad)
+                out = model.generate(input_ids=torch.tensor([p]), attention_mask=mask, max_new_tokens=n,
+                                     do_sample=False, eos_token_id=None, pad_token_id=pad)
             rows.append(out[0, len(p):].tolist())
         outputs[("transformers", dtype)] = rows
         logger.warning("%s done", dtype)
