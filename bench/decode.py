@@ -33,8 +33,8 @@ import logging
 import os
 
 import numpy as np
-from references import (add_dtype_argument, add_sglang_arguments, interleaved_medians, isa_report, start_sglang,
-                        transformers_model)
+from references import (add_dtype_argument, add_sglang_arguments, interleaved_medians, isa_report, served_model,
+                        start_sglang, transformers_model)
 
 logger = logging.getLogger("bench.decode")
 
@@ -107,9 +107,7 @@ def main() -> None:
     server, sglang_note = start_sglang(args, pre, "decode", ["--dtype", args.dtype])
 
     # --- ours
-    served = pre.model if args.dtype == "float32" else load_pretrained(
-        "smollm2", dtype=args.dtype, param_dtype=args.dtype, tokenizer=False).model
-    engine = Engine(served, tok, context_length=pre.config.max_position_embeddings,
+    engine = Engine(served_model(pre, args.dtype), tok, context_length=pre.config.max_position_embeddings,
                     config=EngineConfig(max_batch_size=max_batch, min_prompt_bucket=16, min_cache_bucket=64,
                                         batch_wait_s=0.0))
 

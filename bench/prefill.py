@@ -35,7 +35,7 @@ import os
 
 import numpy as np
 from references import (REPO, add_dtype_argument, add_sglang_arguments, interleaved_medians, isa_report,
-                        median_time, start_sglang, transformers_model)
+                        median_time, served_model, start_sglang, transformers_model)
 
 logger = logging.getLogger("bench.prefill")
 PROMPT_SOURCE = REPO / "tests" / "fixtures" / "openclaw" / "minimal_system_prompt.txt"
@@ -120,9 +120,7 @@ def main() -> None:
         "--mem-fraction-static", "0.8", "--dtype", args.dtype])
 
     # the float32 load above is what transformers and SGLang start from (SGLang's export is shared by dtypes)
-    served = pre.model if args.dtype == "float32" else load_pretrained(
-        "smollm2", dtype=args.dtype, param_dtype=args.dtype, tokenizer=False).model
-    engine = Engine(served, pre.tokenizer, context_length=cfg.max_position_embeddings,
+    engine = Engine(served_model(pre, args.dtype), pre.tokenizer, context_length=cfg.max_position_embeddings,
                     config=EngineConfig(max_batch_size=most_rows, prefix_cache_bytes=0, batch_wait_s=0.02,
                                         max_prefill_tokens=max(16384, max(r * n for r, n in shapes))))
     hf_model, _ = transformers_model(args.dtype)

@@ -43,6 +43,14 @@ def add_dtype_argument(parser) -> None:
                              "--dtype); default float32")
 
 
+def served_model(pre, dtype: str):
+    """Our model in `dtype` (weights and compute): `pre.model` for float32, else the packaged weights loaded so."""
+    if dtype == "float32":
+        return pre.model
+    from openclaw_jax.models.hub import load_pretrained
+    return load_pretrained("smollm2", dtype=dtype, param_dtype=dtype, tokenizer=False).model
+
+
 def median_time(fn: Callable[[], Any], repeats: int) -> float:
     times = []
     for _ in range(repeats):

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from openclaw_jax.models.matmul import contract
+from openclaw_jax.models.matmul import contract, einsum
 from openclaw_jax.models.rope import apply_rope, rope_sin_cos
 
 # static marker the decode loop receives instead of a layer graphdef (kernels._decode_logits)
@@ -128,8 +128,8 @@ def _row_lora(x, lora, parts, dt):
     for target, width in parts:
         if target in lora:
             a, b = lora[target]
-            low = jnp.einsum("bi,bir->br", x, a.astype(dt), preferred_element_type=jnp.float32).astype(dt)
-            out.append(jnp.einsum("br,bro->bo", low, b.astype(dt), preferred_element_type=jnp.float32).astype(dt))
+            low = einsum("bi,bir->br", x, a, dt)
+            out.append(einsum("br,bro->bo", low, b, dt))
         else:
             out.append(jnp.zeros((x.shape[0], width), dt))
     return out[0] if len(out) == 1 else jnp.concatenate(out, axis=1)

@@ -44,6 +44,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from openclaw_jax.models.matmul import einsum
 from openclaw_jax.models.segments import SHARED_SEGMENT
 
 IMPLEMENTATIONS = ("dense", "blockwise", "fused", "auto")
@@ -471,9 +472,9 @@ def cached_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: 
         new_mask = new_mask & (segment_ids[:, None, :] == segment_ids[:, :, None])
     new = jnp.where(new_mask[:, None, None, :, :], new, neg)
     probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(dtype)
-    out = (jnp.einsum("bkgls,bskd->blkgd", probs[..., :S], cache_v.astype(dtype), preferred_element_type=jnp.float32)
-           + jnp.einsum("bkgli,bikd->blkgd", probs[..., S:], v_new.astype(dtype), preferred_element_type=jnp.float32))
-    return out.astype(dtype).reshape(B, L, N, D)
+    out = (einsum("bkgls,bskd->blkgd", probs[..., :S], cache_v, dtype)
+           + einsum("bkgli,bikd->blkgd", probs[..., S:], v_new, dtype))
+    return out.reshape(B, L, N, D)
 
 
 # -- query blocks under remat (the simpler alternative; kept for the bench) -------------------------

@@ -34,7 +34,7 @@ from flax import nnx
 
 from openclaw_jax.models.attention import AttentionMask, attention, cached_attention
 from openclaw_jax.models.config import LoRAConfig, ModelConfig
-from openclaw_jax.models.matmul import contract
+from openclaw_jax.models.matmul import contract, einsum
 from openclaw_jax.models.rope import apply_rope, rope_sin_cos
 from openclaw_jax.parallel.sharding import constrain
 
@@ -128,10 +128,9 @@ class Projection(nnx.Module):
                 # one adapter per batch row (a [B, *in, r], b [B, r, *out]): multi-adapter serving
                 # (`openclaw_jax.inference.adapters`)
                 rows, rank = a.shape[0], a.shape[-1]
-                low = jnp.einsum("bsi,bir->bsr", x.reshape(rows, -1, a[0].size // rank), a.reshape(rows, -1, rank),
-                                 preferred_element_type=jnp.float32).astype(self.dtype)
-                delta = jnp.einsum("bsr,bro->bso", low, b.reshape(rows, rank, -1),
-                                   preferred_element_type=jnp.float32).astype(self.dtype)
+                low = einsum("bsi,bir->bsr", x.reshape(rows, -1, a[0].size // rank), a.reshape(rows, -1, rank),
+                             self.dtype)
+                delta = einsum("bsr,bro->bso", low, b.reshape(rows, rank, -1), self.dtype)
                 return y + self.lora_scale * delta.reshape(y.shape)
             low = contract(x, a, self.in_ndim, self.dtype)
             y = y + self.lora_scale * contract(low, b, 1, self.dtype)

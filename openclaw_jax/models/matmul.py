@@ -43,13 +43,27 @@ def matmuls_as_on(platform: str) -> Iterator[None]:
         _TARGET.reset(token)
 
 
+def _float32_results(dtype) -> bool:
+    return dtype != _F32 and (_TARGET.get() or jax.default_backend()) == "cpu"
+
+
+def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """`jnp.einsum(spec, a, b)` of two operands in `dtype`, the float32-result form on CPU as `contract`'s.
+    For inference paths (not differentiated on a hot path: JAX's own rule then upcasts the backward)."""
+    dtype = jnp.dtype(dtype)
+    a, b = a.astype(dtype), b.astype(dtype)
+    if not _float32_results(dtype):
+        return jnp.einsum(spec, a, b)
+    return jnp.einsum(spec, a, b, preferred_element_type=_F32).astype(dtype)
+
+
 def contract(x: jax.Array, w: jax.Array, n: int, dtype) -> jax.Array:
     """`tensordot(x, w, n)` (the last n axes of x with the first n of w) in `dtype`: float32
     accumulation, one rounding of the result to `dtype` (on CPU as a float32-result dot, elsewhere as
     the platform's own `dtype` matmul)."""
     dtype = jnp.dtype(dtype)
     x, w = x.astype(dtype), w.astype(dtype)
-    if dtype == _F32 or (_TARGET.get() or jax.default_backend()) != "cpu":
+    if not _float32_results(dtype):
         return jnp.tensordot(x, w, axes=n)
     return _mixed(x, w, n)
 

@@ -23,17 +23,23 @@ def _cfg(**kw):
     return ModelConfig(**base)
 
 
+def _model_and_cache(dtype="float32", **kw):
+    """A small model in `dtype` and a random stacked cache of 3 rows x 16 slots in the same dtype."""
+    model = Decoder(_cfg(dtype=dtype, param_dtype=dtype, **kw), rngs=nnx.Rngs(0))
+    cfg = model.cfg
+    rng = np.random.default_rng(0)
+    shape = (cfg.num_layers, 3, 16, cfg.num_kv_heads, cfg.head_dim)
+    cache = KVCache(jnp.asarray(rng.standard_normal(shape), dtype), jnp.asarray(rng.standard_normal(shape), dtype))
+    return model, cache
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(attention_bias=True), dict(qk_norm=True, tie_word_embeddings=True)],
                          ids=["plain", "bias", "qk_norm_tied"])
 def test_fused_decode_matches_block_path(kw):
-    model = Decoder(_cfg(**kw), rngs=nnx.Rngs(0))
+    model, cache = _model_and_cache(**kw)
     graphdef, state = nnx.split(model)
     cfg = model.cfg
-    b, s = 3, 16
-    rng = np.random.default_rng(0)
-    shape = (cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim)
-    cache = KVCache(jnp.asarray(rng.standard_normal(shape), jnp.float32),
-                    jnp.asarray(rng.standard_normal(shape), jnp.float32))
+    s = cache.k.shape[2]
     tokens = jnp.asarray([5, 17, 90], jnp.int32)
 
     def run_blocks(positions):
@@ -97,14 +103,10 @@ def test_cache_writes_equal_a_plain_scatter(dtype):
 def test_bfloat16_fused_decode_matches_block_path():
     """A bfloat16 model (bf16 weights and cache, float32 accumulation) decodes the same on both paths, to
     bfloat16's precision."""
-    model = Decoder(_cfg(dtype="bfloat16", param_dtype="bfloat16"), rngs=nnx.Rngs(0))
+    model, cache = _model_and_cache("bfloat16")
     graphdef, state = nnx.split(model)
     cfg = model.cfg
-    b, s = 3, 16
-    rng = np.random.default_rng(0)
-    shape = (cfg.num_layers, b, s, cfg.num_kv_heads, cfg.head_dim)
-    cache = KVCache(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16),
-                    jnp.asarray(rng.standard_normal(shape), jnp.bfloat16))
+    s = cache.k.shape[2]
     tokens, positions = jnp.asarray([5, 17, 90], jnp.int32), jnp.asarray([0, 7, s - 1], jnp.int32)
 
     def step(st, weights, c):
