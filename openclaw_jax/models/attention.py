@@ -44,7 +44,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from openclaw_jax.models.matmul import einsum
 from openclaw_jax.models.segments import SHARED_SEGMENT
 
 IMPLEMENTATIONS = ("dense", "blockwise", "fused", "auto")
@@ -472,9 +471,10 @@ def cached_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: 
         new_mask = new_mask & (segment_ids[:, None, :] == segment_ids[:, :, None])
     new = jnp.where(new_mask[:, None, None, :, :], new, neg)
     probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(dtype)
-    out = (einsum("bkgls,bskd->blkgd", probs[..., :S], cache_v, dtype)
-           + einsum("bkgli,bikd->blkgd", probs[..., S:], v_new, dtype))
-    return out.reshape(B, L, N, D)
+    # both parts summed in float32, rounded once (bf16 x bf16 -> f32 is also XLA:CPU's fast dot)
+    out = (jnp.einsum("bkgls,bskd->blkgd", probs[..., :S], cache_v.astype(dtype), preferred_element_type=jnp.float32)
+           + jnp.einsum("bkgli,bikd->blkgd", probs[..., S:], v_new.astype(dtype), preferred_element_type=jnp.float32))
+    return out.astype(dtype).reshape(B, L, N, D)
 
 
 # -- query blocks under remat (the simpler alternative; kept for the bench) -------------------------
