@@ -79,6 +79,11 @@ SCRIPT = [
 ]
 GATEWAY_TURN = re.compile(r"streamed a main turn: \d+ prompt tokens \((\d+) cached\), first token after ([\d.]+) s, "
                           r"\d+ tokens in ([\d.]+) s")
+# the policy server's own records (its log, `policy.log` in the run dir): each finished request's queue wait and
+# prefill, the first call of each compiled shape, and the steps of a weight swap
+POLICY_REQUEST = re.compile(r"request \S+: (\d+) prompt tokens \((\d+) cached\), queued ([\d.]+) s, "
+                            r"prefill to first token ([\d.]+) s, (\d+) tokens out in ([\d.]+) s")
+POLICY_EVENT = re.compile(r"(first call of this shape|weight update: |new weights: recomputing|weights swapped)")
 WARM_SLACK = 256  # tokens: the first turn's prompt less a few partial blocks still holds the system prompt
 
 
@@ -103,6 +108,7 @@ class LiveRun:
         self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         self.policy_url = f"http://127.0.0.1:{self.policy_port}"
         self.log_path = run_dir.parent / f"{run_dir.name}.log"
+        self.policy_log = run_dir / "policy.log"
         cmd = [sys.executable, "-m", "openclaw_jax.train", "--config", config, *LIVE_OVERRIDES,
                f"gateway.port={self.gateway_port}", f"policy.port={self.policy_port}", f"run_dir={run_dir}",
                f"compile_cache_dir={compile_cache}", *overrides]
@@ -139,6 +145,21 @@ class LiveRun:
         """The gateway's own timing of each streamed main turn so far (its log): the policy side of a turn."""
         return [{"policy_ttft_s": float(m.group(2)), "policy_total_s": float(m.group(3)), "cached": int(m.group(1))}
                 for m in GATEWAY_TURN.finditer(self.log_path.read_text(errors="replace"))]
+
+    def policy_log_size(self) -> int:
+        return self.policy_log.stat().st_size if self.policy_log.exists() else 0
+
+    def policy_records(self, since: int) -> dict:
+        """What the policy server logged after byte `since`: the requests it finished (prompt and cached tokens,
+        queue wait, prefill to the first token) and its compilations and weight-swap steps, as lines."""
+        if not self.policy_log.exists():
+            return {"requests": [], "events": []}
+        with open(self.policy_log, "rb") as f:
+            f.seek(since)
+            lines = f.read().decode(errors="replace").splitlines()
+        requests_ = [{"prompt": int(m.group(1)), "cached": int(m.group(2)), "queued_s": float(m.group(3)),
+                      "prefill_s": float(m.group(4))} for m in map(POLICY_REQUEST.search, lines) if m]
+        return {"requests": requests_, "events": [line for line in lines if POLICY_EVENT.search(line)]}
 
     def samples(self) -> int:
         return int(requests.get(self.gateway_url + "/healthz", timeout=10).json()["store"]["samples"])
@@ -205,11 +226,12 @@ def run_phase(name: str, args, overrides: list[str], work: Path, turns: int, min
                     break
                 if index:
                     time.sleep(args.think_s)
-                before, seen = run.version(), len(run.gateway_turns())
+                before, seen, log_at = run.version(), len(run.gateway_turns()), run.policy_log_size()
                 turn = streamed_turn(client, conversation, SCRIPT[index % len(SCRIPT)], args.max_tokens)
                 after, policy = run.version(), run.gateway_turns()[seen:]
                 turn.update(turn=index + 1, version=before, swapped_before=before != version,
-                            swapped_during=after != before, **(policy[0] if policy else {}))
+                            swapped_during=after != before, policy_log=run.policy_records(log_at),
+                            **(policy[0] if policy else {}))
                 version = after
                 records.append(turn)
                 logger.warning("%s turn %d: ttft %.2fs total %.2fs, %s of %s prompt tokens cached, version %s%s%s",
@@ -225,6 +247,21 @@ def run_phase(name: str, args, overrides: list[str], work: Path, turns: int, min
     return {"turns": records, "samples": samples, "log": str(run.log_path)}
 
 
+def policy_breakdown(record: dict) -> str:
+    """Where a turn's time in the policy server went: its largest request's queue wait and prefill to the first
+    token, and what the server logged meanwhile (first calls of a shape, weight-swap steps)."""
+    log = record.get("policy_log") or {"requests": [], "events": []}
+    parts = []
+    if log["requests"]:
+        req = max(log["requests"], key=lambda r: r["prompt"])
+        parts.append(f"queued {req['queued_s']:.2f} s, prefill {req['prefill_s']:.2f} s for "
+                     f"{req['prompt'] - req['cached']} new tokens over {req['cached']} cached")
+        if len(log["requests"]) > 1:
+            parts.append(f"{len(log['requests']) - 1} other request(s)")
+    parts += [re.sub(r"^\S+ \S+ \S+ \S+: ", "", line) for line in log["events"]]  # without time, level, logger
+    return "; ".join(parts) or "nothing in the policy's log"
+
+
 def summarize(records: list[dict]) -> dict:
     # the first turn prefills the conversation's system prompt cold in both phases; a turn OpenClaw ended with an
     # error has no whole reply (and no usage) to time
@@ -236,7 +273,12 @@ def summarize(records: list[dict]) -> dict:
     cold = [r["turn"] for r in measured if r["cached_tokens"] < first_prompt - WARM_SLACK]
     out.update(turns=len(records), errors=[r["turn"] for r in records if r["error"]], swaps=sum(r["swapped_before"] for r in records), cold_turns=cold,
                after_swap=[{k: r[k] for k in ("turn", "version", "ttft_s", "cached_tokens", "prompt_tokens")}
-                           for r in records if r["swapped_before"]])
+                           for r in records if r["swapped_before"]],
+               # the slowest turns (at or above the phase's p90 time to first token) and every turn after a swap,
+               # with where their time in the policy went
+               slowest=[{"turn": r["turn"], "ttft_s": r["ttft_s"], "after_swap": r["swapped_before"],
+                         "policy": policy_breakdown(r)} for r in measured
+                        if r["swapped_before"] or r["ttft_s"] >= percentile([m["ttft_s"] for m in measured], 0.9)])
     return out
 
 
@@ -307,6 +349,11 @@ def main() -> None:
         for r in summary[name]["after_swap"]:
             print(f"  after a swap: turn {r['turn']} (version {r['version']}): TTFT {r['ttft_s']:.2f} s, "
                   f"{r['cached_tokens']} of {r['prompt_tokens']} prompt tokens cached")
+    for name, s in summary.items():
+        print(f"training {name}: the slowest turns and those after a swap, in the policy server:")
+        for r in s["slowest"]:
+            print(f"  turn {r['turn']}{' (after a swap)' if r['after_swap'] else ''}: TTFT {r['ttft_s']:.2f} s; "
+                  f"{r['policy']}")
     (work / "turns.json").write_text(json.dumps(phases, indent=1))
     if args.json:
         print(json.dumps({f"ttft_p95_{name.replace('-', '_')}_over_off": round(r, 3) for name, r in ratios.items()}

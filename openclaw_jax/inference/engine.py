@@ -503,6 +503,8 @@ class Engine(WeightSwaps, AdapterServing):
     def _accept_token(self, seq: Seq, host: dict, i: int) -> None:
         token = int(host["tokens"][i])
         out = seq.out
+        if out.first_token_time is None:
+            out.first_token_time = time.time()
         out.output_ids.append(token)
         out.record_version(seq.step_version)
         out.output_logprobs.append(float(host["token_lp"][i]))
@@ -535,6 +537,7 @@ class Engine(WeightSwaps, AdapterServing):
         out.finish_reason = finish
         out.finished_time = time.time()
         seq.handle._put(out.snapshot() if seq.handle.stream else out)
+        log_request_times(out)
 
     def _release_row(self, seq: Seq) -> None:
         batch = self._batch
@@ -569,6 +572,18 @@ class Engine(WeightSwaps, AdapterServing):
                     seq.out.finish_reason = {"type": "abort", "message": str(exc)}
                     seq.handle._put(exc)
             self._cv.notify_all()
+
+
+def log_request_times(out: SequenceOutput) -> None:
+    """One INFO line per finished sequence: where its time went (queue, prefill to the first token, decode)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    prefill = out.prefill_started_time or out.finished_time
+    first = out.first_token_time or out.finished_time
+    logger.info("request %s: %d prompt tokens (%d cached), queued %.2f s, prefill to first token %.2f s, %d tokens "
+                "out in %.2f s, %s, weights %s", out.rid, len(out.prompt_ids), out.cached_tokens,
+                prefill - out.created_time, first - prefill, len(out.output_ids), out.finished_time - first,
+                (out.finish_reason or {}).get("type"), out.weight_version)
 
 
 def spec_for(prompt_ids: Sequence[int], **kwargs: Any) -> GenerationSpec:

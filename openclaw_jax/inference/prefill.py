@@ -21,6 +21,8 @@ before that position: its input log-probs are computed, never copied.
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from typing import Any, Callable, Iterator
 
 import jax
@@ -30,6 +32,8 @@ from openclaw_jax.inference.kernels import extend_jit, prefill_jit
 from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (EngineConfig, Seq, bucket, extend_bucket, extend_groups,
                                               prefill_groups, prompt_bucket, sampling_arrays)
+
+logger = logging.getLogger(__name__)
 
 
 class Prefiller:
@@ -81,10 +85,21 @@ class Prefiller:
         calls += [(g, True) for g in extend_groups(warm, self.config)]
         try:
             for group, is_extend in calls:
+                started = time.time()
+                for seq in group:
+                    if seq.out.prefill_started_time is None:
+                        seq.out.prefill_started_time = started
+                kernel = extend_jit if is_extend else prefill_jit
+                compiled = kernel._cache_size()
                 if is_extend:
-                    cache, host = self._run_extend(group, state, paths)
+                    cache, host, shape = self._run_extend(group, state, paths)
                 else:
-                    cache, host = self._run_prefill(group, state)
+                    cache, host, shape = self._run_prefill(group, state)
+                if kernel._cache_size() > compiled:
+                    # a shape this process had not run: whoever waits on it waits for the compilation (or the
+                    # load from the compilation cache), which this line makes visible in the server's log
+                    logger.info("%s %s: first call of this shape, %.1f s (compiled, or loaded from the compilation "
+                                "cache)", "extend" if is_extend else "prefill", shape, time.time() - started)
                 if pc.enabled:
                     self._store(group, cache, paths, protect)
                 for seq in group:
@@ -133,7 +148,7 @@ class Prefiller:
             state = self.row_state(state, group, b)
         out = self._prefill(state, ids, lengths, *sampling, **static)
         cache = out.pop("cache")
-        return cache, jax.device_get(out)
+        return cache, jax.device_get(out), f"{b} x {lp_len} tokens"
 
     def _run_extend(self, group: list[Seq], state: Any, paths: dict[int, list]):
         b = bucket(len(group), self.config.prefill_row_bucket)
@@ -158,7 +173,7 @@ class Prefiller:
             state = self.row_state(state, group, b)
         out = self._extend(state, cache, ids, starts, lengths, *sampling, **static)
         cache = out.pop("cache")
-        return cache, jax.device_get(out)
+        return cache, jax.device_get(out), f"{b} x {ln} tokens over {nb} cached blocks"
 
     def _store(self, group: list[Seq], cache: Any, paths: dict[int, list], protect: set) -> None:
         """Copy the prompts' whole blocks that are not cached yet into the pool."""

@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
@@ -443,7 +444,9 @@ class InferenceServer(OpenAIRoutes):
             return json_response(S.update_weights_body(False, str(exc)), 400)
         async with self._update_lock:
             try:
+                started = time.perf_counter()
                 state = await asyncio.to_thread(self.weight_loader, model_path, upd.load_format)
+                logger.info("weight update: %s loaded in %.1f s", model_path, time.perf_counter() - started)
                 if upd.abort_all_requests:
                     await asyncio.to_thread(self.engine.abort_all, "Aborted for a weight update.")
                 await asyncio.to_thread(self.swap_weights, state, upd.weight_version)

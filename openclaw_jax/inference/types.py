@@ -65,6 +65,10 @@ class SequenceOutput:
     # which version produced which output tokens, as SGLang reports it: [{"version", "start", "end"}]
     weight_versions: list[dict[str, Any]] = field(default_factory=list)
     created_time: float = 0.0
+    # when its prefill call started and when its first output token was accepted (queue wait and time to
+    # the first token, as the server logs them); None until then
+    prefill_started_time: float | None = None
+    first_token_time: float | None = None
     finished_time: float | None = None
     cached_tokens: int = 0
 
@@ -93,5 +97,6 @@ class SequenceOutput:
             input_token_ids_logprobs=(None if self.input_token_ids_logprobs is None
                                       else list(self.input_token_ids_logprobs)),
             weight_version=self.weight_version, weight_versions=[dict(s) for s in self.weight_versions],
-            created_time=self.created_time,
-            finished_time=self.finished_time, cached_tokens=self.cached_tokens)
+            created_time=self.created_time, prefill_started_time=self.prefill_started_time,
+            first_token_time=self.first_token_time, finished_time=self.finished_time,
+            cached_tokens=self.cached_tokens)

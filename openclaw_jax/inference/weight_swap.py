@@ -71,6 +71,7 @@ class Refreshed:
     prefixes: int   # how many prefixes were recomputed
     tokens: int     # tokens prefilled (a prefix shared with an earlier one counts once)
     seconds: float
+    waited_s: float = 0.0  # of `seconds`, waiting for serving to be idle before a chunk
 
 
 def _prefill_seq(ids: Sequence[int]) -> Seq:
@@ -101,18 +102,21 @@ def refresh_prefixes(prefixes: Sequence[Sequence[int]], *, graphdef: Any, state:
     start = time.perf_counter()
     fresh.sync(generation)
     prefiller = Prefiller(graphdef, config, vocab_size, fresh)
-    tokens = 0
+    tokens, waited = 0, 0.0
     step = max(REFRESH_CHUNK_TOKENS // fresh.block, 1) * fresh.block
     for ids in prefixes:
         for end in list(range(step, len(ids), step)) + [len(ids)]:
             if fresh.contains(ids[:end]) == end:  # shared with a prefix recomputed before
                 continue
+            wait_start = time.perf_counter()
             before_chunk()
+            waited += time.perf_counter() - wait_start
             seq = _prefill_seq(ids[:end])
             for _ in prefiller.run([seq], state, "prefix-refresh", generation):
                 pass
             tokens += seq.prompt_len - seq.cached
-    return Refreshed(cache=fresh, prefixes=len(prefixes), tokens=tokens, seconds=time.perf_counter() - start)
+    return Refreshed(cache=fresh, prefixes=len(prefixes), tokens=tokens, seconds=time.perf_counter() - start,
+                     waited_s=waited)
 
 
 class WeightSwaps:
@@ -169,6 +173,8 @@ class WeightSwaps:
                 lambda: self._prefix.hot_paths(cfg.prefix_refresh_tokens, cfg.prefix_refresh_entries), timeout=None)
             if not paths:
                 return None
+            logger.info("new weights: recomputing %d hot prefixes (%d tokens with shared parts) before they serve",
+                        len(paths), sum(map(len, paths)))
             fresh = new_prefix_cache(self._prefix, cfg.prefix_cache_bytes, self._kv_bytes_per_token)
             return refresh_prefixes(paths, graphdef=self._graphdef, state=state, config=cfg,
                                     vocab_size=self.vocab_size, fresh=fresh, generation=-1,
@@ -214,8 +220,9 @@ class WeightSwaps:
 
         if fresh is not None and self.alive:
             self._call_in_engine(install, timeout=None)
-            logger.info("weights swapped; weight_version=%s; %d hot prefixes (%d tokens) recomputed in %.1f s",
-                        self._weight_version, fresh.prefixes, fresh.tokens, fresh.seconds)
+            logger.info("weights swapped; weight_version=%s; %d hot prefixes (%d tokens) recomputed in %.1f s (%.1f s "
+                        "of it waiting for serving to be idle)", self._weight_version, fresh.prefixes, fresh.tokens,
+                        fresh.seconds, fresh.waited_s)
         else:
             install()
             logger.info("weights swapped; weight_version=%s", self._weight_version)

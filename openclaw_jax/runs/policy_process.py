@@ -61,7 +61,7 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weigh
            "--prefix-refresh-entries", str(policy.prefix_refresh_entries),
            "--prefix-refresh-wait", str(policy.prefix_refresh_wait_s),
            *(a for d in weight_dirs for a in ("--weight-dir", str(d))),
-           "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", "warning"]
+           "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", cfg.log_level.lower()]
     if policy.context_length:
         cmd += ["--context-length", str(policy.context_length)]
     if cfg.seed is not None:
