@@ -22,7 +22,8 @@ gateway and OpenClaw); the policy server's weight version before and after each 
 came after a swap. A warm-up pass (training off, `--warmup-turns`) first fills the compilation cache the
 phases share, so neither pays first-time compilations the other does not.
 
-Reported: p50 / p95 of both times per phase, their ratio (on / off), every turn after a swap with its
+Reported: p50 / p95 of both times per phase over the turns every phase ran (training on may run longer, into
+a longer session), their ratio (on / off), every turn after a swap with its
 cached tokens, and whether any turn after the first prefilled the system prompt cold (reused fewer
 tokens than the first turn's prompt less `WARM_SLACK`).
 
@@ -31,7 +32,7 @@ in live mode), `--policy-mode` its policy mode (default `process`: the policy se
 ahead of the trainer in CPU priority), `--set key=value` adds overrides. Needs OpenClaw
 (`bash scripts/openclaw.sh setup`).
 
-    python bench/openclaw_turns.py [--config configs/live_cpu.yaml] [--turns 24] [--min-swaps 3] [--json]
+    python bench/openclaw_turns.py [--config configs/live_cpu.yaml] [--turns 36] [--min-swaps 3] [--json]
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class LiveRun:
     def version(self) -> str | None:
         try:
             return str(requests.get(self.policy_url + "/get_model_info", headers=self.headers,
-                                    timeout=10).json()["weight_version"])
+                                    timeout=30).json()["weight_version"])
         except (requests.RequestException, ValueError, KeyError):
             return None
 
@@ -262,18 +263,19 @@ def policy_breakdown(record: dict) -> str:
     return "; ".join(parts) or "nothing in the policy's log"
 
 
-def summarize(records: list[dict]) -> dict:
-    # the first turn prefills the conversation's system prompt cold in both phases; a turn OpenClaw ended with an
-    # error has no whole reply (and no usage) to time
-    measured = [r for r in records[1:] if not r["error"]]
+def summarize(records: list[dict], compared: int) -> dict:
+    """Percentiles over turns 2..`compared` (the turns every phase ran: the same conversation, the session as
+    long); the first turn prefills the conversation's system prompt cold in every phase, and a turn OpenClaw
+    ended with an error has no whole reply (and no usage) to time."""
+    measured = [r for r in records[1:compared] if not r["error"]]
     out = {key: {"p50": round(percentile([r[key] for r in measured], 0.5), 3),
                  "p95": round(percentile([r[key] for r in measured], 0.95), 3)}
            for key in ("ttft_s", "total_s", "policy_ttft_s") if all(key in r for r in measured)}
     first_prompt = records[0]["prompt_tokens"] or 0
     cold = [r["turn"] for r in measured if r["cached_tokens"] < first_prompt - WARM_SLACK]
-    out.update(turns=len(records), errors=[r["turn"] for r in records if r["error"]], swaps=sum(r["swapped_before"] for r in records), cold_turns=cold,
+    out.update(turns=len(records), compared=compared, errors=[r["turn"] for r in records if r["error"]], swaps=sum(r["swapped_before"] for r in records[:compared]), cold_turns=cold,
                after_swap=[{k: r[k] for k in ("turn", "version", "ttft_s", "cached_tokens", "prompt_tokens")}
-                           for r in records if r["swapped_before"]],
+                           for r in records[:compared] if r["swapped_before"]],
                # the slowest turns (at or above the phase's p90 time to first token) and every turn after a swap,
                # with where their time in the policy went
                slowest=[{"turn": r["turn"], "ttft_s": r["ttft_s"], "after_swap": r["swapped_before"],
@@ -290,7 +292,10 @@ def main() -> None:
                         help="policy.mode of both phases' runs (process: serving ahead of the trainer in CPU priority)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="more overrides for both phases' live runs (repeatable)")
-    parser.add_argument("--turns", type=int, default=24, help="turns per phase (at least)")
+    # 36: with a step every 2 scored turns, training on sees its 3 swaps within them (the first step waits for
+    # the turns it trains on, and OpenClaw may end a turn with an error that is not scored)
+    parser.add_argument("--turns", type=int, default=36, help="turns per phase (at least; percentiles compare "
+                        "the turns every phase ran)")
     parser.add_argument("--min-swaps", type=int, default=3, help="with training on, go on until this many swaps")
     parser.add_argument("--max-turns", type=int, default=48, help="with training on, at most this many turns")
     parser.add_argument("--samples-per-step", type=int, default=2, help="with training on: a step every N scored turns")
@@ -325,7 +330,10 @@ def main() -> None:
     if args.compare_nice:
         phases["on-nice"] = run_phase("on-nice", args, [*on, "policy.trainer_idle=false"], work, args.turns,
                                       args.min_swaps)
-    summary = {name: summarize(p["turns"]) | {"samples": p["samples"]} for name, p in phases.items()}
+    # training on runs on until it saw --min-swaps swaps, into a longer session (longer prompts, larger cache
+    # buckets): only the turns all phases ran are compared
+    compared = min(len(p["turns"]) for p in phases.values())
+    summary = {name: summarize(p["turns"], compared) | {"samples": p["samples"]} for name, p in phases.items()}
     ratios = {name: summary[name]["ttft_s"]["p95"] / summary["off"]["ttft_s"]["p95"] for name in phases if name != "off"}
     load = os.getloadavg()
     print(f"\nTurns through OpenClaw ({Path(args.config).name}, policy.mode={args.policy_mode}), think time "

@@ -18,8 +18,10 @@ system prompt instead of recomputing it) and `REFRESH_CHUNK_TOKENS` at a time, e
 no request is queued or running (`EngineConfig.prefix_refresh_wait_s` at most): the refresh takes the
 gaps between a person's turns, and the new weights wait for it rather than serving. A hit after the
 swap is exactly what a cold prefill under the new weights followed by a hit would give, within float
-rounding. Prefixes the old weights cached while the refresh ran are not carried over (their next turn
-extends the refreshed part).
+rounding. A turn served on the old weights while the refresh ran cached prefixes the refresh had not
+chosen; up to `CATCH_UP_PASSES` more passes recompute those too (a turn's worth of tokens each, extending
+what is already fresh), so that session's next turn extends only its new message. What the old weights
+cache after the last pass is not carried over (its next turn extends the refreshed part).
 """
 
 from __future__ import annotations
@@ -40,9 +42,13 @@ from openclaw_jax.inference.types import GenerationSpec, SamplingParams, Sequenc
 
 logger = logging.getLogger(__name__)
 
-# a prefix is recomputed this many tokens at a time (whole blocks), waiting for serving to be idle between
-# chunks: ~1.5 s of 2 CPU cores for SmolLM2-135M, the most a person's turn competes with
-REFRESH_CHUNK_TOKENS = 512
+# a prefix is recomputed this many tokens at a time (whole blocks), waiting for serving to be idle before each
+# chunk. One cold prefill per prefix: on 2 AVX2 cores SmolLM2-135M recomputed a 4 k-token prefix in 18.5 s as one cold prefill, in
+# 38.5 s as extends of 512 tokens and 40.8 s of 2048 (an extend attends over the padded prefix and runs slower
+# per token), and the fewer seconds the refresh takes, the fewer turns meet it
+REFRESH_CHUNK_TOKENS = 8192
+# after the refresh, passes over the prefixes the old weights cached meanwhile (each pass is a turn or two of tokens)
+CATCH_UP_PASSES = 3
 
 
 def cast_to_served(state: nnx.State, served: nnx.State) -> nnx.State:
@@ -68,10 +74,15 @@ class Refreshed:
     """A prefix cache computed under new weights, ready to replace the engine's at the swap."""
 
     cache: PrefixCache
-    prefixes: int   # how many prefixes were recomputed
+    prefixes: int   # how many prefixes were recomputed (wholly or in part)
     tokens: int     # tokens prefilled (a prefix shared with an earlier one counts once)
     seconds: float
     waited_s: float = 0.0  # of `seconds`, waiting for serving to be idle before a chunk
+
+    def plus(self, more: "Refreshed") -> "Refreshed":
+        """This refresh and a catch-up pass `more` into the same cache."""
+        return Refreshed(cache=more.cache, prefixes=self.prefixes + more.prefixes, tokens=self.tokens + more.tokens,
+                         seconds=self.seconds + more.seconds, waited_s=self.waited_s + more.waited_s)
 
 
 def _prefill_seq(ids: Sequence[int]) -> Seq:
@@ -102,11 +113,12 @@ def refresh_prefixes(prefixes: Sequence[Sequence[int]], *, graphdef: Any, state:
     start = time.perf_counter()
     fresh.sync(generation)
     prefiller = Prefiller(graphdef, config, vocab_size, fresh)
-    tokens, waited = 0, 0.0
+    tokens, waited, recomputed = 0, 0.0, 0
     step = max(REFRESH_CHUNK_TOKENS // fresh.block, 1) * fresh.block
     for ids in prefixes:
+        recomputed += fresh.contains(ids) < len(ids)
         for end in list(range(step, len(ids), step)) + [len(ids)]:
-            if fresh.contains(ids[:end]) == end:  # shared with a prefix recomputed before
+            if fresh.contains(ids[:end]) == end:  # shared with a prefix recomputed before (or in an earlier pass)
                 continue
             wait_start = time.perf_counter()
             before_chunk()
@@ -115,7 +127,7 @@ def refresh_prefixes(prefixes: Sequence[Sequence[int]], *, graphdef: Any, state:
             for _ in prefiller.run([seq], state, "prefix-refresh", generation):
                 pass
             tokens += seq.prompt_len - seq.cached
-    return Refreshed(cache=fresh, prefixes=len(prefixes), tokens=tokens, seconds=time.perf_counter() - start,
+    return Refreshed(cache=fresh, prefixes=recomputed, tokens=tokens, seconds=time.perf_counter() - start,
                      waited_s=waited)
 
 
@@ -169,16 +181,27 @@ class WeightSwaps:
                 and self.alive):
             return None
         try:
-            paths = self._call_in_engine(
-                lambda: self._prefix.hot_paths(cfg.prefix_refresh_tokens, cfg.prefix_refresh_entries), timeout=None)
+            def hot() -> list[list[int]]:
+                return self._prefix.hot_paths(cfg.prefix_refresh_tokens, cfg.prefix_refresh_entries)
+
+            paths = self._call_in_engine(hot, timeout=None)
             if not paths:
                 return None
             logger.info("new weights: recomputing %d hot prefixes (%d tokens with shared parts) before they serve",
                         len(paths), sum(map(len, paths)))
             fresh = new_prefix_cache(self._prefix, cfg.prefix_cache_bytes, self._kv_bytes_per_token)
-            return refresh_prefixes(paths, graphdef=self._graphdef, state=state, config=cfg,
-                                    vocab_size=self.vocab_size, fresh=fresh, generation=-1,
-                                    before_chunk=lambda: self._wait_until_idle(cfg.prefix_refresh_wait_s))
+            done = None
+            # the turns served (on the old weights) while a pass ran cached prefixes the pass did not see: the
+            # next turn of such a session would extend over a whole turn more, so catch up on them, a few times
+            for _ in range(CATCH_UP_PASSES + 1):
+                more = refresh_prefixes(paths, graphdef=self._graphdef, state=state, config=cfg,
+                                        vocab_size=self.vocab_size, fresh=fresh, generation=-1,
+                                        before_chunk=lambda: self._wait_until_idle(cfg.prefix_refresh_wait_s))
+                done = more if done is None else done.plus(more)
+                paths = self._call_in_engine(hot, timeout=None)
+                if all(fresh.contains(p) == len(p) for p in paths):
+                    break
+            return done
         except Exception:  # the swap itself must not fail for it
             logger.exception("recomputing the hot prefixes under the new weights failed; the swap empties the "
                              "prefix cache instead")

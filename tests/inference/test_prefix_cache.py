@@ -215,7 +215,7 @@ def test_weight_swap_invalidates_without_refresh(tiny_qwen3_dir, tiny_qwen3_dir_
         cold_b.shutdown()
 
 
-@pytest.mark.parametrize("chunk", [512, 32])
+@pytest.mark.parametrize("chunk", [8192, 32])
 def test_hot_prefixes_survive_weight_swaps_and_a_rollback(tiny_qwen3_dir, tiny_qwen3_dir_b, monkeypatch, chunk):
     """A session's next turn after a swap reuses its whole prompt so far, and its log-probs equal a fresh
     engine's with the new weights (no prefix cache); swapping back (a rollback) refreshes again. With
@@ -278,6 +278,40 @@ def test_refresh_waits_for_the_running_turn_without_pausing_it(tiny_qwen3_dir, t
         assert engine.prefix_cache_stats()["refreshes"] == 1
     finally:
         engine.shutdown()
+
+
+def test_a_turn_served_during_the_refresh_is_caught_up(tiny_qwen3_dir, tiny_qwen3_dir_b, monkeypatch):
+    """A turn that finishes on the old weights while the refresh runs (after it chose its prefixes) is
+    recomputed too before the new weights serve: the session's next turn after the swap extends only its new
+    message, and equals a fresh engine's with the new weights."""
+    from flax import nnx
+
+    from openclaw_jax.inference import weight_swap
+    state_b = nnx.split(load_hf_checkpoint(tiny_qwen3_dir_b)[0])[1]
+    engine = make_engine(tiny_qwen3_dir)
+    cold_b = make_engine(tiny_qwen3_dir_b, prefix_cache_bytes=0)
+    real_refresh, served = weight_swap.refresh_prefixes, []
+
+    def refresh_with_a_turn_meanwhile(prefixes, **kw):
+        if not served:  # the person's turn arrives after the refresh took its list of hot prefixes
+            served.append(engine.generate_sync([spec(turn)])[0])
+        return real_refresh(prefixes, **kw)
+
+    monkeypatch.setattr(weight_swap, "refresh_prefixes", refresh_with_a_turn_meanwhile)
+    try:
+        first, = engine.generate_sync([spec(tokens(140, 70))])
+        turn = tokens(140, 70) + first.output_ids + tokens(141, 30)
+        engine.swap_weights(state_b, "v2")
+        assert served and served[0].weight_version == "default"
+        nxt = turn + served[0].output_ids + tokens(142, 9)
+        after, = engine.generate_sync([spec(nxt)])
+        ref, = cold_b.generate_sync([spec(nxt)])
+        assert after.weight_version == "v2"
+        assert after.cached_tokens == (len(nxt) - 9 - 1) // BLOCK * BLOCK
+        assert_same(after, ref)
+    finally:
+        engine.shutdown()
+        cold_b.shutdown()
 
 
 def test_refresh_budget_keeps_the_most_recent_prefixes(tiny_qwen3_dir, tiny_qwen3_dir_b):
