@@ -200,7 +200,8 @@ def streamed_turn(client, conversation: str, text: str, max_tokens: int) -> dict
         error = str(err)
     total = time.perf_counter() - start
     details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
-    return {"ttft_s": first if first is not None else total, "total_s": total, "reply": "".join(parts),
+    return {"ttft_s": first if first is not None else total, "first_token": first is not None, "total_s": total,
+            "reply": "".join(parts),
             "prompt_tokens": getattr(usage, "prompt_tokens", None), "error": error,
             "cached_tokens": int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0}
 
@@ -265,22 +266,30 @@ def policy_breakdown(record: dict) -> str:
 
 def summarize(records: list[dict], compared: int) -> dict:
     """Percentiles over turns 2..`compared` (the turns every phase ran: the same conversation, the session as
-    long); the first turn prefills the conversation's system prompt cold in every phase, and a turn OpenClaw
-    ended with an error has no whole reply (and no usage) to time."""
+    long); the first turn prefills the conversation's system prompt cold in every phase. A turn OpenClaw ended
+    with an error has no whole reply (and no usage) to time, but when its text had begun to stream, the person
+    saw its first token: it counts in the times to the first token."""
     measured = [r for r in records[1:compared] if not r["error"]]
-    out = {key: {"p50": round(percentile([r[key] for r in measured], 0.5), 3),
-                 "p95": round(percentile([r[key] for r in measured], 0.95), 3)}
-           for key in ("ttft_s", "total_s", "policy_ttft_s") if all(key in r for r in measured)}
+    started = [r for r in records[1:compared] if r.get("first_token", r["ttft_s"] < r["total_s"])]
+
+    def p50_p95(rows: list[dict], key: str) -> dict:
+        return {"p50": round(percentile([r[key] for r in rows], 0.5), 3),
+                "p95": round(percentile([r[key] for r in rows], 0.95), 3)}
+
+    out = {"ttft_s": p50_p95(started, "ttft_s"), "total_s": p50_p95(measured, "total_s")}
+    if all("policy_ttft_s" in r for r in started):
+        out["policy_ttft_s"] = p50_p95(started, "policy_ttft_s")
     first_prompt = records[0]["prompt_tokens"] or 0
-    cold = [r["turn"] for r in measured if r["cached_tokens"] < first_prompt - WARM_SLACK]
-    out.update(turns=len(records), compared=compared, errors=[r["turn"] for r in records if r["error"]], swaps=sum(r["swapped_before"] for r in records[:compared]), cold_turns=cold,
+    cold = [r["turn"] for r in measured if r["cached_tokens"] < first_prompt - WARM_SLACK]  # usage: whole replies
+    out.update(turns=len(records), compared=compared, errors=[r["turn"] for r in records if r["error"]],
+               swaps=sum(r["swapped_before"] for r in records[:compared]), cold_turns=cold,
                after_swap=[{k: r[k] for k in ("turn", "version", "ttft_s", "cached_tokens", "prompt_tokens")}
                            for r in records[:compared] if r["swapped_before"]],
                # the slowest turns (at or above the phase's p90 time to first token) and every turn after a swap,
                # with where their time in the policy went
                slowest=[{"turn": r["turn"], "ttft_s": r["ttft_s"], "after_swap": r["swapped_before"],
-                         "policy": policy_breakdown(r)} for r in measured
-                        if r["swapped_before"] or r["ttft_s"] >= percentile([m["ttft_s"] for m in measured], 0.9)])
+                         "policy": policy_breakdown(r)} for r in started
+                        if r["swapped_before"] or r["ttft_s"] >= percentile([m["ttft_s"] for m in started], 0.9)])
     return out
 
 
@@ -310,10 +319,16 @@ def main() -> None:
     parser.add_argument("--compare-nice", action="store_true",
                         help="a third phase, training on with the trainer at nice 19 alone (policy.trainer_idle=false)")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
+    parser.add_argument("--from-records", default=None, metavar="TURNS_JSON",
+                        help="report a finished run's records (its work dir's turns.json) instead of running")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     if args.turns < 2 or args.max_turns < args.turns:
         raise SystemExit(f"--turns={args.turns} must be >= 2 and --max-turns={args.max_turns} >= it")
+    if args.from_records:
+        records = Path(args.from_records)
+        report(args, json.loads(records.read_text()), records.parent, None)
+        return
     from openclaw_jax.envs.openclaw_agent import missing_install
     if missing_install():
         raise SystemExit("OpenClaw is not installed: " + "; ".join(missing_install()))
@@ -330,16 +345,22 @@ def main() -> None:
     if args.compare_nice:
         phases["on-nice"] = run_phase("on-nice", args, [*on, "policy.trainer_idle=false"], work, args.turns,
                                       args.min_swaps)
+    (work / "turns.json").write_text(json.dumps(phases, indent=1))
+    report(args, phases, work, time.time() - started)
+
+
+def report(args, phases: dict, work: Path, seconds: float | None) -> None:
+    """The phases' summaries, their p95 ratios and the slowest turns' breakdown; with --json, one JSON line."""
     # training on runs on until it saw --min-swaps swaps, into a longer session (longer prompts, larger cache
     # buckets): only the turns all phases ran are compared
     compared = min(len(p["turns"]) for p in phases.values())
     summary = {name: summarize(p["turns"], compared) | {"samples": p["samples"]} for name, p in phases.items()}
     ratios = {name: summary[name]["ttft_s"]["p95"] / summary["off"]["ttft_s"]["p95"] for name in phases if name != "off"}
     load = os.getloadavg()
+    took = f"{seconds:.0f} s" if seconds is not None else "from its records"
     print(f"\nTurns through OpenClaw ({Path(args.config).name}, policy.mode={args.policy_mode}), think time "
-          f"{args.think_s:.0f} s, "
-          f"maxTokens {args.max_tokens}; {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} "
-          f"{load[2]:.2f}; {time.time() - started:.0f} s; work dir {work}")
+          f"{args.think_s:.0f} s, maxTokens {args.max_tokens}; {os.cpu_count()} cores, load average {load[0]:.2f} "
+          f"{load[1]:.2f} {load[2]:.2f}; {took}; work dir {work}; turns 2-{compared} compared")
     print(f"{'training':>8} | {'turns':>5} {'swaps':>5} {'samples':>7} | {'TTFT p50':>8} {'p95':>6} | "
           f"{'reply p50':>9} {'p95':>6} | cold turns after the first | OpenClaw errors")
     for name, s in summary.items():
@@ -362,7 +383,6 @@ def main() -> None:
         for r in s["slowest"]:
             print(f"  turn {r['turn']}{' (after a swap)' if r['after_swap'] else ''}: TTFT {r['ttft_s']:.2f} s; "
                   f"{r['policy']}")
-    (work / "turns.json").write_text(json.dumps(phases, indent=1))
     if args.json:
         print(json.dumps({f"ttft_p95_{name.replace('-', '_')}_over_off": round(r, 3) for name, r in ratios.items()}
                          | summary))

@@ -43,9 +43,9 @@ from openclaw_jax.inference.types import GenerationSpec, SamplingParams, Sequenc
 logger = logging.getLogger(__name__)
 
 # a prefix is recomputed this many tokens at a time (whole blocks), waiting for serving to be idle before each
-# chunk. One cold prefill per prefix: on 2 AVX2 cores SmolLM2-135M recomputed a 4 k-token prefix in 18.5 s as one cold prefill, in
-# 38.5 s as extends of 512 tokens and 40.8 s of 2048 (an extend attends over the padded prefix and runs slower
-# per token), and the fewer seconds the refresh takes, the fewer turns meet it
+# chunk: one cold prefill per prefix. On 2 AVX2 cores SmolLM2-135M recomputed a 4 k-token prefix in 18.5 s as one
+# cold prefill, in 38.5 s as extends of 512 tokens and 40.8 s of 2048 (an extend attends over the padded prefix
+# and runs slower per token; bench/prefix_refresh.py), and the fewer seconds it takes, the fewer turns meet it
 REFRESH_CHUNK_TOKENS = 8192
 # after the refresh, passes over the prefixes the old weights cached meanwhile (each pass is a turn or two of tokens)
 CATCH_UP_PASSES = 3
@@ -187,8 +187,8 @@ class WeightSwaps:
             paths = self._call_in_engine(hot, timeout=None)
             if not paths:
                 return None
-            logger.info("new weights: recomputing %d hot prefixes (%d tokens with shared parts) before they serve",
-                        len(paths), sum(map(len, paths)))
+            logger.info("new weights: recomputing %d hot prefixes (the longest %d tokens) before they serve",
+                        len(paths), max(map(len, paths)))
             fresh = new_prefix_cache(self._prefix, cfg.prefix_cache_bytes, self._kv_bytes_per_token)
             done = None
             # the turns served (on the old weights) while a pass ran cached prefixes the pass did not see: the
