@@ -203,7 +203,7 @@ class PolicyConfig:
     # many tokens and entries, are recomputed with the new weights before they serve; 0: the swap empties it
     prefix_refresh_tokens: int = 8192
     prefix_refresh_entries: int = 8
-    prefix_refresh_wait_s: float = 10.0  # before each chunk of the refresh, wait this long at most for no request
+    prefix_refresh_wait_s: float = 10.0  # before each prefix the refresh recomputes, wait this long at most for no request
     # mode=process: the trainer's threads that run no Python (XLA's pools, where a step's arithmetic runs) in Linux's
     # SCHED_IDLE class as well: a core only when serving leaves one (cpu_priority.py; its Python threads share the
     # interpreter lock with the gateway and keep the nice value alone). Measured: docs/performance.md

@@ -62,7 +62,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefix-refresh-entries", type=int, default=8,
                     help="at most this many prefixes (sessions) recomputed per weight update (0: none)")
     ap.add_argument("--prefix-refresh-wait", type=float, default=10.0,
-                    help="seconds the refresh waits at most, before each 512-token chunk, for no request to run")
+                    help="seconds the refresh waits at most, before each prefix it recomputes, for no request to run")
     lora = ap.add_argument_group("per-person LoRA adapters (a request names its adapter in lora_path)")
     lora.add_argument("--lora-slots", type=int, default=0,
                       help="adapters resident at once, least recently used evicted (0: serve the base model only)")

@@ -82,8 +82,8 @@ class EngineConfig:
     # the next turn of an active session reuses its prompt; 0 in either: the swap empties the cache
     prefix_refresh_tokens: int = 8192
     prefix_refresh_entries: int = 8
-    # the refresh goes chunk by chunk and waits before each for up to this long for no request to be queued
-    # or running: a person's turn competes with at most one chunk of it
+    # before each prefix (and each catch-up pass) it recomputes, the refresh waits up to this long for no request
+    # to be queued or running: it takes the gaps between a person's turns
     prefix_refresh_wait_s: float = 10.0
     # many people's LoRA adapters served at once (adapters.py): this many resident adapter slots (0: off,
     # the engine serves the base model only), each adapter zero-padded to lora_max_rank on lora_targets;
