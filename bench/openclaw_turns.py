@@ -83,7 +83,7 @@ GATEWAY_TURN = re.compile(r"streamed a main turn: \d+ prompt tokens \((\d+) cach
 # the policy server's own records (its log, `policy.log` in the run dir): each finished request's queue wait and
 # prefill, the first call of each compiled shape, and the steps of a weight swap
 POLICY_REQUEST = re.compile(r"request \S+: (\d+) prompt tokens \((\d+) cached\), queued ([\d.]+) s, "
-                            r"prefill to first token ([\d.]+) s, (\d+) tokens out in ([\d.]+) s")
+                            r"prefill to first token ([\d.]+) s")
 POLICY_EVENT = re.compile(r"(first call of this shape|weight update: |new weights: recomputing|weights swapped)")
 WARM_SLACK = 256  # tokens: the first turn's prompt less a few partial blocks still holds the system prompt
 
@@ -279,6 +279,7 @@ def summarize(records: list[dict], compared: int) -> dict:
     out = {"ttft_s": p50_p95(started, "ttft_s"), "total_s": p50_p95(measured, "total_s")}
     if all("policy_ttft_s" in r for r in started):
         out["policy_ttft_s"] = p50_p95(started, "policy_ttft_s")
+    slow = percentile([r["ttft_s"] for r in started], 0.9)
     first_prompt = records[0]["prompt_tokens"] or 0
     cold = [r["turn"] for r in measured if r["cached_tokens"] < first_prompt - WARM_SLACK]  # usage: whole replies
     out.update(turns=len(records), compared=compared, errors=[r["turn"] for r in records if r["error"]],
@@ -289,7 +290,7 @@ def summarize(records: list[dict], compared: int) -> dict:
                # with where their time in the policy went
                slowest=[{"turn": r["turn"], "ttft_s": r["ttft_s"], "after_swap": r["swapped_before"],
                          "policy": policy_breakdown(r)} for r in started
-                        if r["swapped_before"] or r["ttft_s"] >= percentile([m["ttft_s"] for m in started], 0.9)])
+                        if r["swapped_before"] or r["ttft_s"] >= slow])
     return out
 
 

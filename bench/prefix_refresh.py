@@ -4,9 +4,9 @@ At a swap the policy server recomputes each active session's cached prefix under
 (`inference/weight_swap.refresh_prefixes`) while it serves, so a person's turn that arrives meanwhile shares the
 CPU with it: the fewer seconds the recompute takes, the fewer turns meet it. This times the recompute of one
 OpenClaw-shaped prefix (`--length` tokens cut from OpenClaw's recorded system prompt, as `bench/prefill.py`) by
-the engine's own prefill and extend steps (SmolLM2-135M, float32, the live config's buckets) with
-`REFRESH_CHUNK_TOKENS` set to each `--chunks` size (one at or above the length: one cold prefill), every size
-compiled first, then timed in turn (`--repeats` rounds, medians). Reported: seconds, tokens/s, and each size's
+the engine's own prefill and extend steps (SmolLM2-135M, float32, the live config's buckets) in chunks of
+each `--chunks` size (`refresh_prefixes(chunk_tokens=...)`, the server's being `REFRESH_CHUNK_TOKENS`; one at
+or above the length: one cold prefill), every size compiled first, then timed in turn (`--repeats` rounds, medians). Reported: seconds, tokens/s, and each size's
 time over the one-call recompute's.
 
     python bench/prefix_refresh.py [--length 4032] [--chunks 8192 2048 512] [--repeats 3] [--json]
@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=4032, help="prefix tokens (whole 64-token blocks are kept)")
     parser.add_argument("--chunks", type=int, nargs="+", default=[8192, 2048, 512],
-                        help="REFRESH_CHUNK_TOKENS values; the first is the reference")
+                        help="chunk sizes in tokens; the first is the reference")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     args = parser.parse_args()
@@ -53,10 +53,10 @@ def main() -> None:
 
     def refresh(chunk: int):
         def run() -> int:
-            weight_swap.REFRESH_CHUNK_TOKENS = chunk
             fresh = weight_swap.new_prefix_cache(engine._prefix, config.prefix_cache_bytes, engine._kv_bytes_per_token)
             done = weight_swap.refresh_prefixes([ids], graphdef=engine._graphdef, state=engine._state, config=config,
-                                                vocab_size=engine.vocab_size, fresh=fresh, generation=-1)
+                                                vocab_size=engine.vocab_size, fresh=fresh, generation=-1,
+                                                chunk_tokens=chunk)
             assert done.tokens == len(ids) and fresh.contains(ids) == len(ids)
             return done.tokens
         return run

@@ -101,20 +101,20 @@ def new_prefix_cache(like: PrefixCache, budget_bytes: int, kv_bytes_per_token: i
 
 
 def refresh_prefixes(prefixes: Sequence[Sequence[int]], *, graphdef: Any, state: Any, config: EngineConfig,
-                     vocab_size: int, fresh: PrefixCache, generation: int,
+                     vocab_size: int, fresh: PrefixCache, generation: int, chunk_tokens: int = REFRESH_CHUNK_TOKENS,
                      before_chunk: Callable[[], None] = lambda: None) -> Refreshed:
     """Prefill `prefixes` (token ids, whole blocks) with `state` into the empty cache `fresh`, whose
     entries then belong to weights generation `generation`. Runs on the caller's thread: the jitted
     steps are the engine's, the cache is not shared with the engine thread until it is installed.
 
-    Each prefix is prefilled `REFRESH_CHUNK_TOKENS` at a time (the first chunk cold, the next ones
+    Each prefix is prefilled `chunk_tokens` at a time (the first chunk cold, the next ones
     extending what is already in `fresh`), and `before_chunk()` runs before each chunk: the engine waits
     there for serving to be idle, so that a person's turn competes with at most one chunk."""
     start = time.perf_counter()
     fresh.sync(generation)
     prefiller = Prefiller(graphdef, config, vocab_size, fresh)
     tokens, waited, recomputed = 0, 0.0, 0
-    step = max(REFRESH_CHUNK_TOKENS // fresh.block, 1) * fresh.block
+    step = max(chunk_tokens // fresh.block, 1) * fresh.block
     for ids in prefixes:
         recomputed += fresh.contains(ids) < len(ids)
         for end in list(range(step, len(ids), step)) + [len(ids)]:
@@ -190,17 +190,21 @@ class WeightSwaps:
             logger.info("new weights: recomputing %d hot prefixes (the longest %d tokens) before they serve",
                         len(paths), max(map(len, paths)))
             fresh = new_prefix_cache(self._prefix, cfg.prefix_cache_bytes, self._kv_bytes_per_token)
-            done = None
+
+            def refresh(prefixes: list[list[int]]) -> Refreshed:
+                return refresh_prefixes(prefixes, graphdef=self._graphdef, state=state, config=cfg,
+                                        vocab_size=self.vocab_size, fresh=fresh, generation=-1,
+                                        chunk_tokens=REFRESH_CHUNK_TOKENS,
+                                        before_chunk=lambda: self._wait_until_idle(cfg.prefix_refresh_wait_s))
+
+            done = refresh(paths)
             # the turns served (on the old weights) while a pass ran cached prefixes the pass did not see: the
             # next turn of such a session would extend over a whole turn more, so catch up on them, a few times
-            for _ in range(CATCH_UP_PASSES + 1):
-                more = refresh_prefixes(paths, graphdef=self._graphdef, state=state, config=cfg,
-                                        vocab_size=self.vocab_size, fresh=fresh, generation=-1,
-                                        before_chunk=lambda: self._wait_until_idle(cfg.prefix_refresh_wait_s))
-                done = more if done is None else done.plus(more)
-                paths = self._call_in_engine(hot, timeout=None)
-                if all(fresh.contains(p) == len(p) for p in paths):
+            for _ in range(CATCH_UP_PASSES):
+                missing = [p for p in self._call_in_engine(hot, timeout=None) if fresh.contains(p) < len(p)]
+                if not missing:
                     break
+                done = done.plus(refresh(missing))
             return done
         except Exception:  # the swap itself must not fail for it
             logger.exception("recomputing the hot prefixes under the new weights failed; the swap empties the "
