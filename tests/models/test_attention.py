@@ -284,6 +284,25 @@ def test_cached_attention_equals_the_reference_short_and_long_calls(L):
         np.testing.assert_allclose(out[b], ref[0], atol=2e-5)
 
 
+@pytest.mark.parametrize("start", [(70, 45), (96, 0), (33, 33)])
+def test_a_long_call_reads_the_cached_prefix_in_blocks(monkeypatch, start):
+    """A long call over a prefix of several key blocks (blocks before every row's start read unmasked, the
+    rest masked per row; a row with nothing cached sees only its own keys; the cache's stale tail past the
+    longest start never counts) equals the float64 loop over [the row's cached keys; the call's keys]."""
+    monkeypatch.setattr(A, "PREFIX_BLOCK", 16)
+    rng = np.random.default_rng(11)
+    B, N, K, D, S, L = 2, 6, 2, 8, 100, A.CACHED_BLOCKWISE_MIN + 5
+    q, k_new, v_new = (rng.standard_normal((B, L, h, D)).astype(np.float32) for h in (N, K, K))
+    cache_k, cache_v = (rng.standard_normal((B, S, K, D)).astype(np.float32) * 3 for _ in range(2))
+    start = np.array(start)
+    positions = (start[:, None] + np.arange(L)[None, :]).astype(np.int32)
+    out = np.asarray(jax.jit(A.cached_attention)(q, k_new, v_new, cache_k, cache_v, positions))
+    for b in range(B):
+        keys = np.concatenate([cache_k[b, :start[b]], k_new[b]])[None]
+        values = np.concatenate([cache_v[b, :start[b]], v_new[b]])[None]
+        np.testing.assert_allclose(out[b], _np_attention(q[b:b + 1], keys, values, True, None, None)[0], atol=2e-5)
+
+
 @pytest.mark.parametrize("L", [12, A.CACHED_BLOCKWISE_MIN + 9])
 def test_cached_attention_with_segments_is_each_continuation_alone(L):
     """Several continuations of a row's cached prefix packed into one call (segments 1, 2, ... and a
