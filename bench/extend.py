@@ -98,7 +98,6 @@ def _sides(pre, hf, torch, ids: list[int], prefix_len: int) -> dict:
 
     model = pre.model
     graphdef, state = nnx.split(model)
-    cfg = model.cfg
     new = len(ids) - prefix_len
     ln = extend_bucket(new, EngineConfig(min_prompt_bucket=512))
     block = 64
