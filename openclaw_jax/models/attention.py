@@ -361,7 +361,7 @@ def causal_forward_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block:
 
     `prefix = (cache_k, cache_v, starts)`: the call continues a cached prefix (an extend prefill); every
     query of row b also sees cache slots j < starts[b] of `cache_k/v [B, S, K, D]` (read in blocks of
-    `PREFIX_BLOCK`, only as many as the longest row needs; the rest of the cache is never read).
+    `PREFIX_BLOCK`, only as many as the longest row needs; blocks past every row's start are not computed).
 
     Per kv head the query rows are (position, group) pairs, `[B*K, L*G, D]`, so each score block is one
     plain batched matmul `[B*K, block*G, block]` and softmax runs over its contiguous last axis. Query
@@ -474,8 +474,9 @@ def cached_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: 
     cache's length), when both are of the same segment. Dense over the cache (decode queries are short); the
     masks are comparisons of positions that XLA fuses into the score select. A long call (at least
     `CACHED_BLOCKWISE_MIN` queries) holds no `[L, S]` float32 scores: a prompt continuing a cached prefix
-    (an extend prefill) runs `causal_forward_attention` over the cache as its prefix (forward only; 1.8-3x
-    less time than the blockwise kernel at 128 queries over 4096 cached tokens on a 2-core AVX2 CPU), the
+    (an extend prefill) runs `causal_forward_attention` over the cache as its prefix (forward only; the whole
+    extend of 128-512 tokens over 2-4 k cached took 1.7-2.4x less time than with the blockwise kernel on a
+    2-core AVX2 CPU, `bench/extend.py`), the
     shared-prefix teacher's segmented candidates the blockwise kernel over [cache; own keys] (the same
     visibility: cache slots masked, own keys causal).
     """
