@@ -314,7 +314,8 @@ def main() -> None:
     # its reserve), and OpenClaw then spends minutes compacting the session on 2 cores
     parser.add_argument("--max-tokens", type=int, default=64, help="OpenClaw's maxTokens for the model")
     parser.add_argument("--warmup-turns", type=int, default=6, help="turns of the warm-up pass (0: none)")
-    parser.add_argument("--work-dir", default=None, help="run dirs, logs and OpenClaw state (default: a temp dir)")
+    parser.add_argument("--work-dir", default=None,
+                        help="run dirs, logs and OpenClaw state, new or empty (default: a temp dir)")
     parser.add_argument("--keep-runs", action="store_true",
                         help="keep each phase's checkpoints and weights (by default only logs and records are kept)")
     parser.add_argument("--compare-nice", action="store_true",
@@ -334,6 +335,12 @@ def main() -> None:
     if missing_install():
         raise SystemExit("OpenClaw is not installed: " + "; ".join(missing_install()))
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="openclaw_turns_"))
+    # OpenClaw's state of an earlier run would continue its sessions: every phase must start a new conversation
+    earlier = [p for name in ("warmup", "off", "on", "on-nice") for p in (work / name, work / f"{name}-openclaw")
+               if p.exists()]
+    if earlier:
+        raise SystemExit(f"--work-dir {work} holds an earlier run ({earlier[0]}), whose OpenClaw sessions this run "
+                         "would continue; give a new or empty directory")
     work.mkdir(parents=True, exist_ok=True)
     mode = [f"policy.mode={args.policy_mode}"]
     off = [*mode, f"trainer.samples_per_step={10 * args.max_turns}", *args.set]

@@ -43,10 +43,11 @@ from openclaw_jax.inference.types import GenerationSpec, SamplingParams, Sequenc
 logger = logging.getLogger(__name__)
 
 # a prefix is recomputed this many tokens at a time (whole blocks), waiting for serving to be idle before each
-# chunk: one cold prefill per prefix. On 2 AVX2 cores SmolLM2-135M recomputed a 4 k-token prefix in 18.5 s as one
-# cold prefill, in 38.5 s as extends of 512 tokens and 40.8 s of 2048 (an extend attends over the padded prefix
-# and runs slower per token; bench/prefix_refresh.py), and the fewer seconds it takes, the fewer turns meet it
-REFRESH_CHUNK_TOKENS = 8192
+# chunk, so a person's turn shares the CPU with the rest of one chunk at most (about 2 s on 2 AVX2 cores), not with
+# a whole cold prefill of the prefix (15 s at 4 k tokens). On those cores SmolLM2-135M recomputed a 4 k-token
+# prefix in 15.4 s as one cold prefill and in 1.17x that as extends of 512 tokens (bench/prefix_refresh.py; 2.08x
+# while the extend's attention ran the blockwise kernel over the padded prefix)
+REFRESH_CHUNK_TOKENS = 512
 # after the refresh, passes over the prefixes the old weights cached meanwhile (each pass is a turn or two of tokens)
 CATCH_UP_PASSES = 3
 
