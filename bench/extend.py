@@ -99,9 +99,12 @@ def _sides(pre, hf, torch, ids: list[int], prefix_len: int) -> dict:
     model = pre.model
     graphdef, state = nnx.split(model)
     new = len(ids) - prefix_len
-    ln = extend_bucket(new, EngineConfig(min_prompt_bucket=512))
-    block = 64
-    # the prefix's K/V as a block pool [layers, blocks, 64, K, D], from one cold prefill
+    config = EngineConfig(min_prompt_bucket=512)  # the live config's prompt floor
+    ln = extend_bucket(new, config)
+    block = config.prefix_cache_block
+    if prefix_len % block:
+        raise SystemExit(f"--prefixes {prefix_len}: the prefix cache holds whole {block}-token blocks")
+    # the prefix's K/V as a block pool [layers, blocks, block, K, D], from one cold prefill
     lengths = np.array([prefix_len], np.int32)
     sampling = (np.zeros(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32), np.zeros(1, np.float32),
                 jax.random.split(jax.random.key(0), 1), np.zeros((1, 0), np.int32))
