@@ -72,6 +72,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     lora.add_argument("--lora-dir", default=None,
                       help="directory of adapters, one per person in PEFT's layout: DIR/<person>/adapter_config.json + "
                            "adapter_model.safetensors")
+    ap.add_argument("--no-compile-ahead", dest="compile_ahead", action="store_false",
+                    help="do not compile, in idle time, the prefill / extend shapes the next turns and the next weight "
+                         "swap's recompute will call (they then compile when first called)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--compile-cache-dir", default=AUTO,
                     help="JAX's persistent compilation cache ('auto': ~/.cache/openclaw_jax/xla; '': off; "
@@ -181,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         prefix_refresh_tokens=args.prefix_refresh_tokens,
                                         prefix_refresh_entries=args.prefix_refresh_entries,
                                         prefix_refresh_wait_s=args.prefix_refresh_wait,
+                                        compile_ahead=args.compile_ahead,
                                         lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank,
                                         lora_targets=args.lora_targets,
                                         lora_dir=args.lora_dir))

@@ -61,12 +61,13 @@ from flax import nnx
 
 from openclaw_jax.inference import adapters, stops
 from openclaw_jax.inference.adapter_serving import AdapterServing
+from openclaw_jax.inference.compile_ahead import CompileAhead
 from openclaw_jax.inference.decode_layers import FUSED, fuse_layers
 from openclaw_jax.inference.kernels import (decode_loop_fused_jit, decode_loop_jit, extend_jit, gather_prefix_jit,
                                             grow_cache_jit, insert_jit, prefill_jit, split_layers, store_blocks_jit,
                                             zeros_cache_jit)
 from openclaw_jax.inference.memory import kv_bytes_per_token
-from openclaw_jax.inference.prefill import Prefiller
+from openclaw_jax.inference.prefill import Prefiller, ShapeLog
 from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (Batch, EngineConfig, RequestHandle, Seq, bucket, check_spec,
                                               grown_batch_shape, new_seq, plan_batch, sampling_arrays)
@@ -80,9 +81,9 @@ class EngineError(RuntimeError):
     """The engine could not run a request (shut down, internal failure)."""
 
 
-class Engine(WeightSwaps, AdapterServing):
+class Engine(WeightSwaps, AdapterServing, CompileAhead):
     """Owns the params and the scheduler thread; see the module docstring (weight swaps: `WeightSwaps`,
-    per-row LoRA adapters: `AdapterServing`)."""
+    per-row LoRA adapters: `AdapterServing`, shapes compiled in idle time: `CompileAhead`)."""
 
     def __init__(self, model: nnx.Module, tokenizer: Any, *, context_length: int | None = None,
                  config: EngineConfig | None = None, weight_version: str = "default", seed: int | None = None,
@@ -111,8 +112,10 @@ class Engine(WeightSwaps, AdapterServing):
                                    slot_shape=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), dtype=cache_dtype)
         # the steps' graphdef: the model's, or with adapters on, its LoRA form fed per-row adapters
         steps_graphdef = self._init_adapters(cfg, self._graphdef)
+        self._shapes = ShapeLog()  # the prefill / extend shapes run or compiled ahead
         self._prefiller = Prefiller(steps_graphdef, self.config, self.vocab_size, self._prefix,
-                                    row_state=None if self._adapters is None else self._group_params)
+                                    row_state=None if self._adapters is None else self._group_params,
+                                    shapes=self._shapes)
 
         # Module-level jitted steps with the graphdef as a static argument: engines serving the
         # same architecture (weight reloads, several engines in one process) share compilations.
@@ -135,6 +138,7 @@ class Engine(WeightSwaps, AdapterServing):
         self._steps = 0
         self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
         self._thread.start()
+        self._start_compile_ahead()
 
     # ------------------------------------------------------------------ public API
     @property

@@ -20,28 +20,99 @@ before that position: its input log-probs are computed, never copied.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
 
-from openclaw_jax.inference.kernels import extend_jit, prefill_jit
+from openclaw_jax.inference.kernels import extend_jit, gather_prefix_jit, prefill_jit
 from openclaw_jax.inference.prefix_cache import PrefixCache
 from openclaw_jax.inference.scheduler import (EngineConfig, Seq, bucket, extend_bucket, extend_groups,
                                               prefill_groups, prompt_bucket, sampling_arrays)
 
 logger = logging.getLogger(__name__)
 
+# how many of the latest served extends' shapes `ShapeLog.recent_extends` remembers (a compile-ahead guesses the
+# next turns' new-token buckets from them)
+RECENT_EXTENDS = 4
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """What one prefill or extend call compiles for: its rows, its padded tokens (the prompt bucket, or the new
+    tokens' bucket of an extend), its cached blocks (extends only) and its static output widths."""
+
+    extend: bool
+    rows: int
+    tokens: int
+    blocks: int = 0
+    n_top: int = 0
+    k_ids: int = 0
+    want_input: bool = False
+
+    def __str__(self) -> str:
+        tail = f" over {self.blocks} cached blocks" if self.extend else ""
+        return f"{'extend' if self.extend else 'prefill'} {self.rows} x {self.tokens} tokens{tail}"
+
+
+class ShapeLog:
+    """The call shapes this engine has run or compiled ahead (thread-safe; shared by the engine's prefiller,
+    the weight swap's refresh and the compile-ahead thread), and the latest served extends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: set[CallShape] = set()   # run or compiled ahead
+        self._ran: set[CallShape] = set()
+        self._compiled_ahead: set[CallShape] = set()
+        self._served_extends: collections.deque[CallShape] = collections.deque(maxlen=RECENT_EXTENDS)
+        self.ahead_hits = 0  # first calls of a shape whose program was compiled ahead
+
+    def ran(self, shape: CallShape, served: bool) -> bool:
+        """Record a call; returns whether it is the first call of a shape compiled ahead."""
+        with self._lock:
+            first = shape not in self._ran
+            self._ran.add(shape)
+            self._known.add(shape)
+            if served and shape.extend:
+                self._served_extends.append(shape)
+            hit = first and shape in self._compiled_ahead
+            self.ahead_hits += hit
+            return hit
+
+    def compiled_ahead(self, shape: CallShape, done: bool = True) -> None:
+        """Record a compilation ahead (done=False: one that could not be made; not tried again either)."""
+        with self._lock:
+            self._known.add(shape)
+            if done:
+                self._compiled_ahead.add(shape)
+
+    def known(self, shape: CallShape) -> bool:
+        with self._lock:
+            return shape in self._known
+
+    def recent_extends(self) -> list[CallShape]:
+        """The latest served extends' shapes, newest first, each once."""
+        with self._lock:
+            return list(dict.fromkeys(reversed(self._served_extends)))
+
 
 class Prefiller:
     """Runs the prefills of admitted sequences (engine thread only)."""
 
     def __init__(self, graphdef: Any, config: EngineConfig, vocab_size: int, prefix: PrefixCache,
-                 row_state: Callable[[Any, list[Seq], int], Any] | None = None):
+                 row_state: Callable[[Any, list[Seq], int], Any] | None = None, shapes: ShapeLog | None = None,
+                 served: bool = True):
         self.config = config
+        self.graphdef = graphdef
+        # the shapes run, recorded for compile-ahead (`compile_ahead.py`); served=False: a weight swap's refresh
+        self.shapes = shapes if shapes is not None else ShapeLog()
+        self.served = served
         # (state, group, rows) -> the params for that group's call: per-row adapters (adapters.py)
         self.row_state = row_state
         self.vocab_size = vocab_size
@@ -95,11 +166,12 @@ class Prefiller:
                     cache, host, shape = self._run_extend(group, state, paths)
                 else:
                     cache, host, shape = self._run_prefill(group, state)
+                ahead = self.shapes.ran(shape, self.served)
                 if kernel._cache_size() > compiled:
                     # a shape this process had not run: whoever waits on it waits for the compilation (or the
                     # load from the compilation cache), which this line makes visible in the server's log
-                    logger.info("%s %s: first call of this shape, %.1f s (compiled, or loaded from the compilation "
-                                "cache)", "extend" if is_extend else "prefill", shape, time.time() - started)
+                    logger.info("%s: first call of this shape, %.1f s (%s)", shape, time.time() - started,
+                                "compiled ahead" if ahead else "compiled, or loaded from the compilation cache")
                 if pc.enabled:
                     self._store(group, cache, paths, protect)
                 for seq in group:
@@ -148,7 +220,7 @@ class Prefiller:
             state = self.row_state(state, group, b)
         out = self._prefill(state, ids, lengths, *sampling, **static)
         cache = out.pop("cache")
-        return cache, jax.device_get(out), f"{b} x {lp_len} tokens"
+        return cache, jax.device_get(out), CallShape(False, b, lp_len, 0, **static)
 
     def _run_extend(self, group: list[Seq], state: Any, paths: dict[int, list]):
         b = bucket(len(group), self.config.prefill_row_bucket)
@@ -173,7 +245,31 @@ class Prefiller:
             state = self.row_state(state, group, b)
         out = self._extend(state, cache, ids, starts, lengths, *sampling, **static)
         cache = out.pop("cache")
-        return cache, jax.device_get(out), f"{b} x {ln} tokens over {nb} cached blocks"
+        return cache, jax.device_get(out), CallShape(True, b, ln, nb, **static)
+
+    def compile(self, shape: CallShape, state: Any) -> bool:
+        """Compile the program a call of `shape` runs, without running it (JAX keeps it in its in-process
+        cache, where that call then finds it). False when it cannot be known ahead: per-row adapters, or an
+        extend before the prefix cache has a pool."""
+        if self.row_state is not None or (shape.extend and self.prefix.pool is None):
+            return False
+        b = shape.rows
+        sampling, _ = self._arrays([], b)
+        sampling = (*sampling[:5], np.zeros((b, max(shape.k_ids, 1)), np.int32))
+        static = dict(n_top=shape.n_top, k_ids=shape.k_ids, want_input=shape.want_input)
+        ids, lengths = np.zeros((b, shape.tokens), np.int32), np.ones((b,), np.int32)
+        if not shape.extend:
+            prefill_jit.lower(self.graphdef, state, ids, lengths, *sampling, **static).compile()
+            return True
+        pool, tables = self.prefix.pool, np.zeros((b, shape.blocks), np.int32)
+        cache = jax.eval_shape(lambda p, t: gather_prefix_jit(p, t, shape.tokens), pool, tables)
+        # the call's cache is the gather's output, committed to a device when the pool is (a placement that
+        # differs from the call's would compile a program the call never finds)
+        sharding = pool.k.sharding if pool.k.committed else None
+        cache = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), cache)
+        extend_jit.lower(self.graphdef, state, cache, ids, np.zeros((b,), np.int32), lengths, *sampling,
+                         **static).compile()
+        return True
 
     def _store(self, group: list[Seq], cache: Any, paths: dict[int, list], protect: set) -> None:
         """Copy the prompts' whole blocks that are not cached yet into the pool."""

@@ -85,6 +85,9 @@ class EngineConfig:
     # before each prefix (and each catch-up pass) it recomputes, the refresh waits up to this long for no request
     # to be queued or running: it takes the gaps between a person's turns
     prefix_refresh_wait_s: float = 10.0
+    # in idle time, compile the prefill / extend shapes the sessions' next turns and the next recompute will call
+    # (compile_ahead.py), so that neither a turn nor the recompute meets a first call
+    compile_ahead: bool = True
     # many people's LoRA adapters served at once (adapters.py): this many resident adapter slots (0: off,
     # the engine serves the base model only), each adapter zero-padded to lora_max_rank on lora_targets;
     # adapters are read by name (a request's lora_path) from lora_dir/<name>/ or handed in as arrays.

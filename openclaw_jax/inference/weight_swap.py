@@ -14,8 +14,9 @@ then installs the weights and the fresh cache together between two steps (`Engin
 
 The fresh entries are computed by the engine's own prefill and extend steps (`prefill.Prefiller`) from
 the prefixes' token ids, one prefix after another (newest first, so later ones extend the shared
-system prompt instead of recomputing it) and `REFRESH_CHUNK_TOKENS` at a time, each chunk waiting until
-no request is queued or running (`EngineConfig.prefix_refresh_wait_s` at most): the refresh takes the
+system prompt instead of recomputing it) and `REFRESH_CHUNK_TOKENS` at a time (the remainder first, so
+every later chunk has that length and the calls' shapes recur from swap to swap: `refresh_shapes` lists
+them, for the engine to compile ahead), each chunk waiting until no request is queued or running (`EngineConfig.prefix_refresh_wait_s` at most): the refresh takes the
 gaps between a person's turns, and the new weights wait for it rather than serving. A hit after the
 swap is exactly what a cold prefill under the new weights followed by a hit would give, within float
 rounding. A turn served on the old weights while the refresh ran cached prefixes the refresh had not
@@ -35,9 +36,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from openclaw_jax.inference.prefill import Prefiller
+from openclaw_jax.inference.prefill import CallShape, Prefiller, ShapeLog
 from openclaw_jax.inference.prefix_cache import PrefixCache
-from openclaw_jax.inference.scheduler import EngineConfig, RequestHandle, Seq
+from openclaw_jax.inference.scheduler import EngineConfig, RequestHandle, Seq, bucket, extend_bucket, prompt_bucket
 from openclaw_jax.inference.types import GenerationSpec, SamplingParams, SequenceOutput
 
 logger = logging.getLogger(__name__)
@@ -101,26 +102,61 @@ def new_prefix_cache(like: PrefixCache, budget_bytes: int, kv_bytes_per_token: i
                        slot_shape=like._slot_shape, dtype=like._dtype)
 
 
+def chunk_ends(length: int, done: int, step: int) -> list[int]:
+    """Where the recompute of a prefix of `length` tokens, whose first `done` are fresh already, ends its
+    chunks: the remainder first, then whole `step`s (every chunk after the first one has the same length)."""
+    first = (length - done) % step or step
+    return list(range(done + first, length + 1, step)) if length > done else []
+
+
+def refresh_step(chunk_tokens: int, block: int) -> int:
+    return max(chunk_tokens // block, 1) * block
+
+
+def refresh_shapes(prefixes: Sequence[Sequence[int]], config: EngineConfig, block: int,
+                   chunk_tokens: int = REFRESH_CHUNK_TOKENS) -> list[CallShape]:
+    """The calls `refresh_prefixes` makes to recompute `prefixes` into an empty cache, in order: the same chunks
+    over a model of the fresh cache's contents (which blocks it holds), without the model."""
+    step = refresh_step(chunk_tokens, block)
+    fresh: set[tuple[int, int]] = set()   # (blocks, hash of the ids up to there) of every block recomputed
+    shapes: list[CallShape] = []
+    for ids in prefixes:
+        keys, chain = [], 0
+        for i in range(len(ids) // block):
+            chain = hash((chain, tuple(ids[i * block:(i + 1) * block])))
+            keys.append((i + 1, chain))
+        done = next((i for i, key in enumerate(keys) if key not in fresh), len(keys)) * block
+        for end in chunk_ends(len(ids), done, step):
+            if done == 0:
+                shapes.append(CallShape(False, bucket(1, config.prefill_row_bucket), prompt_bucket(end, config)))
+            else:
+                shapes.append(CallShape(True, bucket(1, config.prefill_row_bucket), extend_bucket(end - done, config),
+                                        bucket(done // block)))
+            fresh.update(keys[:end // block])
+            done = end
+    return shapes
+
+
 def refresh_prefixes(prefixes: Sequence[Sequence[int]], *, graphdef: Any, state: Any, config: EngineConfig,
                      vocab_size: int, fresh: PrefixCache, generation: int, chunk_tokens: int = REFRESH_CHUNK_TOKENS,
-                     before_chunk: Callable[[], None] = lambda: None) -> Refreshed:
+                     before_chunk: Callable[[], None] = lambda: None, shapes: ShapeLog | None = None) -> Refreshed:
     """Prefill `prefixes` (token ids, whole blocks) with `state` into the empty cache `fresh`, whose
     entries then belong to weights generation `generation`. Runs on the caller's thread: the jitted
     steps are the engine's, the cache is not shared with the engine thread until it is installed.
 
-    Each prefix is prefilled `chunk_tokens` at a time (the first chunk cold, the next ones
-    extending what is already in `fresh`), and `before_chunk()` runs before each chunk: the engine waits
-    there for serving to be idle, so that a person's turn competes with at most one chunk."""
+    Each prefix is prefilled in chunks (`chunk_ends`: the first one cold, the next ones extending what is
+    already in `fresh`), and `before_chunk()` runs before each chunk: the engine waits there for serving to
+    be idle, so that a person's turn competes with at most one chunk. `shapes`: the engine's record of the
+    call shapes run."""
     start = time.perf_counter()
     fresh.sync(generation)
-    prefiller = Prefiller(graphdef, config, vocab_size, fresh)
+    prefiller = Prefiller(graphdef, config, vocab_size, fresh, shapes=shapes, served=False)
     tokens, waited, recomputed = 0, 0.0, 0
-    step = max(chunk_tokens // fresh.block, 1) * fresh.block
+    step = refresh_step(chunk_tokens, fresh.block)
     for ids in prefixes:
-        recomputed += fresh.contains(ids) < len(ids)
-        for end in list(range(step, len(ids), step)) + [len(ids)]:
-            if fresh.contains(ids[:end]) == end:  # shared with a prefix recomputed before (or in an earlier pass)
-                continue
+        done = fresh.contains(ids)  # shared with a prefix recomputed before (or in an earlier pass)
+        recomputed += done < len(ids)
+        for end in chunk_ends(len(ids), done, step):
             wait_start = time.perf_counter()
             before_chunk()
             waited += time.perf_counter() - wait_start
@@ -195,7 +231,7 @@ class WeightSwaps:
             def refresh(prefixes: list[list[int]]) -> Refreshed:
                 return refresh_prefixes(prefixes, graphdef=self._graphdef, state=state, config=cfg,
                                         vocab_size=self.vocab_size, fresh=fresh, generation=-1,
-                                        chunk_tokens=REFRESH_CHUNK_TOKENS,
+                                        chunk_tokens=REFRESH_CHUNK_TOKENS, shapes=self._shapes,
                                         before_chunk=lambda: self._wait_until_idle(cfg.prefix_refresh_wait_s))
 
             done = refresh(paths)
@@ -211,6 +247,17 @@ class WeightSwaps:
             logger.exception("recomputing the hot prefixes under the new weights failed; the swap empties the "
                              "prefix cache instead")
             return None
+
+    def _next_refresh_shapes(self) -> list[CallShape]:
+        """(engine thread) The calls the next swap's recompute would make for the prefixes hot now, and for each
+        of them one chunk longer (its session's next turn)."""
+        cfg = self.config
+        if not (self._prefix.enabled and cfg.prefix_refresh_tokens > 0 and cfg.prefix_refresh_entries > 0):
+            return []
+        paths = self._prefix.hot_paths(cfg.prefix_refresh_tokens, cfg.prefix_refresh_entries)
+        step = refresh_step(REFRESH_CHUNK_TOKENS, self._prefix.block)
+        longer = [list(p) + [-1] * step for p in paths]  # -1: no token id, so nothing else shares these blocks
+        return list(dict.fromkeys(refresh_shapes(paths + longer, cfg, self._prefix.block, REFRESH_CHUNK_TOKENS)))
 
     def _wait_until_idle(self, limit_s: float) -> None:
         """Until no request is queued or running, for at most `limit_s`: a refresh chunk goes after the

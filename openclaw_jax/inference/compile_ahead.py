@@ -1,0 +1,141 @@
+"""Programs compiled ahead, in the engine's idle time (`CompileAhead`, a base of `engine.Engine`).
+
+Every new (rows, tokens, cached blocks) shape of a prefill or an extend compiles once, on a small CPU in
+seconds (2-4 s for SmolLM2-135M on 2 AVX2 cores, 5-15 s while a trainer shares them). Without more, whoever
+first calls a shape pays for it: the turn whose session just grew past a power of two of cached blocks,
+and the weight swap's recompute of the hot prefixes (`weight_swap.py`), whose chunk shapes are new at the
+first swap and whose compilations then share the CPU with the next person's turn.
+
+The shapes that come next are predictable from what the engine holds: the recompute's calls for the
+prefixes hot now (`weight_swap.refresh_shapes`, the same chunks as the recompute itself, with one more
+chunk for a session one turn longer), and each hot session's next turn, an extend over its cached blocks
+with the new-token buckets of the latest turns served (`next_turn_shapes`). A thread compiles the ones
+not run or compiled yet, one at a time, each after serving has been idle for `IDLE_S` and never during a
+weight swap, with `jax.jit(...).lower(...).compile()` on abstract arguments placed as the call's will be:
+nothing runs, and the call then finds the program in JAX's in-process cache (and the persistent
+compilation cache keeps it for the next start).
+
+Off with `EngineConfig.compile_ahead=False`; not with per-row adapters (a call's params depend on its rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Sequence
+
+from openclaw_jax.inference.prefill import CallShape
+from openclaw_jax.inference.scheduler import bucket
+
+logger = logging.getLogger(__name__)
+
+# serving idle this long before a compilation starts (a person's next turn rarely follows within it)
+IDLE_S = 1.0
+# between two looks for shapes to compile when there was nothing to do
+POLL_S = 1.0
+# sessions whose next turn is compiled for (the most recently used cached prefixes)
+NEXT_TURN_SESSIONS = 4
+
+
+def next_turn_shapes(paths: Sequence[Sequence[int]], recent: Sequence[CallShape], block: int) -> list[CallShape]:
+    """Extends a next turn of each session `paths` (its cached prefix, newest first) would call: each recent
+    served extend's rows, new tokens and outputs over the session's cached blocks now, and over them plus that
+    many new tokens and a block of answer (the turn after)."""
+    shapes: list[CallShape] = []
+    for path in paths:
+        blocks = len(path) // block
+        for seen in recent:
+            for grown in (blocks, blocks + seen.tokens // block + 1):
+                shapes.append(dataclasses.replace(seen, blocks=bucket(grown)))
+    return list(dict.fromkeys(shapes))
+
+
+@dataclasses.dataclass
+class AheadStats:
+    compiled: int = 0
+    seconds: float = 0.0
+    failed: int = 0
+
+
+class CompileAhead:
+    """The compile-ahead part of `engine.Engine` (which it is a base of): the thread, what it predicts and
+    `wait_compiled_ahead`. Uses the engine's prefiller, shape log, prefix cache, locks and config."""
+
+    def _start_compile_ahead(self) -> None:
+        self._ahead_cv = threading.Condition()
+        self._ahead_passes = 0  # passes that found nothing left to compile
+        self.ahead_stats = AheadStats()
+        self._ahead_on = bool(self.config.compile_ahead and self._prefix.enabled and self._adapters is None)
+        if self._ahead_on:
+            threading.Thread(target=self._compile_ahead_loop, name="jax-compile-ahead", daemon=True).start()
+
+    def wait_compiled_ahead(self, timeout: float) -> bool:
+        """Until a look for shapes to compile, begun after this call, finds none left (True), or `timeout`
+        seconds (False; also when compile-ahead is off)."""
+        if not self._ahead_on:
+            return False
+        with self._ahead_cv:
+            start = self._ahead_passes
+            # the first pass to end may have looked before the call
+            return self._ahead_cv.wait_for(lambda: self._ahead_passes >= start + 2, timeout)
+
+    def _predicted_shapes(self) -> list[CallShape]:
+        """(engine thread) The calls likely next: the sessions' next turns first, then the next recompute's."""
+        block = self._prefix.block
+        sessions = self._prefix.hot_paths(1 << 40, NEXT_TURN_SESSIONS)
+        shapes = next_turn_shapes(sessions, self._shapes.recent_extends(), block)
+        return list(dict.fromkeys(shapes + self._next_refresh_shapes()))
+
+    def _compile_ahead_loop(self) -> None:
+        while self._idle_for(IDLE_S):
+            if self._swap_lock.locked():  # the recompute runs its shapes itself; a second compilation races it
+                time.sleep(POLL_S)
+                continue
+            try:
+                todo = [s for s in self._call_in_engine(self._predicted_shapes, timeout=None)
+                        if not self._shapes.known(s)]
+            except Exception:  # the engine shut down meanwhile
+                return
+            if not todo:
+                with self._ahead_cv:
+                    self._ahead_passes += 1
+                    self._ahead_cv.notify_all()
+                time.sleep(POLL_S)
+                continue
+            self._compile_one(todo[0])
+
+    def _compile_one(self, shape: CallShape) -> None:
+        with self._lock:
+            state = self._state
+        started = time.perf_counter()
+        try:
+            done = self._prefiller.compile(shape, state)
+        except Exception:  # a wrong guess must not stop serving; the call compiles it when it comes
+            logger.exception("compiling %s ahead failed", shape)
+            done = False
+        seconds = time.perf_counter() - started
+        self._shapes.compiled_ahead(shape, done)  # known either way: not tried again
+        if done:
+            self.ahead_stats.compiled += 1
+            self.ahead_stats.seconds += seconds
+            logger.info("%s: compiled ahead in %.1f s", shape, seconds)
+        else:
+            self.ahead_stats.failed += 1
+
+    def _idle_for(self, seconds: float) -> bool:
+        """Until no request has been queued or running for `seconds` (True), or the engine stops (False)."""
+        quiet_since = None
+        with self._cv:
+            while not self._stop:
+                busy = bool(self._pending) or (self._batch is not None and bool(self._batch.active()))
+                now = time.monotonic()
+                if busy:
+                    quiet_since = None
+                elif quiet_since is None:
+                    quiet_since = now
+                elif now - quiet_since >= seconds:
+                    return True
+                self._cv.wait(0.25)
+        return False

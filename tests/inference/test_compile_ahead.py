@@ -1,0 +1,143 @@
+"""Shapes compiled in the engine's idle time (inference/compile_ahead.py): the recompute's chunk calls predicted
+exactly, and a weight swap's recompute and the next turns then run without an XLA compilation of a prefill or
+an extend on the request path, with the same results as a cold engine."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+from openclaw_jax.inference import weight_swap  # noqa: E402
+from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
+from openclaw_jax.inference.prefill import ShapeLog  # noqa: E402
+from openclaw_jax.inference.prefix_cache import PrefixCache  # noqa: E402
+from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
+from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
+from tests.conftest import make_tiny_qwen3_checkpoint  # noqa: E402
+
+BLOCK = 16
+NEW = 6
+
+
+def make_engine(model_dir, **config):
+    model, _ = load_hf_checkpoint(model_dir)
+    kw = dict(max_batch_size=4, min_prompt_bucket=64, min_cache_bucket=64, batch_wait_s=0.02,
+              prefix_cache_block=BLOCK)
+    kw.update(config)
+    return Engine(model, load_tokenizer(model_dir), context_length=512, seed=0, config=EngineConfig(**kw))
+
+
+def tokens(seed, n):
+    return [int(t) for t in np.random.default_rng(seed).integers(10, 300, n)]
+
+
+def spec(prompt):
+    return spec_for(prompt, max_new_tokens=NEW, temperature=0, ignore_eos=True, return_logprob=True)
+
+
+class RecordingLog(ShapeLog):
+    """The engine's shape log, keeping the order of the calls too."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def ran(self, shape, served):
+        self.calls.append(shape)
+        return super().ran(shape, served)
+
+
+def test_chunks_take_the_remainder_first():
+    assert weight_swap.chunk_ends(160, 0, 64) == [32, 96, 160]
+    assert weight_swap.chunk_ends(128, 0, 64) == [64, 128]
+    assert weight_swap.chunk_ends(160, 48, 64) == [96, 160]
+    assert weight_swap.chunk_ends(48, 48, 64) == []
+
+
+@pytest.mark.parametrize("chunk", [32, 8192])
+def test_refresh_shapes_are_the_calls_the_recompute_makes(tiny_qwen3_dir, chunk):
+    """Three prefixes, two sharing their first blocks: the predicted calls are the ones the recompute runs,
+    in order (cold chunks, extends over the shared blocks and over earlier chunks)."""
+    engine = make_engine(tiny_qwen3_dir, compile_ahead=False)
+    try:
+        system = tokens(1, 3 * BLOCK)
+        prefixes = [system + tokens(2, 6 * BLOCK), system + tokens(3, 2 * BLOCK), tokens(4, 5 * BLOCK)]
+        config = engine.config
+        predicted = weight_swap.refresh_shapes(prefixes, config, BLOCK, chunk)
+        log = RecordingLog()
+        fresh = PrefixCache(block=BLOCK, budget_bytes=config.prefix_cache_bytes,
+                            kv_bytes_per_token=engine._kv_bytes_per_token, slot_shape=engine._prefix._slot_shape,
+                            dtype=engine._prefix._dtype)
+        done = weight_swap.refresh_prefixes(prefixes, graphdef=engine._graphdef, state=engine.params, config=config,
+                                            vocab_size=engine.vocab_size, fresh=fresh, generation=0,
+                                            chunk_tokens=chunk, shapes=log)
+        assert log.calls == predicted
+        assert done.tokens == 9 * BLOCK + 2 * BLOCK + 5 * BLOCK  # the shared blocks once
+        if chunk == 32:  # 9 blocks in 2-block chunks: one block cold, then 4 extends; then 1 extend; 3 chunks
+            assert [s.extend for s in predicted] == [False] + [True] * 5 + [False, True, True]
+            assert [s.blocks for s in predicted[:6]] == [0, 1, 4, 8, 8, 4]
+    finally:
+        engine.shutdown()
+
+
+def xla_compilations(records):
+    """(function, thread) of each XLA compilation of a prefill or an extend in the captured log records."""
+    return [(r.getMessage().split("(")[1].split(")")[0], r.threadName) for r in records
+            if r.getMessage().startswith("Finished XLA compilation of jit(_")
+            and any(f in r.getMessage() for f in ("_prefill_impl", "_extend_impl"))]
+
+
+def run_session(engine, cold, state_b, caplog):
+    """Two turns, a weight swap with 2-block recompute chunks, two more turns (the last one's cached prefix
+    past a power of two of blocks). Returns the compilations on the request path and the swap's thread (the
+    compile-ahead thread's excluded) from the swap on, and the last turn's output and a cold engine's."""
+    prompt = tokens(20, 120)
+    for _ in range(2):
+        out, = engine.generate_sync([spec(prompt)])
+        prompt = prompt + out.output_ids + tokens(len(prompt), 9)
+    engine.wait_compiled_ahead(timeout=300)
+    with caplog.at_level(logging.DEBUG, logger="jax._src.dispatch"):
+        caplog.clear()
+        engine.swap_weights(state_b, "v2")
+        for turn in range(2):
+            out, = engine.generate_sync([spec(prompt)])
+            assert out.weight_version == "v2" and out.cached_tokens >= 7 * BLOCK
+            if turn == 0:
+                prompt = prompt + out.output_ids + tokens(len(prompt), 9)
+                engine.wait_compiled_ahead(timeout=300)  # a person's next turn comes seconds later
+        compiled = [c for c in xla_compilations(caplog.records) if c[1] != "jax-compile-ahead"]
+    ref, = cold.generate_sync([spec(prompt)])
+    assert engine.prefix_cache_stats()["refreshes"] == 1
+    return compiled, out, ref
+
+
+def test_a_swap_and_the_next_turns_run_programs_compiled_ahead(tmp_path, caplog, monkeypatch):
+    """A model of its own (no other test compiled its programs): after two turns and the engine's idle time,
+    the swap's recompute (cold chunk, extends over 2 / 4 / 8 blocks) and two more turns (the last one extending
+    over 16 blocks) make no XLA compilation of a prefill or an extend, and the last turn equals a cold engine's
+    with the new weights. Without compile-ahead, the same session compiles them on the way (the capture works)."""
+    monkeypatch.setattr(weight_swap, "REFRESH_CHUNK_TOKENS", 2 * BLOCK)
+    for hidden, ahead in ((48, True), (40, False)):
+        dir_a = make_tiny_qwen3_checkpoint(tmp_path / f"a{hidden}", seed=0, hidden=hidden)
+        dir_b = make_tiny_qwen3_checkpoint(tmp_path / f"b{hidden}", seed=1, hidden=hidden)
+        from flax import nnx
+        state_b = nnx.split(load_hf_checkpoint(dir_b)[0])[1]
+        engine = make_engine(dir_a, compile_ahead=ahead)
+        cold = make_engine(dir_b, prefix_cache_bytes=0, compile_ahead=False)
+        try:
+            compiled, out, ref = run_session(engine, cold, state_b, caplog)
+        finally:
+            engine.shutdown()
+            cold.shutdown()
+        assert out.output_ids == ref.output_ids
+        np.testing.assert_allclose(out.output_logprobs, ref.output_logprobs, atol=1e-4, rtol=0)
+        if ahead:
+            assert compiled == []
+            assert engine._shapes.ahead_hits >= 4 and engine.ahead_stats.compiled >= 4
+        else:
+            functions = {f for f, _ in compiled}
+            assert functions == {"_prefill_impl", "_extend_impl"} and len(compiled) >= 4, compiled
