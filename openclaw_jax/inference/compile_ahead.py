@@ -9,11 +9,12 @@ first swap and whose compilations then share the CPU with the next person's turn
 The shapes that come next are predictable from what the engine holds: the recompute's calls for the
 prefixes hot now (`weight_swap.refresh_shapes`, the same chunks as the recompute itself, with one more
 chunk for a session one turn longer), and each hot session's next turn, an extend over its cached blocks
-with the new-token buckets of the latest turns served (`next_turn_shapes`). A thread compiles the ones
-not run or compiled yet, one at a time, each after serving has been idle for `IDLE_S` and never during a
-weight swap, with `jax.jit(...).lower(...).compile()` on abstract arguments placed as the call's will be:
-nothing runs, and the call then finds the program in JAX's in-process cache (and the persistent
-compilation cache keeps it for the next start).
+with the new-token buckets of the latest turns served (`next_turn_shapes`; before any, a guess of
+`FIRST_EXTEND_GUESS` tokens). A thread compiles the ones not run or compiled yet, one at a time, each
+after serving has been idle for `IDLE_S` and never during a weight swap, with
+`jax.jit(...).lower(...).compile()` on abstract arguments placed as the call's will be: nothing runs, and
+the call then finds the program in JAX's in-process cache (and the persistent compilation cache keeps it
+for the next start).
 
 Off with `EngineConfig.compile_ahead=False`; not with per-row adapters (a call's params depend on its rows).
 """
@@ -27,7 +28,7 @@ import time
 from typing import Sequence
 
 from openclaw_jax.inference.prefill import CallShape
-from openclaw_jax.inference.scheduler import bucket
+from openclaw_jax.inference.scheduler import bucket, extend_bucket
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ IDLE_S = 1.0
 POLL_S = 1.0
 # sessions whose next turn is compiled for (the most recently used cached prefixes)
 NEXT_TURN_SESSIONS = 4
+# before any extend was served, the next turn's new tokens are guessed at this many (a person's message and an
+# agent's tool results: OpenClaw's turns after the first added 60-250 tokens in bench/openclaw_turns.py)
+FIRST_EXTEND_GUESS = 128
 
 
 def next_turn_shapes(paths: Sequence[Sequence[int]], recent: Sequence[CallShape], block: int) -> list[CallShape]:
@@ -85,7 +89,10 @@ class CompileAhead:
         """(engine thread) The calls likely next: the sessions' next turns first, then the next recompute's."""
         block = self._prefix.block
         sessions = self._prefix.hot_paths(1 << 40, NEXT_TURN_SESSIONS)
-        shapes = next_turn_shapes(sessions, self._shapes.recent_extends(), block)
+        recent, last = self._shapes.recent_extends(), self._shapes.last_served
+        if not recent and last is not None:  # only cold prompts so far: the statics of the latest one
+            recent = [dataclasses.replace(last, extend=True, tokens=extend_bucket(FIRST_EXTEND_GUESS, self.config))]
+        shapes = next_turn_shapes(sessions, recent, block)
         return list(dict.fromkeys(shapes + self._next_refresh_shapes()))
 
     def _compile_ahead_loop(self) -> None:

@@ -71,6 +71,7 @@ class ShapeLog:
         self._ran: set[CallShape] = set()
         self._compiled_ahead: set[CallShape] = set()
         self._served_extends: collections.deque[CallShape] = collections.deque(maxlen=RECENT_EXTENDS)
+        self.last_served: CallShape | None = None
         self.ahead_hits = 0  # first calls of a shape whose program was compiled ahead
 
     def ran(self, shape: CallShape, served: bool) -> bool:
@@ -79,8 +80,10 @@ class ShapeLog:
             first = shape not in self._ran
             self._ran.add(shape)
             self._known.add(shape)
-            if served and shape.extend:
-                self._served_extends.append(shape)
+            if served:
+                self.last_served = shape
+                if shape.extend:
+                    self._served_extends.append(shape)
             hit = first and shape in self._compiled_ahead
             self.ahead_hits += hit
             return hit

@@ -141,3 +141,24 @@ def test_a_swap_and_the_next_turns_run_programs_compiled_ahead(tmp_path, caplog,
         else:
             functions = {f for f, _ in compiled}
             assert functions == {"_prefill_impl", "_extend_impl"} and len(compiled) >= 4, compiled
+
+
+def test_next_turns_are_predicted_from_the_turns_served(tiny_qwen3_dir):
+    """After one cold turn, the next turn is guessed at FIRST_EXTEND_GUESS new tokens over the session's cached
+    blocks (and over a turn more); after a warm turn, at that turn's new-token bucket instead."""
+    from openclaw_jax.inference.compile_ahead import FIRST_EXTEND_GUESS
+    from openclaw_jax.inference.prefill import CallShape
+
+    engine = make_engine(tiny_qwen3_dir, compile_ahead=False, prefix_refresh_tokens=0)
+    try:
+        prompt = tokens(30, 120)
+        out, = engine.generate_sync([spec(prompt)])  # 125 tokens of K/V: 7 cached blocks
+        guess = FIRST_EXTEND_GUESS  # a power of two: its own bucket
+        assert engine._call_in_engine(engine._predicted_shapes) == [
+            CallShape(True, 1, guess, 8), CallShape(True, 1, guess, 16)]
+        prompt = prompt + out.output_ids + tokens(31, 9)  # 23 new tokens over 7 blocks: bucket 32
+        engine.generate_sync([spec(prompt)])  # 140 tokens of K/V: 8 blocks; next: 8 + 2 + 1 = 11 -> 16
+        assert engine._call_in_engine(engine._predicted_shapes) == [CallShape(True, 1, 32, 8),
+                                                                    CallShape(True, 1, 32, 16)]
+    finally:
+        engine.shutdown()
