@@ -9,8 +9,8 @@ first swap and whose compilations then share the CPU with the next person's turn
 The shapes that come next are predictable from what the engine holds: the recompute's calls for the
 prefixes hot now (`weight_swap.refresh_shapes`, the same chunks as the recompute itself, with one more
 chunk for a session one turn longer), and each hot session's next turn, an extend over its cached blocks
-with the new-token buckets of the latest turns served (`next_turn_shapes`; before any, a guess of
-`FIRST_EXTEND_GUESS` tokens). A thread compiles the ones not run or compiled yet, one at a time, each
+with the new-token buckets of the latest turns served and their neighbours (`next_turn_shapes`; before
+any, a guess of `FIRST_EXTEND_GUESS` tokens). A thread compiles the ones not run or compiled yet, one at a time, each
 after serving has been idle for `IDLE_S` and never during a weight swap, with
 `jax.jit(...).lower(...).compile()` on abstract arguments placed as the call's will be: nothing runs, and
 the call then finds the program in JAX's in-process cache (and the persistent compilation cache keeps it
@@ -28,7 +28,7 @@ import time
 from typing import Sequence
 
 from openclaw_jax.inference.prefill import CallShape
-from openclaw_jax.inference.scheduler import bucket, extend_bucket
+from openclaw_jax.inference.scheduler import EngineConfig, bucket, extend_bucket
 
 logger = logging.getLogger(__name__)
 
@@ -41,18 +41,25 @@ NEXT_TURN_SESSIONS = 4
 # before any extend was served, the next turn's new tokens are guessed at this many (a person's message and an
 # agent's tool results: OpenClaw's turns after the first added 60-250 tokens in bench/openclaw_turns.py)
 FIRST_EXTEND_GUESS = 128
+# new-token buckets up to this many are also compiled at half and twice a served turn's (beyond, a turn's
+# prefill takes seconds itself)
+NEIGHBOUR_MAX = 512
 
 
-def next_turn_shapes(paths: Sequence[Sequence[int]], recent: Sequence[CallShape], block: int) -> list[CallShape]:
+def next_turn_shapes(paths: Sequence[Sequence[int]], recent: Sequence[CallShape], block: int,
+                     config: EngineConfig) -> list[CallShape]:
     """Extends a next turn of each session `paths` (its cached prefix, newest first) would call: each recent
-    served extend's rows, new tokens and outputs over the session's cached blocks now, and over them plus that
-    many new tokens and a block of answer (the turn after)."""
+    served extend's rows and outputs, with its new-token bucket and then the buckets of half and twice as many
+    tokens (up to `NEIGHBOUR_MAX`: a turn's new message varies), over the session's cached blocks now and over
+    them plus that many new tokens and a block of answer (the turn after)."""
     shapes: list[CallShape] = []
     for path in paths:
         blocks = len(path) // block
         for seen in recent:
-            for grown in (blocks, blocks + seen.tokens // block + 1):
-                shapes.append(dataclasses.replace(seen, blocks=bucket(grown)))
+            near = [extend_bucket(n, config) for n in (seen.tokens // 2, seen.tokens * 2) if 0 < n <= NEIGHBOUR_MAX]
+            for tokens in [seen.tokens, *near]:
+                for grown in (blocks, blocks + tokens // block + 1):
+                    shapes.append(dataclasses.replace(seen, tokens=tokens, blocks=bucket(grown)))
     return list(dict.fromkeys(shapes))
 
 
@@ -92,7 +99,7 @@ class CompileAhead:
         recent, last = self._shapes.recent_extends(), self._shapes.last_served
         if not recent and last is not None:  # only cold prompts so far: the statics of the latest one
             recent = [dataclasses.replace(last, extend=True, tokens=extend_bucket(FIRST_EXTEND_GUESS, self.config))]
-        shapes = next_turn_shapes(sessions, recent, block)
+        shapes = next_turn_shapes(sessions, recent, block, self.config)
         return list(dict.fromkeys(shapes + self._next_refresh_shapes()))
 
     def _compile_ahead_loop(self) -> None:

@@ -144,8 +144,9 @@ def test_a_swap_and_the_next_turns_run_programs_compiled_ahead(tmp_path, caplog,
 
 
 def test_next_turns_are_predicted_from_the_turns_served(tiny_qwen3_dir):
-    """After one cold turn, the next turn is guessed at FIRST_EXTEND_GUESS new tokens over the session's cached
-    blocks (and over a turn more); after a warm turn, at that turn's new-token bucket instead."""
+    """After one cold turn, the next turn is guessed at FIRST_EXTEND_GUESS new tokens (then half and twice as
+    many) over the session's cached blocks and over a turn more; after a warm turn, at that turn's new-token
+    bucket and its neighbours instead."""
     from openclaw_jax.inference.compile_ahead import FIRST_EXTEND_GUESS
     from openclaw_jax.inference.prefill import CallShape
 
@@ -153,12 +154,15 @@ def test_next_turns_are_predicted_from_the_turns_served(tiny_qwen3_dir):
     try:
         prompt = tokens(30, 120)
         out, = engine.generate_sync([spec(prompt)])  # 125 tokens of K/V: 7 cached blocks
-        guess = FIRST_EXTEND_GUESS  # a power of two: its own bucket
+        guess = FIRST_EXTEND_GUESS  # 128: a power of two, its own bucket; a turn more: 7 + 8 + 1 blocks -> 16
+        assert guess == 128
         assert engine._call_in_engine(engine._predicted_shapes) == [
-            CallShape(True, 1, guess, 8), CallShape(True, 1, guess, 16)]
+            CallShape(True, 1, 128, 8), CallShape(True, 1, 128, 16), CallShape(True, 1, 64, 8),
+            CallShape(True, 1, 64, 16), CallShape(True, 1, 256, 8), CallShape(True, 1, 256, 32)]
         prompt = prompt + out.output_ids + tokens(31, 9)  # 23 new tokens over 7 blocks: bucket 32
-        engine.generate_sync([spec(prompt)])  # 140 tokens of K/V: 8 blocks; next: 8 + 2 + 1 = 11 -> 16
-        assert engine._call_in_engine(engine._predicted_shapes) == [CallShape(True, 1, 32, 8),
-                                                                    CallShape(True, 1, 32, 16)]
+        engine.generate_sync([spec(prompt)])  # 140 tokens of K/V: 8 blocks; a turn more: 8 + 2 + 1 -> 16
+        assert engine._call_in_engine(engine._predicted_shapes) == [
+            CallShape(True, 1, 32, 8), CallShape(True, 1, 32, 16), CallShape(True, 1, 16, 8),
+            CallShape(True, 1, 16, 16), CallShape(True, 1, 64, 8), CallShape(True, 1, 64, 16)]
     finally:
         engine.shutdown()
