@@ -10,8 +10,8 @@ The shapes that come next are predictable from what the engine holds: the recomp
 prefixes hot now (`weight_swap.refresh_shapes`, the same chunks as the recompute itself, with one more
 chunk for a session one turn longer), and each hot session's next turn, an extend over its cached blocks
 with the new-token buckets of the latest turns served and their neighbours (`next_turn_shapes`; before
-any, a guess of `FIRST_EXTEND_GUESS` tokens). A thread compiles the ones not run or compiled yet, one at a time, each
-after serving has been idle for `IDLE_S` and never during a weight swap, with
+any, a guess of `FIRST_EXTEND_GUESS` tokens). A thread compiles the ones not run or compiled yet, one at
+a time, each after serving has been idle for `IDLE_S` and never during a weight swap, with
 `jax.jit(...).lower(...).compile()` on abstract arguments placed as the call's will be: nothing runs, and
 the call then finds the program in JAX's in-process cache (and the persistent compilation cache keeps it
 for the next start).
@@ -110,7 +110,9 @@ class CompileAhead:
             try:
                 todo = [s for s in self._call_in_engine(self._predicted_shapes, timeout=None)
                         if not self._shapes.known(s)]
-            except Exception:  # the engine shut down meanwhile
+            except Exception:
+                if self.alive:  # not the engine shutting down meanwhile: say why compile-ahead stops
+                    logger.exception("predicting the shapes to compile ahead failed; compile-ahead stops")
                 return
             if not todo:
                 with self._ahead_cv:

@@ -16,8 +16,9 @@ The fresh entries are computed by the engine's own prefill and extend steps (`pr
 the prefixes' token ids, one prefix after another (newest first, so later ones extend the shared
 system prompt instead of recomputing it) and `REFRESH_CHUNK_TOKENS` at a time (the remainder first, so
 every later chunk has that length and the calls' shapes recur from swap to swap: `refresh_shapes` lists
-them, for the engine to compile ahead), each chunk waiting until no request is queued or running (`EngineConfig.prefix_refresh_wait_s` at most): the refresh takes the
-gaps between a person's turns, and the new weights wait for it rather than serving. A hit after the
+them, for the engine to compile ahead), each chunk waiting until no request is queued or running
+(`EngineConfig.prefix_refresh_wait_s` at most): the refresh takes the gaps between a person's turns, and
+the new weights wait for it rather than serving. A hit after the
 swap is exactly what a cold prefill under the new weights followed by a hit would give, within float
 rounding. A turn served on the old weights while the refresh ran cached prefixes the refresh had not
 chosen; up to `CATCH_UP_PASSES` more passes recompute those too (a turn's worth of tokens each, extending
