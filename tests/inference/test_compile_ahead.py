@@ -12,27 +12,14 @@ import pytest
 jax = pytest.importorskip("jax")
 
 from openclaw_jax.inference import weight_swap  # noqa: E402
-from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
+from openclaw_jax.inference.engine import spec_for  # noqa: E402
 from openclaw_jax.inference.prefill import ShapeLog  # noqa: E402
 from openclaw_jax.inference.prefix_cache import PrefixCache  # noqa: E402
-from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
 from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
 from tests.conftest import make_tiny_qwen3_checkpoint  # noqa: E402
+from tests.inference.test_prefix_cache import BLOCK, make_engine, tokens  # noqa: E402
 
-BLOCK = 16
 NEW = 6
-
-
-def make_engine(model_dir, **config):
-    model, _ = load_hf_checkpoint(model_dir)
-    kw = dict(max_batch_size=4, min_prompt_bucket=64, min_cache_bucket=64, batch_wait_s=0.02,
-              prefix_cache_block=BLOCK)
-    kw.update(config)
-    return Engine(model, load_tokenizer(model_dir), context_length=512, seed=0, config=EngineConfig(**kw))
-
-
-def tokens(seed, n):
-    return [int(t) for t in np.random.default_rng(seed).integers(10, 300, n)]
 
 
 def spec(prompt):
