@@ -17,20 +17,31 @@ the call then finds the program in JAX's in-process cache (and the persistent co
 for the next start).
 
 Off with `EngineConfig.compile_ahead=False`; not with per-row adapters (a call's params depend on its rows).
+
+The thread is a daemon, but the process never ends under a compilation: a daemon thread still inside XLA when
+the interpreter finalizes aborts the process ("FATAL: exception not rethrown"), so `Engine.shutdown` and an
+exit hook stop it and wait for the compilation in flight.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import threading
 import time
+import weakref
 from typing import Sequence
 
 from openclaw_jax.inference.prefill import CallShape
 from openclaw_jax.inference.scheduler import EngineConfig, bucket, extend_bucket
 
 logger = logging.getLogger(__name__)
+
+# engines whose compile-ahead thread runs: stopped at interpreter exit (module docstring)
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+# how long an exit or a shutdown waits for the compilation in flight
+STOP_WAIT_S = 120.0
 
 # serving idle this long before a compilation starts (a person's next turn rarely follows within it)
 IDLE_S = 1.0
@@ -79,8 +90,26 @@ class CompileAhead:
         self._ahead_passes = 0  # passes that found nothing left to compile
         self.ahead_stats = AheadStats()
         self._ahead_on = bool(self.config.compile_ahead and self._prefix.enabled and self._adapters is None)
+        self._ahead_stop = threading.Event()
+        self._ahead_thread = None
         if self._ahead_on:
-            threading.Thread(target=self._compile_ahead_loop, name="jax-compile-ahead", daemon=True).start()
+            self._ahead_thread = threading.Thread(target=self._compile_ahead_loop, name="jax-compile-ahead",
+                                                  daemon=True)
+            self._ahead_thread.start()
+            if not _RUNNING:
+                # registered after JAX's own exit hooks (the engine's arrays exist), so it runs before them
+                atexit.unregister(_stop_all_at_exit)
+                atexit.register(_stop_all_at_exit)
+            _RUNNING.add(self)
+
+    def _stop_compile_ahead(self, timeout: float = STOP_WAIT_S) -> None:
+        """Stop the thread and wait for the compilation in flight (at most `timeout` seconds)."""
+        self._ahead_stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        if self._ahead_thread is not None and self._ahead_thread is not threading.current_thread():
+            self._ahead_thread.join(timeout)
+        _RUNNING.discard(self)
 
     def wait_compiled_ahead(self, timeout: float) -> bool:
         """Until a look for shapes to compile, begun after this call, finds none left (True), or `timeout`
@@ -105,7 +134,7 @@ class CompileAhead:
     def _compile_ahead_loop(self) -> None:
         while self._idle_for(IDLE_S):
             if self._swap_lock.locked():  # the recompute runs its shapes itself; a second compilation races it
-                time.sleep(POLL_S)
+                self._ahead_stop.wait(POLL_S)
                 continue
             try:
                 todo = [s for s in self._call_in_engine(self._predicted_shapes, timeout=None)
@@ -118,7 +147,7 @@ class CompileAhead:
                 with self._ahead_cv:
                     self._ahead_passes += 1
                     self._ahead_cv.notify_all()
-                time.sleep(POLL_S)
+                self._ahead_stop.wait(POLL_S)
                 continue
             self._compile_one(todo[0])
 
@@ -141,10 +170,11 @@ class CompileAhead:
             self.ahead_stats.failed += 1
 
     def _idle_for(self, seconds: float) -> bool:
-        """Until no request has been queued or running for `seconds` (True), or the engine stops (False)."""
+        """Until no request has been queued or running for `seconds` (True), or the engine or compile-ahead
+        stops (False)."""
         quiet_since = None
         with self._cv:
-            while not self._stop:
+            while not self._stop and not self._ahead_stop.is_set():
                 busy = bool(self._pending) or (self._batch is not None and bool(self._batch.active()))
                 now = time.monotonic()
                 if busy:
@@ -155,3 +185,8 @@ class CompileAhead:
                     return True
                 self._cv.wait(0.25)
         return False
+
+
+def _stop_all_at_exit() -> None:
+    for engine in list(_RUNNING):
+        engine._stop_compile_ahead()

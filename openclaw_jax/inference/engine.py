@@ -294,6 +294,7 @@ class Engine(WeightSwaps, AdapterServing, CompileAhead):
             self._stop = True
             self._cv.notify_all()
         self._thread.join(timeout=timeout)
+        self._stop_compile_ahead()
 
     # ------------------------------------------------------------------ scheduler thread
     def _run(self) -> None:

@@ -153,3 +153,38 @@ def test_next_turns_are_predicted_from_the_turns_served(tiny_qwen3_dir):
             CallShape(True, 1, 16, 16), CallShape(True, 1, 64, 8), CallShape(True, 1, 64, 16)]
     finally:
         engine.shutdown()
+
+
+EXIT_WHILE_COMPILING = """
+import threading
+import time
+from openclaw_jax.inference import prefill
+from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for
+from openclaw_jax.models.hub import load_pretrained
+
+entered, real = threading.Event(), prefill.Prefiller.compile
+def compile_and_tell(self, shape, state):
+    entered.set()
+    return real(self, shape, state)
+prefill.Prefiller.compile = compile_and_tell
+pre = load_pretrained("smollm2", dtype="float32")  # a real model's compilation takes seconds
+engine = Engine(pre.model, pre.tokenizer, seed=0, config=EngineConfig(min_prompt_bucket=512))
+engine.generate_sync([spec_for(list(range(100, 700)), max_new_tokens=2, temperature=0)])
+assert entered.wait(120), "nothing was compiled ahead"
+time.sleep(1.0)  # past the Python tracing, inside XLA's compiler (2-4 s for this model on a small CPU)
+print("exiting while a compilation runs", flush=True)
+"""
+
+
+def test_the_process_exits_cleanly_while_a_compilation_runs_ahead(tmp_path):
+    """A program that ends (without shutting its engine down) while the compile-ahead thread is inside a
+    compilation exits with 0: the exit waits for the compilation instead of aborting ("FATAL: exception not
+    rethrown", a daemon thread inside XLA's compiler at interpreter finalization)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_while_compiling.py"
+    script.write_text(EXIT_WHILE_COMPILING)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert "exiting while a compilation runs" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
