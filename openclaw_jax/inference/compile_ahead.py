@@ -175,7 +175,7 @@ class CompileAhead:
         quiet_since = None
         with self._cv:
             while not self._stop and not self._ahead_stop.is_set():
-                busy = bool(self._pending) or (self._batch is not None and bool(self._batch.active()))
+                busy = self._serving_locked()
                 now = time.monotonic()
                 if busy:
                     quiet_since = None

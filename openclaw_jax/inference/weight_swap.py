@@ -260,12 +260,16 @@ class WeightSwaps:
         longer = [list(p) + [-1] * step for p in paths]  # -1: no token id, so nothing else shares these blocks
         return list(dict.fromkeys(refresh_shapes(paths + longer, cfg, self._prefix.block, REFRESH_CHUNK_TOKENS)))
 
+    def _serving_locked(self) -> bool:
+        """(holding `_cv`) Whether a request is queued or running."""
+        return bool(self._pending) or (self._batch is not None and bool(self._batch.active()))
+
     def _wait_until_idle(self, limit_s: float) -> None:
         """Until no request is queued or running, for at most `limit_s`: a refresh chunk goes after the
         turn being served (the weights it prepares wait; serving does not)."""
         deadline = time.monotonic() + limit_s
         with self._cv:
-            while not self._stop and (self._pending or (self._batch is not None and self._batch.active())):
+            while not self._stop and self._serving_locked():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
