@@ -76,9 +76,13 @@ def next_turn_shapes(paths: Sequence[Sequence[int]], recent: Sequence[CallShape]
 
 @dataclasses.dataclass
 class AheadStats:
+    """What the compile-ahead thread did: programs compiled (and their seconds), failures, and the looks that
+    found nothing left to compile (`idle_passes`: two more than at a reading mean it was idle meanwhile)."""
+    on: bool = False
     compiled: int = 0
     seconds: float = 0.0
     failed: int = 0
+    idle_passes: int = 0
 
 
 class CompileAhead:
@@ -87,9 +91,8 @@ class CompileAhead:
 
     def _start_compile_ahead(self) -> None:
         self._ahead_cv = threading.Condition()
-        self._ahead_passes = 0  # passes that found nothing left to compile
-        self.ahead_stats = AheadStats()
         self._ahead_on = bool(self.config.compile_ahead and self._prefix.enabled and self._adapters is None)
+        self.ahead_stats = AheadStats(on=self._ahead_on)
         self._ahead_stop = threading.Event()
         self._ahead_thread = None
         if self._ahead_on:
@@ -117,9 +120,9 @@ class CompileAhead:
         if not self._ahead_on:
             return False
         with self._ahead_cv:
-            start = self._ahead_passes
+            start = self.ahead_stats.idle_passes
             # the first pass to end may have looked before the call
-            return self._ahead_cv.wait_for(lambda: self._ahead_passes >= start + 2, timeout)
+            return self._ahead_cv.wait_for(lambda: self.ahead_stats.idle_passes >= start + 2, timeout)
 
     def _predicted_shapes(self) -> list[CallShape]:
         """(engine thread) The calls likely next: the sessions' next turns first, then the next recompute's."""
@@ -145,7 +148,7 @@ class CompileAhead:
                 return
             if not todo:
                 with self._ahead_cv:
-                    self._ahead_passes += 1
+                    self.ahead_stats.idle_passes += 1
                     self._ahead_cv.notify_all()
                 self._ahead_stop.wait(POLL_S)
                 continue

@@ -427,7 +427,8 @@ class InferenceServer(OpenAIRoutes):
                               "context_length": self.context_length, "max_running_requests": cfg.max_batch_size,
                               "weight_version": self.engine.weight_version, "version": "openclaw-jax",
                               "paused": self.engine.paused, "max_text_chars": self.budget.max_text_chars,
-                              "connections": dataclasses.asdict(self.connections.stats)})
+                              "connections": dataclasses.asdict(self.connections.stats),
+                              "compile_ahead": dataclasses.asdict(self.engine.ahead_stats)})
 
     # ------------------------------------------------------------------ weights / control
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:

@@ -111,6 +111,19 @@ class ServerProcess:
             time.sleep(0.1)
         raise RuntimeError("server never answered /health")
 
+    def wait_compiled_ahead(self, timeout: float = 120.0) -> dict:
+        """Until the engine's compile-ahead thread has twice looked for shapes and found none left (its
+        stats from /get_server_info): a program it compiles meanwhile would count in a memory reading."""
+        def stats():
+            return requests.get(self.url + "/get_server_info", timeout=30).json()["compile_ahead"]
+
+        start = stats()
+        deadline = time.monotonic() + timeout
+        while (now := stats())["on"] and now["idle_passes"] < start["idle_passes"] + 2:
+            assert time.monotonic() < deadline, f"compile-ahead still busy after {timeout} s: {now}"
+            time.sleep(0.1)
+        return now
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 
 import pytest
 import requests
@@ -52,6 +53,8 @@ def native_error(status, body, code=400):
 
 def test_20mb_body_is_refused_without_stalling_others_and_memory_stays_bounded(hard_srv):
     greedy = post(hard_srv, "/generate", SMALL).json()  # also compiles the engine's steps
+    # ... and the shapes compile-ahead predicts from it: their programs are memory this test does not measure
+    ahead = hard_srv.wait_compiled_ahead()
     pid = hard_srv.proc.pid
     rss = [rss_mib(pid)]
     big = json.dumps({"text": "a " * 10_485_760, "sampling_params": {"max_new_tokens": 1}}).encode()
@@ -66,13 +69,19 @@ def test_20mb_body_is_refused_without_stalling_others_and_memory_stays_bounded(h
         assert "cannot fit 256 tokens" in message, message
         rounds.append((big_s, max(latencies)))
         rss.append(rss_mib(pid))
-    print(f"\n20 MB /generate x7: (big s, slowest small s) per round {[(round(b, 3), round(s, 3)) for b, s in rounds]}; "
-          f"RSS MiB {[round(x) for x in rss]}")
     assert_no_stall(rounds, big)
     # Large blocks go back to the OS when freed (serving.offload): nothing accumulates per request (a copy
     # kept per request would add 20 MB a round) and the high-water mark stays within a few copies of one body.
     body_mib = len(big) / 2 ** 20
-    assert rss[-1] - rss[1] < 0.5 * body_mib and max(rss) - rss[0] < 4 * body_mib, rss
+    # The last round's body may still be on its way back to the OS as its answer arrives (seen once on a
+    # loaded machine: one body's worth, +21 MiB): a reading a few seconds on tells a copy kept from one freed.
+    settled, settled_by = rss[-1], time.monotonic() + 10
+    while settled - rss[1] >= 0.5 * body_mib and time.monotonic() < settled_by:
+        time.sleep(0.2)
+        settled = rss_mib(pid)
+    print(f"\n20 MB /generate x7: (big s, slowest small s) per round {[(round(b, 3), round(s, 3)) for b, s in rounds]}; "
+          f"RSS MiB {[round(x) for x in rss]}, then {settled:.0f}; compile-ahead before {ahead}")
+    assert settled - rss[1] < 0.5 * body_mib and max(rss) - rss[0] < 4 * body_mib, (rss, settled)
     # A body over the limit is refused from its Content-Length alone (413), before it is read.
     status, _, body = post_raw(hard_srv.url, "/generate", b"", {"Content-Length": str(65 << 20)})
     assert "exceeds the limit" in native_error(status, body.decode(), 413)
