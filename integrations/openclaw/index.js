@@ -2,8 +2,8 @@
 //
 // Static provider `headers` are the same for every session and every run, so they cannot carry the
 // session id or tell a person's turn from a heartbeat. Two OpenClaw surfaces together can:
-//   * typed agent hooks (`before_prompt_build`, `before_agent_run`) see the run's session id and its
-//     trigger (user, manual, heartbeat, cron, memory, overflow) and input provenance;
+//   * typed agent hooks (`before_model_resolve`, `before_prompt_build`, `before_agent_run`) see the run's
+//     session id and its trigger (user, manual, heartbeat, cron, memory, overflow) and input provenance;
 //   * the provider hook `resolveTransportTurnState` is called for every HTTP attempt of the provider
 //     (streamed runs and simple completions) with the session id, and returns per-request headers.
 // The first records the run kind per session id; the second turns it into headers.
@@ -17,6 +17,7 @@ const DEFAULTS = Object.freeze({
   personId: "",
   personIdHeader: "X-Person-Id",
   sessionDonePath: "/v1/sessions/{sessionId}/done",
+  turnStartingPath: "/v1/sessions/{sessionId}/turn_starting",
   sessionIdHeader: "X-Session-Id",
   turnTypeHeader: "X-Turn-Type",
   sessionDoneHeader: "X-Session-Done",
@@ -43,6 +44,7 @@ export function isLoopbackUrl(url) {
 // Input that did not come from the person (another session, a system event) never trains.
 const SIDE_PROVENANCE = new Set(["inter_session", "internal_system"]);
 const NOTICE_TIMEOUT_MS = 5000;
+const TURN_NOTICE_TIMEOUT_MS = 2000;
 const NOTIFIED_MAX = 1024; // remembered session ids, so before_reset + session_end send one notice
 
 export function resolveConfig(raw) {
@@ -97,19 +99,39 @@ export function requestHeaders(cfg, runs, sessionId) {
   return { [cfg.sessionIdHeader]: sessionId, [cfg.turnTypeHeader]: turnType(cfg, runs.get(sessionId)), ...person };
 }
 
+/** The headers of a notice to the gateway about session `sessionId` (not a model request: turn type side). */
+function noticeHeaders(cfg, sessionId) {
+  const headers = { "Content-Type": "application/json", [cfg.sessionIdHeader]: sessionId, [cfg.turnTypeHeader]: "side" };
+  if (cfg.apiKey) headers.Authorization = `Bearer ${cfg.apiKey}`;
+  if (cfg.personId) headers[cfg.personIdHeader] = cfg.personId;
+  return headers;
+}
+
+function noticeUrl(cfg, path, sessionId) {
+  return cfg.gatewayUrl + path.replace("{sessionId}", encodeURIComponent(sessionId));
+}
+
+/** Tells the gateway that a person's turn has begun in session `sessionId`: its model request follows
+ * once OpenClaw has built the prompt, and the policy server holds its background work (recomputing
+ * prefixes for new weights, compiling ahead) meanwhile. Not awaited by the hook: the turn never waits. */
+export function postTurnStarting(cfg, logger, sessionId) {
+  if (!cfg.gatewayUrl || !cfg.turnStartingPath || !sessionId) return Promise.resolve();
+  const url = noticeUrl(cfg, cfg.turnStartingPath, sessionId);
+  return fetch(url, { method: "POST", headers: noticeHeaders(cfg, sessionId), body: "{}",
+    signal: AbortSignal.timeout(TURN_NOTICE_TIMEOUT_MS) })
+    .then((res) => {
+      // 404: a gateway without the route; the turn is served the same, only without the hold
+      if (!res.ok && res.status !== 404) logger.warn?.(`openclaw-jax: turn notice for ${sessionId} to ${url} answered ${res.status}`);
+    })
+    .catch((err) => logger.warn?.(`openclaw-jax: turn notice for ${sessionId} to ${url} failed: ${err}`));
+}
+
 async function postSessionDone(cfg, logger, notified, sessionId, reason) {
   if (!cfg.gatewayUrl || !sessionId || notified.has(sessionId)) return;
   notified.add(sessionId);
   if (notified.size > NOTIFIED_MAX) notified.delete(notified.values().next().value);
-  const headers = {
-    "Content-Type": "application/json",
-    [cfg.sessionIdHeader]: sessionId,
-    [cfg.sessionDoneHeader]: "1",
-    [cfg.turnTypeHeader]: "side",
-  };
-  if (cfg.apiKey) headers.Authorization = `Bearer ${cfg.apiKey}`;
-  if (cfg.personId) headers[cfg.personIdHeader] = cfg.personId;
-  const url = cfg.gatewayUrl + cfg.sessionDonePath.replace("{sessionId}", encodeURIComponent(sessionId));
+  const headers = { ...noticeHeaders(cfg, sessionId), [cfg.sessionDoneHeader]: "1" };
+  const url = noticeUrl(cfg, cfg.sessionDonePath, sessionId);
   try {
     const res = await fetch(url, {
       method: "POST",
@@ -133,17 +155,27 @@ function register(api) {
   const noteRun = (_event, ctx) => {
     if (!ctx?.sessionId) return;
     const prev = runs.get(ctx.sessionId);
-    runs.set(ctx.sessionId, {
+    const run = {
       trigger: ctx.trigger ?? prev?.trigger,
       provenance: ctx.inputProvenance?.kind ?? prev?.provenance,
       sessionKey: ctx.sessionKey ?? prev?.sessionKey,
       compacting: prev?.compacting ?? false,
-    });
+      announced: prev?.announced ?? false,
+    };
+    runs.set(ctx.sessionId, run);
+    // the first hook of a person's run (agent_end forgets the run): one notice per turn
+    if (!run.announced && turnType(cfg, run) === "main") {
+      run.announced = true;
+      void postTurnStarting(cfg, logger, ctx.sessionId);
+    }
   };
   const setCompacting = (flag) => (_event, ctx) => {
     const run = ctx?.sessionId && runs.get(ctx.sessionId);
     if (run) run.compacting = flag;
   };
+  // before_model_resolve: the first hook of a run (before OpenClaw loads the session and builds the prompt),
+  // so the turn notice leaves as the person's message arrives
+  api.on("before_model_resolve", noteRun);
   api.on("before_prompt_build", noteRun);
   api.on("before_agent_run", noteRun);
   api.on("before_compaction", setCompacting(true));

@@ -113,6 +113,10 @@ class GatewayConfig:
     # --- sessions and store
     store_dir: str = "runs/samples"
     session_idle_timeout_s: float = 6 * 3600.0   # idle sessions are ended (unscored turns dropped)
+    # A turn-starting notice (our OpenClaw plugin's, as a person's message arrives) asks the policy servers to
+    # hold their background work (recomputing prefixes for new weights, compiling ahead) until the turn's
+    # request comes, this long at most, while the client builds its prompt (0: notices change nothing)
+    turn_notice_hold_s: float = 10.0
     max_sessions: int = 100_000
     shutdown_grace_s: float = 30.0          # on SIGTERM, wait this long for running judgements
     segment_max_bytes: int = 64 << 20
@@ -184,6 +188,8 @@ class GatewayConfig:
         require(bool(self.store_dir), "gateway.store_dir must name a directory for the sample store")
         require(self.session_idle_timeout_s > 0,
                  f"gateway.session_idle_timeout_s={self.session_idle_timeout_s} must be > 0")
+        require(0 <= self.turn_notice_hold_s <= 600,
+                 f"gateway.turn_notice_hold_s={self.turn_notice_hold_s} must be between 0 and 600 seconds")
         require(self.max_sessions > 0, f"gateway.max_sessions={self.max_sessions} must be > 0")
         require(self.shutdown_grace_s >= 0, f"gateway.shutdown_grace_s={self.shutdown_grace_s} must be >= 0")
         require(self.segment_max_bytes >= 1 << 16,

@@ -85,12 +85,13 @@ API_KEY_ENV = KEY_ENVIRONMENT["api_key"]
 
 GatewayStats = counters(
     "GatewayStats",
-    "requests main_turns side_turns client_errors pool_errors turns_recorded "
+    "requests main_turns side_turns turn_notices client_errors pool_errors turns_recorded "
     "jobs_queued jobs_dropped_queue_full judgements judge_errors no_sample samples store_errors samples_dropped_store",
     """The gateway's counters (``stats`` in ``/healthz``): requests and their turns, judging, samples.
 
     ``store_errors`` counts failed store writes (each retry counts; ``judge_errors`` never includes them);
-    ``samples_dropped_store`` the samples lost because the store could not take them.
+    ``samples_dropped_store`` the samples lost because the store could not take them; ``turn_notices`` the
+    turn-starting notices (``POST /v1/sessions/{id}/turn_starting``).
     """)
 
 
@@ -225,11 +226,10 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
             except asyncio.TimeoutError:
                 logger.warning("shutdown: %d judgement(s) not finished; their turns produce no sample",
                                self._queue.qsize() + self._active_jobs)
-        for task in [*self._workers, self._housekeeping]:
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*[t for t in [*self._workers, self._housekeeping] if t is not None],
-                             return_exceptions=True)
+        tasks = [t for t in [*self._workers, self._housekeeping, self._turn_notice] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._workers = []
         self._housekeeping = None
         if self.writer is not None:
@@ -254,6 +254,7 @@ class Gateway(JudgePipeline, SessionRoutes, HealthRoutes, ImageTurns, StatusRout
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
         app.router.add_post("/v1/sessions/{session_id}/done", self.handle_session_done)
+        app.router.add_post("/v1/sessions/{session_id}/turn_starting", self.handle_turn_starting)
         self.add_status_routes(app)
         self.add_admin_routes(app)
         return app

@@ -12,6 +12,14 @@ A mixin of :class:`~openclaw_jax.gateway.server.Gateway`:
   person's last reaction or tool results) the session closes as a last main request would, scoring its
   last turn with that next state, but without asking the policy for a reply nobody reads (a simulated
   user's closing request prefilled the whole conversation for one thrown-away token).
+* ``POST /v1/sessions/{session_id}/turn_starting`` says a person's turn has begun in that session (our
+  OpenClaw plugin calls it from the first hook of a run, as the person's message arrives; OpenClaw then
+  spends from a fraction of a second to seconds of CPU building the prompt before its model request). The
+  gateway asks the policy servers (``/expect_request``) to hold their background work (recomputing cached
+  prefixes for new weights, compiling programs ahead) until that request arrives, ``gateway.turn_notice_hold_s``
+  at most, so the client's CPU work and then the turn itself do not share the CPU with it. Answers 202
+  ``{"session_id", "held_s"}`` at once; one such ask is in flight at a time (more notices meanwhile
+  extend nothing: the ask in flight holds as long).
 * A main turn samples with the gateway's temperature and top_p (the trainer's, unless
   ``gateway.honor_client_sampling``); when the client asked for other values, the reply says so in
   the header ``X-Sampling-Override`` (e.g. ``temperature=1 -> 0.7``) instead of replacing them in silence.
@@ -22,6 +30,7 @@ A mixin of :class:`~openclaw_jax.gateway.server.Gateway`:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -49,16 +58,13 @@ class SessionRoutes:
     _check_auth: Any  # the Gateway's key check: the request's caller
     _submit: Any  # the Gateway's hand-off of a scoring job to the judge
     _next_state: Any  # the Gateway's next state of a conversation (off the loop when long)
+    policy: Any   # the policy pool's client
+    stats: Any    # the Gateway's counters
+    _turn_notice: asyncio.Task | None = None  # the policy pool's /expect_request in flight
 
     async def handle_session_done(self, request: web.Request) -> web.Response:
         person = self._check_auth(request).person
-        raw = request.match_info.get("session_id", "")
-        try:
-            info = parse_session_info({"X-Session-Id": raw, "X-Session-Done": "1"}, {})
-        except GatewayHTTPError as err:
-            raise GatewayHTTPError(400, err.message.replace("header X-Session-Id", "the session id in the path"),
-                                   param="session_id") from None
-        sid = info.session_id
+        sid = _path_session_id(request)
         reason, messages = await self._done_body(request)
         # Only the caller's own session: another person's session of the same id is another session.
         ended = (person, sid) in self.sessions
@@ -76,6 +82,23 @@ class SessionRoutes:
                     "last turn scored" if job else "no turn scored", dropped)
         return web.json_response({"session_id": sid, "ended": ended, "dropped_turns": dropped,
                                   "scored_turn": job is not None})
+
+    async def handle_turn_starting(self, request: web.Request) -> web.Response:
+        person = self._check_auth(request).person
+        sid = _path_session_id(request)
+        hold = self.cfg.turn_notice_hold_s
+        self.stats.turn_notices += 1
+        if hold > 0 and (self._turn_notice is None or self._turn_notice.done()):
+            self._turn_notice = asyncio.create_task(self._expect_request(hold), name="turn-notice")
+        logger.debug("turn starting: session %s of %s, policy background work held up to %g s", sid, person, hold)
+        return web.json_response({"session_id": sid, "held_s": hold}, status=202)
+
+    async def _expect_request(self, hold: float) -> None:
+        replies = await self.policy.expect_request(hold)
+        for url, reply in replies.items():
+            if reply["status"] not in (200, 404):  # 404: a worker without the route (SGLang) serves unheld
+                logger.warning("turn notice: %s/expect_request answered %s %s", url, reply["status"],
+                               reply["error"] or reply["body"])
 
     async def _done_body(self, request: web.Request) -> tuple[str | None, list[dict[str, Any]] | None]:
         """The optional body ``{"reason": ..., "messages": [...]}``: OpenClaw's session_end reason (new,
@@ -117,3 +140,13 @@ class SessionRoutes:
                     ("max_tokens", req.max_tokens, params.max_new_tokens))
                    if asked is not None and float(asked) != float(used)]
         return {"X-Sampling-Override": ", ".join(changed)} if changed else {}
+
+
+def _path_session_id(request: web.Request) -> str:
+    """The session id in a session route's path, checked as the ``X-Session-Id`` header would be."""
+    raw = request.match_info.get("session_id", "")
+    try:
+        return parse_session_info({"X-Session-Id": raw, "X-Session-Done": "1"}, {}).session_id
+    except GatewayHTTPError as err:
+        raise GatewayHTTPError(400, err.message.replace("header X-Session-Id", "the session id in the path"),
+                               param="session_id") from None

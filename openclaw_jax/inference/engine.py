@@ -133,6 +133,7 @@ class Engine(WeightSwaps, AdapterServing, CompileAhead):
         self._batch: Batch | None = None
         self._paused = False
         self._draining = 0  # > 0 while a weight swap waits for running sequences to finish
+        self._expected_until = 0.0  # monotonic time until which a request said to be coming holds background work
         self._stop = False
         self._control: list[Callable[[], None]] = []
         self._steps = 0
@@ -194,6 +195,7 @@ class Engine(WeightSwaps, AdapterServing, CompileAhead):
                       seed=int(self._rng.integers(0, 2 ** 31 - 1)) if seed is None else seed)
         with self._cv:
             self._pending.append(seq)
+            self._expected_until = 0.0  # the request a notice announced (or another) is here: the queue speaks now
             self._cv.notify_all()
         return handle
 

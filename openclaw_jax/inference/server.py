@@ -71,6 +71,7 @@ _ROUTES = (
     ("POST", "/pause_generation", "pause_generation"), ("POST", "/continue_generation", "continue_generation"),
     ("GET", "/flush_cache", "flush_cache"), ("POST", "/flush_cache", "flush_cache"),
     ("POST", "/abort_request", "abort_request"), ("POST", "/load_lora_adapter", "load_lora_adapter"),
+    ("POST", "/expect_request", "expect_request"),
 )
 
 
@@ -428,7 +429,8 @@ class InferenceServer(OpenAIRoutes):
                               "weight_version": self.engine.weight_version, "version": "openclaw-jax",
                               "paused": self.engine.paused, "max_text_chars": self.budget.max_text_chars,
                               "connections": dataclasses.asdict(self.connections.stats),
-                              "compile_ahead": dataclasses.asdict(self.engine.ahead_stats)})
+                              "compile_ahead": dataclasses.asdict(self.engine.ahead_stats),
+                              "expecting_request_s": round(self.engine.expecting_request_s, 3)})
 
     # ------------------------------------------------------------------ weights / control
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
@@ -471,6 +473,12 @@ class InferenceServer(OpenAIRoutes):
     async def continue_generation(self, request: web.Request) -> web.Response:
         self.engine.resume()
         return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def expect_request(self, request: web.Request) -> web.Response:
+        """Ours: {"within_s"}: a request is coming (a person's turn has begun); until it arrives, for that long
+        at most, the engine's background work (recomputing prefixes for new weights, compiling ahead) waits."""
+        held = self.engine.expect_request(S.parse_expect_request(await self._json(request)))
+        return json_response({"status": "ok", "held_s": held})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         # the engine's prefix cache (cached prompt K/V); running sequences keep their own KV

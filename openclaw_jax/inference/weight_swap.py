@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 # prefix in 15.4 s as one cold prefill and in 1.17x that as extends of 512 tokens (bench/prefix_refresh.py; 2.08x
 # while the extend's attention ran the blockwise kernel over the padded prefix)
 REFRESH_CHUNK_TOKENS = 512
+# the longest a notice that a request is coming holds background work (`WeightSwaps.expect_request`)
+MAX_EXPECT_S = 30.0
 # after the refresh, passes over the prefixes the old weights cached meanwhile (each pass is a turn or two of tokens)
 CATCH_UP_PASSES = 3
 
@@ -260,9 +262,29 @@ class WeightSwaps:
         longer = [list(p) + [-1] * step for p in paths]  # -1: no token id, so nothing else shares these blocks
         return list(dict.fromkeys(refresh_shapes(paths + longer, cfg, self._prefix.block, REFRESH_CHUNK_TOKENS)))
 
+    def expect_request(self, within_s: float) -> float:
+        """A client says a request is coming (a person's turn has begun; our OpenClaw plugin's notice, through
+        the gateway): until it arrives, for `within_s` seconds at most (capped at `MAX_EXPECT_S`), background
+        work waits as it does for a request being served: the recompute's next chunk and compiling ahead. The
+        person's client builds its prompt on the CPU meanwhile. Returns the seconds held."""
+        if not within_s >= 0:  # also NaN
+            raise ValueError(f"within_s={within_s!r} must be a number of seconds >= 0")
+        held = min(float(within_s), MAX_EXPECT_S)
+        with self._cv:
+            self._expected_until = max(self._expected_until, time.monotonic() + held)
+            self._cv.notify_all()
+        return held
+
+    @property
+    def expecting_request_s(self) -> float:
+        """Seconds left of the hold of an `expect_request` (0: none, or the request came)."""
+        with self._cv:
+            return max(0.0, self._expected_until - time.monotonic())
+
     def _serving_locked(self) -> bool:
-        """(holding `_cv`) Whether a request is queued or running."""
-        return bool(self._pending) or (self._batch is not None and bool(self._batch.active()))
+        """(holding `_cv`) Whether a request is queued or running, or said to be coming (`expect_request`)."""
+        return (bool(self._pending) or (self._batch is not None and bool(self._batch.active()))
+                or time.monotonic() < self._expected_until)
 
     def _wait_until_idle(self, limit_s: float) -> None:
         """Until no request is queued or running, for at most `limit_s`: a refresh chunk goes after the

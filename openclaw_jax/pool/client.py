@@ -478,8 +478,10 @@ class PoolClient:
                 logger.warning("weight update on %s failed: %s", r.url, r.message)
         return results
 
-    async def _fan_out_simple(self, method: str, path: str, payload: Any = None) -> dict[str, Any]:
-        replies = await asyncio.gather(*(self._fan_out_one(w, method, path, payload, self.request_timeout_s)
+    async def _fan_out_simple(self, method: str, path: str, payload: Any = None,
+                              timeout_s: float | None = None) -> dict[str, Any]:
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        replies = await asyncio.gather(*(self._fan_out_one(w, method, path, payload, timeout_s)
                                          for w in self._workers))
         out: dict[str, Any] = {}
         for worker, (status, body, err) in zip(self._workers, replies):
@@ -497,6 +499,12 @@ class PoolClient:
 
     async def continue_generation(self) -> dict[str, Any]:
         return await self._fan_out_simple("POST", "/continue_generation", {})
+
+    async def expect_request(self, within_s: float, timeout_s: float = 5.0) -> dict[str, Any]:
+        """POST `/expect_request` (ours) to every worker: a request is coming (a person's turn has begun), so
+        background work waits up to `within_s` seconds for it. {url: {"status", "body", "error"}}; SGLang has
+        no such route (404) and serves the same without the hold."""
+        return await self._fan_out_simple("POST", "/expect_request", S.expect_request_body(within_s), timeout_s)
 
     async def flush_cache(self) -> dict[str, Any]:
         return await self._fan_out_simple("POST", "/flush_cache")

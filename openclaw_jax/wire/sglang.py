@@ -445,6 +445,21 @@ def pause_request_body(mode: str | None) -> dict[str, Any]:
     return {"mode": mode} if mode else {}
 
 
+def expect_request_body(within_s: float) -> dict[str, Any]:
+    """`/expect_request` body (ours; SGLang has no such route): a request is coming within `within_s`."""
+    return {"within_s": float(within_s)}
+
+
+def parse_expect_request(body: Any) -> float:
+    """`/expect_request` {"within_s": seconds, 0 to 600}: the seconds a coming request holds background work."""
+    if not isinstance(body, Mapping) or "within_s" not in body:
+        raise WireError('the body must be a JSON object {"within_s": seconds}', param="within_s")
+    within_s = as_float(body["within_s"], "within_s")
+    if not 0 <= within_s <= 600:  # also NaN
+        raise WireError(f"within_s={within_s!r} must be between 0 and 600 seconds", param="within_s")
+    return within_s
+
+
 def parse_pause_mode(body: Any) -> str:
     mode = body.get("mode") if isinstance(body, Mapping) and body.get("mode") is not None else "abort"
     if mode not in PAUSE_MODES:

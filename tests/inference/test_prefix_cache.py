@@ -280,6 +280,50 @@ def test_refresh_waits_for_the_running_turn_without_pausing_it(tiny_qwen3_dir, t
         engine.shutdown()
 
 
+def test_a_request_said_to_be_coming_holds_the_refresh_until_it_arrives(tiny_qwen3_dir, tiny_qwen3_dir_b, caplog):
+    """`expect_request` (a person's turn has begun; their client builds its prompt) holds the recompute's next
+    chunk as a request being served does: until the hold ends, or until a request arrives and is served.
+    Without a hold the refresh does not wait."""
+    import logging
+    import re
+    import threading
+
+    from flax import nnx
+    state_a = nnx.split(load_hf_checkpoint(tiny_qwen3_dir)[0])[1]
+    state_b = nnx.split(load_hf_checkpoint(tiny_qwen3_dir_b)[0])[1]
+    engine = make_engine(tiny_qwen3_dir, prefix_refresh_wait_s=120.0, compile_ahead=False)
+    system = tokens(140, 70)
+
+    def waited_s() -> float:
+        found = re.findall(r"recomputed in [\d.]+ s \(([\d.]+) s of it waiting", caplog.text)
+        assert found, caplog.text
+        return float(found[-1])
+
+    try:
+        with pytest.raises(ValueError, match="within_s"):
+            engine.expect_request(float("nan"))
+        caplog.set_level(logging.INFO, logger="openclaw_jax.inference.weight_swap")
+        engine.generate_sync([spec(system)])
+        engine.swap_weights(state_b, "v2")  # no hold: the refresh starts at once
+        assert waited_s() < 0.5
+        engine.generate_sync([spec(system + tokens(141, 5))])
+        assert engine.expect_request(1.5) == 1.5
+        engine.swap_weights(state_a, "v3")  # the hold runs out: the refresh waited it out
+        assert 1.4 <= waited_s() < 10
+        engine.generate_sync([spec(system + tokens(142, 5))])
+        engine.expect_request(60.0)
+        swapper = threading.Thread(target=engine.swap_weights, args=(state_b, "v4"))
+        swapper.start()
+        time.sleep(1.0)
+        assert swapper.is_alive() and engine.weight_version == "v3"  # held
+        came, = engine.generate_sync([spec(system + tokens(143, 5))])  # the request said to be coming
+        swapper.join(60)
+        assert not swapper.is_alive() and engine.weight_version == "v4" and came.weight_version == "v3"
+        assert 0.9 <= waited_s() < 30
+    finally:
+        engine.shutdown()
+
+
 def test_a_turn_served_during_the_refresh_is_caught_up(tiny_qwen3_dir, tiny_qwen3_dir_b, monkeypatch):
     """A turn that finishes on the old weights while the refresh runs (after it chose its prefixes) is
     recomputed too before the new weights serve: the session's next turn after the swap extends only its new

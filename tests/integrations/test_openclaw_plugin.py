@@ -103,3 +103,45 @@ console.log(JSON.stringify(out));
     assert accepted == ["accepted"] * 5
     assert got[8] == {"X-Session-Id": "s1", "X-Turn-Type": "main", "X-Person-Id": "alice"}
     assert 'personId="two words"' in got[9]
+
+
+def test_a_persons_run_sends_one_turn_notice_as_it_begins():
+    """The first hook of a person's run (`before_model_resolve`, before OpenClaw loads the session and builds
+    the prompt) POSTs one turn-starting notice to the gateway, with the session, key and person; the later
+    hooks of the same run send none; a heartbeat run sends none; the next run of the session sends its own;
+    an empty `turnStartingPath` turns the notices off. (Real OpenClaw firing the hook: test_openclaw_real.py.)"""
+    got = node_eval("""
+import http from "node:http";
+const seen = [];
+const server = http.createServer((req, res) => {
+  let body = "";
+  req.on("data", (c) => { body += c; });
+  req.on("end", () => { seen.push({path: req.url, session: req.headers["x-session-id"], type: req.headers["x-turn-type"],
+                                   auth: req.headers.authorization, person: req.headers["x-person-id"], body});
+                        res.writeHead(202, {"Content-Type": "application/json"}); res.end("{}"); });
+});
+await new Promise((r) => server.listen(0, "127.0.0.1", r));
+const url = `http://127.0.0.1:${server.address().port}`;
+function plugin(config) {
+  const hooks = {};
+  P.default.register({pluginConfig: config, logger: {}, on: (name, fn) => { hooks[name] = fn; }, registerProvider: () => {}});
+  return hooks;
+}
+const settle = () => new Promise((r) => setTimeout(r, 300));
+const h = plugin({gatewayUrl: url, apiKey: "k1", personId: "alice"});
+const counts = [];
+h.before_model_resolve({}, {sessionId: "s 1", trigger: "user"}); await settle(); counts.push(seen.length);
+h.before_prompt_build({}, {sessionId: "s 1", trigger: "user"}); h.before_agent_run({}, {sessionId: "s 1", trigger: "user"});
+await settle(); counts.push(seen.length);
+h.agent_end({}, {sessionId: "s 1"});
+h.before_model_resolve({}, {sessionId: "hb", trigger: "heartbeat"}); await settle(); counts.push(seen.length);
+h.before_model_resolve({}, {sessionId: "s 1", trigger: "user"}); await settle(); counts.push(seen.length);
+const off = plugin({gatewayUrl: url, turnStartingPath: ""});
+off.before_model_resolve({}, {sessionId: "s2", trigger: "user"}); await settle(); counts.push(seen.length);
+server.close();
+console.log(JSON.stringify({counts, seen}));
+""")
+    assert got["counts"] == [1, 1, 1, 2, 2], got
+    assert got["seen"][0] == {"path": "/v1/sessions/s%201/turn_starting", "session": "s 1", "type": "side",
+                              "auth": "Bearer k1", "person": "alice", "body": "{}"}
+    assert got["seen"][1] == got["seen"][0]

@@ -144,6 +144,7 @@ def played(stack, tmp_path_factory):
         out["stats_before_heartbeat"] = before = stack.stats()
         out["heartbeat"] = agent.system_event("Reminder: check the build.")
         _wait_for(lambda: stack.stats()["side_turns"] > before["side_turns"], 180, "the heartbeat's model request")
+        out["stats_after_heartbeat"] = stack.stats()
         phase("heartbeat")
         out["b_open_before_new"] = (PERSON, "oc-b") in stack.gateway.sessions
         out["new"] = agent.run_turn("oc-b", "/new")
@@ -203,6 +204,13 @@ def test_interleaved_sessions_are_stored_under_their_openclaw_session_ids(played
     assert A1 in prompt_a and B1 not in prompt_a
     assert B1 in prompt_b and A1 not in prompt_b
     assert played["stats"]["main_turns"] == 5  # local, A1, B1, A2, B2: nothing else was a main turn
+
+
+def test_each_persons_run_announced_itself_before_its_request(played):
+    """The plugin's turn-starting notice (from OpenClaw's first hook of a run): one per person's run, the
+    --local process's and the daemon's, none for the heartbeat's side run."""
+    assert played["stats_before_heartbeat"]["turn_notices"] == 5, played["stats_before_heartbeat"]
+    assert played["stats_after_heartbeat"]["turn_notices"] == 5, played["stats_after_heartbeat"]
 
 
 def test_next_states_are_the_persons_following_messages(played, stack):

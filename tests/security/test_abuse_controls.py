@@ -25,7 +25,8 @@ from tests.helpers.server_utils import REPO, ServerProcess, server_env
 KEY = "k-" + "7" * 40
 CONTROL_ROUTES = [("POST", "/pause_generation", {}), ("POST", "/continue_generation", {}),
                   ("POST", "/abort_request", {"abort_all": True}), ("POST", "/flush_cache", None),
-                  ("GET", "/flush_cache", None), ("POST", "/update_weights_from_disk", {"model_path": "/etc"})]
+                  ("GET", "/flush_cache", None), ("POST", "/update_weights_from_disk", {"model_path": "/etc"}),
+                  ("POST", "/expect_request", {"within_s": 600})]
 
 
 def test_a_server_reachable_from_elsewhere_needs_a_key(tiny_qwen3_dir):
@@ -56,6 +57,8 @@ def test_control_routes_need_the_key_and_change_nothing_without_it(keyed_server)
     for method, path, body in CONTROL_ROUTES:
         r = requests.request(method, server.url + path, json=body, timeout=60)
         assert r.status_code == 401, (path, r.status_code, r.text)
+    info = requests.get(server.url + "/get_server_info", headers=auth, timeout=60).json()
+    assert info["expecting_request_s"] == 0, info  # no background work held (a request would end a hold)
     # nothing was paused, aborted or swapped: a generation runs, on the weights it started with
     r = generate(server.url, auth)
     assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == "default", r.text
