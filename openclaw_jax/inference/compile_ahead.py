@@ -173,8 +173,8 @@ class CompileAhead:
             self.ahead_stats.failed += 1
 
     def _idle_for(self, seconds: float) -> bool:
-        """Until no request has been queued or running for `seconds` (True), or the engine or compile-ahead
-        stops (False)."""
+        """Until no request has been queued, running or said to be coming for `seconds` (True), or the engine or
+        compile-ahead stops (False)."""
         quiet_since = None
         with self._cv:
             while not self._stop and not self._ahead_stop.is_set():

@@ -287,8 +287,8 @@ class WeightSwaps:
                 or time.monotonic() < self._expected_until)
 
     def _wait_until_idle(self, limit_s: float) -> None:
-        """Until no request is queued or running, for at most `limit_s`: a refresh chunk goes after the
-        turn being served (the weights it prepares wait; serving does not)."""
+        """Until no request is queued, running or said to be coming, for at most `limit_s`: a refresh chunk
+        goes after the turn being served (the weights it prepares wait; serving does not)."""
         deadline = time.monotonic() + limit_s
         with self._cv:
             while not self._stop and self._serving_locked():
