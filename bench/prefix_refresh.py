@@ -5,7 +5,7 @@ At a swap the policy server recomputes each active session's cached prefix under
 CPU with it: the fewer seconds the recompute takes, the fewer turns meet it. This times the recompute of one
 OpenClaw-shaped prefix (`--length` tokens cut from OpenClaw's recorded system prompt, as `bench/prefill.py`) by
 the engine's own prefill and extend steps (SmolLM2-135M, float32, the live config's buckets) in chunks of
-each `--chunks` size (`refresh_prefixes(chunk_tokens=...)`, the server's being `REFRESH_CHUNK_TOKENS`; one at
+each `--chunks` size (`refresh_prefixes(chunk_tokens=...)`, the server's being `EngineConfig.prefix_refresh_chunk_tokens`; one at
 or above the length: one cold prefill), every size compiled first, then timed in turn (`--repeats` rounds, medians). Reported: seconds, tokens/s, and each size's
 time over the one-call recompute's.
 

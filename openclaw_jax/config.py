@@ -204,6 +204,7 @@ class PolicyConfig:
     prefix_refresh_tokens: int = 8192
     prefix_refresh_entries: int = 8
     prefix_refresh_wait_s: float = 10.0  # before each prefix the refresh recomputes, wait this long at most for no request
+    prefix_refresh_chunk_tokens: int = 512  # the refresh recomputes this many tokens at a time, waiting before each chunk
     # mode=process: the trainer's threads that run no Python (XLA's pools, where a step's arithmetic runs) in Linux's
     # SCHED_IDLE class as well: a core only when serving leaves one (cpu_priority.py; its Python threads share the
     # interpreter lock with the gateway and keep the nice value alone). Measured: docs/performance.md
@@ -234,6 +235,8 @@ class PolicyConfig:
         _require(self.prefix_cache_mb >= 0, f"policy.prefix_cache_mb={self.prefix_cache_mb} must be >= 0 (0: off)")
         for name in ("prefix_refresh_tokens", "prefix_refresh_entries"):
             _require(getattr(self, name) >= 0, f"policy.{name}={getattr(self, name)} must be >= 0 (0: no refresh)")
+        _require(self.prefix_refresh_chunk_tokens >= 1,
+                 f"policy.prefix_refresh_chunk_tokens={self.prefix_refresh_chunk_tokens} must be >= 1")
         _require(self.prefix_refresh_wait_s >= 0,
                  f"policy.prefix_refresh_wait_s={self.prefix_refresh_wait_s} must be >= 0 (0: never wait)")
         _require(0 <= self.trainer_nice <= 19, f"policy.trainer_nice={self.trainer_nice} must be a nice value in "

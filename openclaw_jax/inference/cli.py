@@ -63,11 +63,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
                     help="at most this many prefixes (sessions) recomputed per weight update (0: none)")
     ap.add_argument("--prefix-refresh-wait", type=float, default=10.0,
                     help="seconds the refresh waits at most, before each prefix it recomputes, for no request to run")
+    ap.add_argument("--prefix-refresh-chunk", type=int, default=512,
+                    help="the refresh recomputes a prefix this many tokens at a time (whole blocks), waiting before "
+                         "each chunk: a turn that arrives shares the CPU with the rest of one chunk at most")
     lora = ap.add_argument_group("per-person LoRA adapters (a request names its adapter in lora_path)")
     lora.add_argument("--lora-slots", type=int, default=0,
                       help="adapters resident at once, least recently used evicted (0: serve the base model only)")
     lora.add_argument("--lora-max-rank", type=int, default=16, help="largest adapter rank (smaller ones are padded)")
-    lora.add_argument("--lora-targets", default=",".join(LORA_TARGETS),
+    lora.add_argument("--lora-targets", type=_names, default=LORA_TARGETS,
                       help="projections adapters may adapt, comma-separated (default: all)")
     lora.add_argument("--lora-dir", default=None,
                       help="directory of adapters, one per person in PEFT's layout: DIR/<person>/adapter_config.json + "
@@ -95,6 +98,26 @@ def build_arg_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-request-image-pixels", type=int, default=d.max_total_pixels,
                         help="most image pixels in a request, summed")
     return ap
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
+    """The engine's settings from the parsed flags."""
+    return EngineConfig(max_batch_size=args.max_running_requests, min_prompt_bucket=args.min_prompt_bucket,
+                        min_cache_bucket=args.min_cache_bucket, min_batch_bucket=args.min_batch_bucket,
+                        min_prefill_rows=args.min_prefill_rows, max_prefill_rows=args.max_prefill_rows,
+                        kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30)),
+                        prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
+                        prefix_refresh_tokens=args.prefix_refresh_tokens,
+                        prefix_refresh_entries=args.prefix_refresh_entries,
+                        prefix_refresh_wait_s=args.prefix_refresh_wait,
+                        prefix_refresh_chunk_tokens=args.prefix_refresh_chunk, compile_ahead=args.compile_ahead,
+                        lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank, lora_targets=args.lora_targets,
+                        lora_dir=args.lora_dir)
 
 
 def image_limits_from(args: argparse.Namespace) -> ImageLimits:
@@ -149,10 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "max_prefill_rows"):
             if getattr(args, flag) < 0:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 0")
+        if args.prefix_refresh_chunk < 1:
+            raise ValueError(f"--prefix-refresh-chunk={args.prefix_refresh_chunk} must be >= 1")
         image_limits = image_limits_from(args)
         args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         check_exposure(args.host, args.api_key)
-        args.lora_targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
         EngineConfig(lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank,  # the adapter flags' checks
                      lora_targets=args.lora_targets)
         if args.lora_dir is not None and not Path(args.lora_dir).is_dir():
@@ -173,21 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     context_length = context_length_from(hf_config, model.cfg, args.context_length)
     engine = Engine(model, tokenizer, context_length=context_length, weight_version=args.weight_version,
                     seed=args.seed,
-                    config=EngineConfig(max_batch_size=args.max_running_requests,
-                                        min_prompt_bucket=args.min_prompt_bucket,
-                                        min_cache_bucket=args.min_cache_bucket,
-                                        min_batch_bucket=args.min_batch_bucket,
-                                        min_prefill_rows=args.min_prefill_rows,
-                                        max_prefill_rows=args.max_prefill_rows,
-                                        kv_cache_budget_bytes=int(args.kv_cache_budget_gb * (1 << 30)),
-                                        prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
-                                        prefix_refresh_tokens=args.prefix_refresh_tokens,
-                                        prefix_refresh_entries=args.prefix_refresh_entries,
-                                        prefix_refresh_wait_s=args.prefix_refresh_wait,
-                                        compile_ahead=args.compile_ahead,
-                                        lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank,
-                                        lora_targets=args.lora_targets,
-                                        lora_dir=args.lora_dir))
+                    config=engine_config_from(args))
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,

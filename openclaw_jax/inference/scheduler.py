@@ -85,6 +85,12 @@ class EngineConfig:
     # before each prefix (and each catch-up pass) it recomputes, the refresh waits up to this long for no request
     # to be queued or running: it takes the gaps between a person's turns
     prefix_refresh_wait_s: float = 10.0
+    # a prefix is recomputed this many tokens at a time (whole blocks), waiting for serving to be idle before each
+    # chunk, so a person's turn shares the CPU with the rest of one chunk at most (about 3 s over 4 k cached tokens on
+    # 2 AVX2 cores), not with a whole cold prefill of the prefix (15 s at 4 k tokens). On those cores SmolLM2-135M
+    # recomputed a 4 k-token prefix in 15.4 s as one cold prefill and in 1.17x that as extends of 512 tokens
+    # (bench/prefix_refresh.py)
+    prefix_refresh_chunk_tokens: int = 512
     # in idle time, compile the prefill / extend shapes the sessions' next turns and the next recompute will call
     # (compile_ahead.py), so that neither a turn nor the recompute meets a first call
     compile_ahead: bool = True
@@ -110,6 +116,8 @@ class EngineConfig:
         for name in ("prefix_refresh_tokens", "prefix_refresh_entries"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 turns the refresh at weight swaps off)")
+        if self.prefix_refresh_chunk_tokens < 1:
+            raise ValueError(f"prefix_refresh_chunk_tokens={self.prefix_refresh_chunk_tokens} must be >= 1")
         if self.prefix_refresh_wait_s < 0:
             raise ValueError(f"prefix_refresh_wait_s={self.prefix_refresh_wait_s} must be >= 0 (0: never wait)")
         if self.max_prefill_rows < 0:

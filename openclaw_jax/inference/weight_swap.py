@@ -14,7 +14,7 @@ then installs the weights and the fresh cache together between two steps (`Engin
 
 The fresh entries are computed by the engine's own prefill and extend steps (`prefill.Prefiller`) from
 the prefixes' token ids, one prefix after another (newest first, so later ones extend the shared
-system prompt instead of recomputing it) and `REFRESH_CHUNK_TOKENS` at a time (the remainder first, so
+system prompt instead of recomputing it) and `EngineConfig.prefix_refresh_chunk_tokens` at a time (the remainder first, so
 every later chunk has that length and the calls' shapes recur from swap to swap: `refresh_shapes` lists
 them, for the engine to compile ahead), each chunk waiting until no request is queued or running
 (`EngineConfig.prefix_refresh_wait_s` at most): the refresh takes the gaps between a person's turns, and
@@ -44,12 +44,6 @@ from openclaw_jax.inference.types import GenerationSpec, SamplingParams, Sequenc
 
 logger = logging.getLogger(__name__)
 
-# a prefix is recomputed this many tokens at a time (whole blocks), waiting for serving to be idle before each
-# chunk, so a person's turn shares the CPU with the rest of one chunk at most (about 2 s on 2 AVX2 cores), not with
-# a whole cold prefill of the prefix (15 s at 4 k tokens). On those cores SmolLM2-135M recomputed a 4 k-token
-# prefix in 15.4 s as one cold prefill and in 1.17x that as extends of 512 tokens (bench/prefix_refresh.py; 2.08x
-# while the extend's attention ran the blockwise kernel over the padded prefix)
-REFRESH_CHUNK_TOKENS = 512
 # the longest a notice that a request is coming holds background work (`WeightSwaps.expect_request`)
 MAX_EXPECT_S = 30.0
 # after the refresh, passes over the prefixes the old weights cached meanwhile (each pass is a turn or two of tokens)
@@ -117,7 +111,7 @@ def refresh_step(chunk_tokens: int, block: int) -> int:
 
 
 def refresh_shapes(prefixes: Sequence[Sequence[int]], config: EngineConfig, block: int,
-                   chunk_tokens: int = REFRESH_CHUNK_TOKENS) -> list[CallShape]:
+                   chunk_tokens: int) -> list[CallShape]:
     """The calls `refresh_prefixes` makes to recompute `prefixes` into an empty cache, in order: the same chunks
     over a model of the fresh cache's contents (which blocks it holds), without the model."""
     step = refresh_step(chunk_tokens, block)
@@ -141,7 +135,7 @@ def refresh_shapes(prefixes: Sequence[Sequence[int]], config: EngineConfig, bloc
 
 
 def refresh_prefixes(prefixes: Sequence[Sequence[int]], *, graphdef: Any, state: Any, config: EngineConfig,
-                     vocab_size: int, fresh: PrefixCache, generation: int, chunk_tokens: int = REFRESH_CHUNK_TOKENS,
+                     vocab_size: int, fresh: PrefixCache, generation: int, chunk_tokens: int,
                      before_chunk: Callable[[], None] = lambda: None, shapes: ShapeLog | None = None) -> Refreshed:
     """Prefill `prefixes` (token ids, whole blocks) with `state` into the empty cache `fresh`, whose
     entries then belong to weights generation `generation`. Runs on the caller's thread: the jitted
@@ -234,7 +228,7 @@ class WeightSwaps:
             def refresh(prefixes: list[list[int]]) -> Refreshed:
                 return refresh_prefixes(prefixes, graphdef=self._graphdef, state=state, config=cfg,
                                         vocab_size=self.vocab_size, fresh=fresh, generation=-1,
-                                        chunk_tokens=REFRESH_CHUNK_TOKENS, shapes=self._shapes,
+                                        chunk_tokens=cfg.prefix_refresh_chunk_tokens, shapes=self._shapes,
                                         before_chunk=lambda: self._wait_until_idle(cfg.prefix_refresh_wait_s))
 
             done = refresh(paths)
@@ -258,9 +252,10 @@ class WeightSwaps:
         if not (self._prefix.enabled and cfg.prefix_refresh_tokens > 0 and cfg.prefix_refresh_entries > 0):
             return []
         paths = self._prefix.hot_paths(cfg.prefix_refresh_tokens, cfg.prefix_refresh_entries)
-        step = refresh_step(REFRESH_CHUNK_TOKENS, self._prefix.block)
+        step = refresh_step(cfg.prefix_refresh_chunk_tokens, self._prefix.block)
         longer = [list(p) + [-1] * step for p in paths]  # -1: no token id, so nothing else shares these blocks
-        return list(dict.fromkeys(refresh_shapes(paths + longer, cfg, self._prefix.block, REFRESH_CHUNK_TOKENS)))
+        return list(dict.fromkeys(refresh_shapes(paths + longer, cfg, self._prefix.block,
+                                                  cfg.prefix_refresh_chunk_tokens)))
 
     def expect_request(self, within_s: float) -> float:
         """A client says a request is coming (a person's turn has begun; our OpenClaw plugin's notice, through

@@ -41,7 +41,8 @@ def engine_config(policy: PolicyConfig) -> EngineConfig:
                         prefix_cache_bytes=policy.prefix_cache_mb << 20,
                         prefix_refresh_tokens=policy.prefix_refresh_tokens,
                         prefix_refresh_entries=policy.prefix_refresh_entries,
-                        prefix_refresh_wait_s=policy.prefix_refresh_wait_s)
+                        prefix_refresh_wait_s=policy.prefix_refresh_wait_s,
+                        prefix_refresh_chunk_tokens=policy.prefix_refresh_chunk_tokens)
 
 
 def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weight_dirs: Sequence[Path]) -> list[str]:
@@ -60,6 +61,7 @@ def server_command(cfg: ExperimentConfig, model: str, weight_version: str, weigh
            "--prefix-refresh-tokens", str(policy.prefix_refresh_tokens),
            "--prefix-refresh-entries", str(policy.prefix_refresh_entries),
            "--prefix-refresh-wait", str(policy.prefix_refresh_wait_s),
+           "--prefix-refresh-chunk", str(policy.prefix_refresh_chunk_tokens),
            *(a for d in weight_dirs for a in ("--weight-dir", str(d))),
            "--compile-cache-dir", str(cfg.compile_cache_dir), "--log-level", cfg.log_level.lower()]
     if policy.context_length:

@@ -102,18 +102,17 @@ def run_session(engine, cold, state_b, caplog):
     return compiled, out, ref
 
 
-def test_a_swap_and_the_next_turns_run_programs_compiled_ahead(tmp_path, caplog, monkeypatch):
+def test_a_swap_and_the_next_turns_run_programs_compiled_ahead(tmp_path, caplog):
     """A model of its own (no other test compiled its programs): after two turns and the engine's idle time,
     the swap's recompute (cold chunk, extends over 2 / 4 / 8 blocks) and two more turns (the last one extending
     over 16 blocks) make no XLA compilation of a prefill or an extend, and the last turn equals a cold engine's
     with the new weights. Without compile-ahead, the same session compiles them on the way (the capture works)."""
-    monkeypatch.setattr(weight_swap, "REFRESH_CHUNK_TOKENS", 2 * BLOCK)
     for hidden, ahead in ((48, True), (40, False)):
         dir_a = make_tiny_qwen3_checkpoint(tmp_path / f"a{hidden}", seed=0, hidden=hidden)
         dir_b = make_tiny_qwen3_checkpoint(tmp_path / f"b{hidden}", seed=1, hidden=hidden)
         from flax import nnx
         state_b = nnx.split(load_hf_checkpoint(dir_b)[0])[1]
-        engine = make_engine(dir_a, compile_ahead=ahead)
+        engine = make_engine(dir_a, compile_ahead=ahead, prefix_refresh_chunk_tokens=2 * BLOCK)
         cold = make_engine(dir_b, prefix_cache_bytes=0, compile_ahead=False)
         try:
             compiled, out, ref = run_session(engine, cold, state_b, caplog)

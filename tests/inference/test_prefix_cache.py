@@ -216,15 +216,13 @@ def test_weight_swap_invalidates_without_refresh(tiny_qwen3_dir, tiny_qwen3_dir_
 
 
 @pytest.mark.parametrize("chunk", [8192, 32])
-def test_hot_prefixes_survive_weight_swaps_and_a_rollback(tiny_qwen3_dir, tiny_qwen3_dir_b, monkeypatch, chunk):
+def test_hot_prefixes_survive_weight_swaps_and_a_rollback(tiny_qwen3_dir, tiny_qwen3_dir_b, chunk):
     """A session's next turn after a swap reuses its whole prompt so far, and its log-probs equal a fresh
     engine's with the new weights (no prefix cache); swapping back (a rollback) refreshes again. With
     32-token chunks each prefix is recomputed as a cold prefill and extends of the chunks before it."""
     from flax import nnx
 
-    from openclaw_jax.inference import weight_swap
-    monkeypatch.setattr(weight_swap, "REFRESH_CHUNK_TOKENS", chunk)
-    engine = make_engine(tiny_qwen3_dir)
+    engine = make_engine(tiny_qwen3_dir, prefix_refresh_chunk_tokens=chunk)
     cold_a = make_engine(tiny_qwen3_dir, prefix_cache_bytes=0)
     cold_b = make_engine(tiny_qwen3_dir_b, prefix_cache_bytes=0)
     state_a = nnx.split(load_hf_checkpoint(tiny_qwen3_dir)[0])[1]
@@ -448,3 +446,5 @@ def test_disabled_cache_and_config_validation(engines):
         EngineConfig(prefix_cache_bytes=-1)
     with pytest.raises(ValueError, match="prefix_refresh_tokens=-1"):
         EngineConfig(prefix_refresh_tokens=-1)
+    with pytest.raises(ValueError, match="prefix_refresh_chunk_tokens=0"):
+        EngineConfig(prefix_refresh_chunk_tokens=0)
