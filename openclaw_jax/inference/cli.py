@@ -172,13 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "max_prefill_rows"):
             if getattr(args, flag) < 0:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 0")
-        if args.prefix_refresh_chunk < 1:
-            raise ValueError(f"--prefix-refresh-chunk={args.prefix_refresh_chunk} must be >= 1")
         image_limits = image_limits_from(args)
         args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         check_exposure(args.host, args.api_key)
-        EngineConfig(lora_slots=args.lora_slots, lora_max_rank=args.lora_max_rank,  # the adapter flags' checks
-                     lora_targets=args.lora_targets)
+        engine_config = engine_config_from(args)  # its checks: the refresh chunk, the adapter flags
         if args.lora_dir is not None and not Path(args.lora_dir).is_dir():
             raise ValueError(f"--lora-dir {args.lora_dir}: not a directory")
         for directory in args.weight_dir:
@@ -197,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     context_length = context_length_from(hf_config, model.cfg, args.context_length)
     engine = Engine(model, tokenizer, context_length=context_length, weight_version=args.weight_version,
                     seed=args.seed,
-                    config=engine_config_from(args))
+                    config=engine_config)
     name = args.served_model_name or (args.model if args.model == "smollm2" else str(Path(args.model).name))
     server = InferenceServer(engine, tokenizer, model_path=source, served_model_name=name, api_key=args.api_key,
                              guard=guard, max_text_chars=args.max_text_chars,

@@ -5,11 +5,10 @@ on a tiny model (tests/helpers/served_stack.py). The hold itself, on the recompu
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
+from tests.gateway.test_gateway_hardening import wait_for
 from tests.helpers.served_stack import API_KEY, MESSAGES, Served
 
 PERSON = {"Authorization": f"Bearer {API_KEY}"}
@@ -22,13 +21,6 @@ def served(tiny_qwen3_dir, tmp_path_factory):
     stack.close()
 
 
-def wait_for(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the time"
-        time.sleep(0.05)
-
-
 def test_a_turn_notice_holds_the_policy_servers_background_work_until_the_turn_comes(served):
     http = served.http
     assert http.post("/v1/sessions/s1/turn_starting").status_code == 401  # a person's key, like any session route
@@ -37,7 +29,7 @@ def test_a_turn_notice_holds_the_policy_servers_background_work_until_the_turn_c
     assert served.engine.expecting_request_s == 0
     ok = http.post("/v1/sessions/s1/turn_starting", headers=PERSON)
     assert ok.status_code == 202 and ok.json() == {"session_id": "s1", "held_s": 10.0}, ok.text
-    wait_for(lambda: served.engine.expecting_request_s > 5)  # the gateway's ask reached the engine
+    wait_for(lambda: served.engine.expecting_request_s > 5, 10.0, "the gateway's ask to reach the engine")
     turn = http.post("/v1/chat/completions", headers={**PERSON, "X-Session-Id": "s1"},
                      json={"model": "tiny", "messages": MESSAGES, "max_tokens": 4})
     assert turn.status_code == 200, turn.text
