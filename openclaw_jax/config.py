@@ -204,7 +204,7 @@ class PolicyConfig:
     prefix_refresh_tokens: int = 8192
     prefix_refresh_entries: int = 8
     prefix_refresh_wait_s: float = 10.0  # before each prefix the refresh recomputes, wait this long at most for no request
-    prefix_refresh_chunk_tokens: int = 512  # the refresh recomputes this many tokens at a time, waiting before each chunk
+    prefix_refresh_chunk_tokens: int = 256  # the refresh recomputes this many tokens at a time, waiting before each chunk
     # mode=process: the trainer's threads that run no Python (XLA's pools, where a step's arithmetic runs) in Linux's
     # SCHED_IDLE class as well: a core only when serving leaves one (cpu_priority.py; its Python threads share the
     # interpreter lock with the gateway and keep the nice value alone). Measured: docs/performance.md

@@ -56,14 +56,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-cache-budget-gb", type=float, default=2.0)
     ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                     help="memory for K/V of cached prompt prefixes (system prompt, earlier turns); 0: off")
-    ap.add_argument("--prefix-refresh-tokens", type=int, default=8192,
+    ap.add_argument("--prefix-refresh-tokens", type=int, default=EngineConfig.prefix_refresh_tokens,
                     help="at a weight update, the most recently used cached prefixes holding up to this many tokens "
                          "are recomputed with the new weights before they serve (0: the update empties the cache)")
-    ap.add_argument("--prefix-refresh-entries", type=int, default=8,
+    ap.add_argument("--prefix-refresh-entries", type=int, default=EngineConfig.prefix_refresh_entries,
                     help="at most this many prefixes (sessions) recomputed per weight update (0: none)")
-    ap.add_argument("--prefix-refresh-wait", type=float, default=10.0,
+    ap.add_argument("--prefix-refresh-wait", type=float, default=EngineConfig.prefix_refresh_wait_s,
                     help="seconds the refresh waits at most, before each prefix it recomputes, for no request to run")
-    ap.add_argument("--prefix-refresh-chunk", type=int, default=512,
+    ap.add_argument("--prefix-refresh-chunk", type=int, default=EngineConfig.prefix_refresh_chunk_tokens,
                     help="the refresh recomputes a prefix this many tokens at a time (whole blocks), waiting before "
                          "each chunk: a turn that arrives shares the CPU with the rest of one chunk at most")
     lora = ap.add_argument_group("per-person LoRA adapters (a request names its adapter in lora_path)")

@@ -86,11 +86,11 @@ class EngineConfig:
     # to be queued or running: it takes the gaps between a person's turns
     prefix_refresh_wait_s: float = 10.0
     # a prefix is recomputed this many tokens at a time (whole blocks), waiting for serving to be idle before each
-    # chunk, so a person's turn shares the CPU with the rest of one chunk at most (about 3 s over 4 k cached tokens on
-    # 2 AVX2 cores), not with a whole cold prefill of the prefix (15 s at 4 k tokens). On those cores SmolLM2-135M
-    # recomputed a 4 k-token prefix in 15.4 s as one cold prefill and in 1.17x that as extends of 512 tokens
-    # (bench/prefix_refresh.py)
-    prefix_refresh_chunk_tokens: int = 512
+    # chunk, so a person's turn shares the CPU with the rest of one chunk at most (about 1.5 s of 256 tokens over 4 k
+    # cached on 2 AVX2 cores), not with a whole cold prefill of the prefix (15 s at 4 k tokens); smaller chunks cost
+    # more CPU in all (bench/prefix_refresh.py) and held the p95 of turns through OpenClaw closer to training off's
+    # (bench/openclaw_turns.py; both in docs/performance.md)
+    prefix_refresh_chunk_tokens: int = 256
     # in idle time, compile the prefill / extend shapes the sessions' next turns and the next recompute will call
     # (compile_ahead.py), so that neither a turn nor the recompute meets a first call
     compile_ahead: bool = True

@@ -24,3 +24,12 @@ def test_the_server_process_gets_the_embedded_engines_settings(tmp_path):
                                  for f in dataclasses.fields(process)
                                  if getattr(process, f.name) != getattr(embedded, f.name)}
     assert (process.prefix_refresh_chunk_tokens, process.prefix_refresh_wait_s, process.max_batch_size) == (256, 2.5, 6)
+
+
+def test_the_default_policy_section_recomputes_as_a_server_started_alone_does(tmp_path):
+    """A server started by hand (`python -m openclaw_jax.inference` with no refresh flags) recomputes hot prefixes
+    at a swap as a live run's policy server does by default: same budget, wait and chunk."""
+    refresh = ("prefix_refresh_tokens", "prefix_refresh_entries", "prefix_refresh_wait_s", "prefix_refresh_chunk_tokens")
+    by_hand = engine_config_from(build_arg_parser().parse_args(["--model", "tiny"]))
+    live = engine_config(load_experiment_config(overrides=[]).policy)
+    assert {name: getattr(by_hand, name) for name in refresh} == {name: getattr(live, name) for name in refresh}
