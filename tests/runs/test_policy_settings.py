@@ -15,7 +15,7 @@ def test_the_server_process_gets_the_embedded_engines_settings(tmp_path):
     cfg = load_experiment_config(overrides=[
         "policy.max_batch_size=6", "policy.min_batch_rows=2", "policy.max_prefill_rows=3", "policy.min_cache_len=128",
         "policy.min_prompt_len=64", "policy.prefix_cache_mb=96", "policy.prefix_refresh_tokens=4096",
-        "policy.prefix_refresh_entries=3", "policy.prefix_refresh_wait_s=2.5", "policy.prefix_refresh_chunk_tokens=256"])
+        "policy.prefix_refresh_entries=3", "policy.prefix_refresh_wait_s=2.5", "policy.prefix_refresh_chunk_tokens=128"])
     cmd = server_command(cfg, "tiny", "7", [tmp_path])
     assert cmd[1:3] == ["-m", "openclaw_jax.inference"]
     args = build_arg_parser().parse_args(cmd[3:])
@@ -23,10 +23,10 @@ def test_the_server_process_gets_the_embedded_engines_settings(tmp_path):
     assert process == embedded, {f.name: (getattr(process, f.name), getattr(embedded, f.name))
                                  for f in dataclasses.fields(process)
                                  if getattr(process, f.name) != getattr(embedded, f.name)}
-    assert (process.prefix_refresh_chunk_tokens, process.prefix_refresh_wait_s, process.max_batch_size) == (256, 2.5, 6)
+    assert (process.prefix_refresh_chunk_tokens, process.prefix_refresh_wait_s, process.max_batch_size) == (128, 2.5, 6)
 
 
-def test_the_default_policy_section_recomputes_as_a_server_started_alone_does(tmp_path):
+def test_the_default_policy_section_recomputes_as_a_server_started_alone_does():
     """A server started by hand (`python -m openclaw_jax.inference` with no refresh flags) recomputes hot prefixes
     at a swap as a live run's policy server does by default: same budget, wait and chunk."""
     refresh = ("prefix_refresh_tokens", "prefix_refresh_entries", "prefix_refresh_wait_s", "prefix_refresh_chunk_tokens")
