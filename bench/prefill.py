@@ -16,7 +16,11 @@ accumulation), in one process run:
   * the machine's own matmul rate: an XLA dot of each of a layer's weight matrices by B*L rows (in
     --dtype, as our layers run them: `openclaw_jax.models.matmul.contract`), timed in this process
     (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
-    second over that rate; 1.0 = the whole prefill runs as fast as plain matmuls of the layer shapes).
+    second over that rate; 1.0 = the whole prefill runs as fast as plain matmuls of the layer shapes);
+  * where our prefill's time goes: the share of it that the layers' matmuls (the dots above, times the layers)
+    and their causal attention (`causal_forward_attention` alone on the layer's head shapes, times the layers)
+    take when timed alone (their sum can pass 1: in the prefill XLA fuses element-wise work into them, and a
+    part timed alone need not run at the speed it runs at inside the whole).
 
 Model FLOPs count the layers' matmuls, causal attention (QK^T and PV over the visible keys, which also
 run as matmuls) and the LM head of the last position. Compilation and warm-up are excluded; each number is the median of --repeats runs,
@@ -86,6 +90,22 @@ def layer_dot_seconds(cfg, tokens: int, repeats: int, dtype: str) -> float:
     return median_time(lambda: jax.block_until_ready(dots(xs, ws)), max(repeats, 5))
 
 
+def layer_attention_seconds(cfg, rows: int, length: int, repeats: int, dtype: str) -> float:
+    """Seconds of one layer's causal attention alone over `rows` x `length` tokens, in `dtype`: the kernel our
+    prefill runs (`causal_forward_attention`, no padding mask), on random q / k / v of the layer's head shapes."""
+    import jax
+    import jax.numpy as jnp
+
+    from openclaw_jax.models.attention import causal_forward_attention
+
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((rows, length, heads, cfg.head_dim), np.float32), dtype)
+               for heads in (cfg.num_heads, cfg.num_kv_heads, cfg.num_kv_heads))
+    attend = jax.jit(causal_forward_attention)
+    jax.block_until_ready(attend(q, k, v))
+    return median_time(lambda: jax.block_until_ready(attend(q, k, v)), max(repeats, 5))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["1x2048", "4x2048", "1x4096", "4x4096"],
@@ -98,9 +118,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     shapes = [parse_shape(s) for s in args.shapes]
 
-    import jax
     import torch
-    import transformers
 
     from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for
     from openclaw_jax.models.hub import load_pretrained
@@ -154,6 +172,10 @@ def main() -> None:
                                    (cfg.num_heads * cfg.head_dim, cfg.hidden_size),
                                    (cfg.hidden_size, 3 * cfg.intermediate_size)]) / dot_s / 1e9
             row["matmul_fraction"] = row["gflop"] / row["ours_s"] / row["matmul_gflops"]
+            # where our prefill's time goes: the layers' matmuls and their attention, each timed alone
+            row["matmul_share"] = cfg.num_layers * dot_s / row["ours_s"]
+            row["attention_share"] = cfg.num_layers * layer_attention_seconds(
+                cfg, rows, length, args.repeats, args.dtype) / row["ours_s"]
             row["same_first_tokens"] = {name: ids == firsts["ours"] for name, ids in firsts.items() if name != "ours"}
             results.append(row)
             logger.warning("%s done", row["shape"])
@@ -162,20 +184,30 @@ def main() -> None:
         if server is not None:
             server.stop()
 
+    report(results, args, has_sg=server is not None, sglang_note=sglang_note)
+
+
+def report(results: list[dict], args, *, has_sg: bool, sglang_note: str | None) -> None:
+    """The table (and with --json one JSON line) of `main`'s measured rows."""
+    import jax
+    import torch
+    import transformers
+
     load, isa = os.getloadavg(), isa_report()
-    has_sg = server is not None
     print(f"\nSmolLM2-135M-Instruct prefill (cold, 1 new token), {args.dtype}, {isa['cpu']}, {os.cpu_count()} cores "
           f"(XLA ISA {isa['xla_isa']}, ATen {isa['torch_isa']}, torch threads {torch.get_num_threads()}), "
           f"median of {args.repeats}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     sg_head = f" {'SGLang':>8} {'ours/SGL':>8}" if has_sg else ""
     print(f"{'rows x tokens':>13} | {'tokens/s ours':>13} {'transformers':>12} {'ours/HF':>7}{sg_head} | "
-          f"{'ours GFLOP/s':>12} {'XLA dot GFLOP/s':>15} {'fraction':>8}")
+          f"{'ours GFLOP/s':>12} {'XLA dot GFLOP/s':>15} {'fraction':>8} | time in: {'matmuls':>7} {'attention':>9} "
+          f"{'sum':>5}")
     for r in results:
         tps = {k: r["tokens"] / r[f"{k}_s"] for k in ("ours", "transformers", "sglang") if f"{k}_s" in r}
         sg = f" {tps['sglang']:>8.0f} {tps['ours'] / tps['sglang']:>7.2f}x" if has_sg else ""
         print(f"{r['shape']:>13} | {tps['ours']:>13.0f} {tps['transformers']:>12.0f} "
               f"{tps['ours'] / tps['transformers']:>6.2f}x{sg} | {r['gflop'] / r['ours_s']:>12.1f} "
-              f"{r['matmul_gflops']:>15.1f} {r['matmul_fraction']:>8.2f}")
+              f"{r['matmul_gflops']:>15.1f} {r['matmul_fraction']:>8.2f} |          {r['matmul_share']:>7.2f} "
+              f"{r['attention_share']:>9.2f} {r['matmul_share'] + r['attention_share']:>5.2f}")
     for r in results:
         for name, same in r["same_first_tokens"].items():
             if not same:
@@ -187,6 +219,8 @@ def main() -> None:
         out = {"isa": {"xla": isa["xla_isa"], "torch": isa["torch_isa"]}, "dtype": args.dtype,
                "ours_over_transformers": {r["shape"]: round(r["transformers_s"] / r["ours_s"], 3) for r in results},
                "fraction_of_matmul_rate": {r["shape"]: round(r["matmul_fraction"], 3) for r in results},
+               "time_shares": {r["shape"]: {"matmuls": round(r["matmul_share"], 3),
+                                            "attention": round(r["attention_share"], 3)} for r in results},
                "ours_tokens_per_s": {r["shape"]: round(r["tokens"] / r["ours_s"], 1) for r in results}}
         if has_sg:
             out["ours_over_sglang"] = {r["shape"]: round(r["sglang_s"] / r["ours_s"], 3) for r in results}
