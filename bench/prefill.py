@@ -14,13 +14,13 @@ accumulation), in one process run:
     prompts with max_new_tokens=1 (HTTP and its IPC included, as a client sees it); skipped with a note
     when its venv is missing (`bash scripts/sglang_cpu.sh setup`) or with --no-sglang;
   * the machine's own matmul rate: an XLA dot of each of a layer's weight matrices by B*L rows (in
-    --dtype, as our layers run them: `openclaw_jax.models.matmul.contract`), timed in this process
-    (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
+    --dtype, as our layers run them: `openclaw_jax.models.matmul.contract`), timed in this process in the
+    same rounds as the prefills (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
     second over that rate; 1.0 = the whole prefill runs as fast as plain matmuls of the layer shapes);
   * where our prefill's time goes: the share of it that the layers' matmuls (the dots above, times the layers)
     and their causal attention (`causal_forward_attention` alone on the layer's head shapes, times the layers)
-    take when timed alone (their sum can pass 1: in the prefill XLA fuses element-wise work into them, and a
-    part timed alone need not run at the speed it runs at inside the whole).
+    take when timed alone, in the same rounds as the prefills (their sum can pass 1: in the prefill XLA fuses
+    element-wise work into them, and a part timed alone need not run at the speed it runs at inside the whole).
 
 Model FLOPs count the layers' matmuls, causal attention (QK^T and PV over the visible keys, which also
 run as matmuls) and the LM head of the last position. Compilation and warm-up are excluded; each number is the median of --repeats runs,
@@ -39,7 +39,7 @@ import os
 
 import numpy as np
 from references import (REPO, add_dtype_argument, add_sglang_arguments, interleaved_medians, isa_report,
-                        median_time, served_model, start_sglang, transformers_model)
+                        served_model, start_sglang, transformers_model)
 
 logger = logging.getLogger("bench.prefill")
 PROMPT_SOURCE = REPO / "tests" / "fixtures" / "openclaw" / "minimal_system_prompt.txt"
@@ -72,9 +72,9 @@ def model_flops(cfg, rows: int, length: int) -> float:
     return rows * (cfg.num_layers * (length * per_token + attention) + 2 * h * cfg.vocab_size)
 
 
-def layer_dot_seconds(cfg, tokens: int, repeats: int, dtype: str) -> float:
-    """Seconds of one layer's weight matmuls (q, k, v, o, gate, up, down) by `tokens` rows: plain XLA dots
-    in `dtype` (float32 accumulation)."""
+def layer_dots(cfg, tokens: int, dtype: str):
+    """A call of one layer's weight matmuls (q, k, v, o, gate, up, down) by `tokens` rows: plain XLA dots in
+    `dtype` (float32 accumulation), compiled and run once."""
     import jax
     import jax.numpy as jnp
 
@@ -87,12 +87,13 @@ def layer_dot_seconds(cfg, tokens: int, repeats: int, dtype: str) -> float:
     ws = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02, dtype) for s in shapes]
     dots = jax.jit(lambda xs, ws: [contract(x, w, 1, dtype) for x, w in zip(xs, ws)])
     jax.block_until_ready(dots(xs, ws))
-    return median_time(lambda: jax.block_until_ready(dots(xs, ws)), max(repeats, 5))
+    return lambda: jax.block_until_ready(dots(xs, ws))
 
 
-def layer_attention_seconds(cfg, rows: int, length: int, repeats: int, dtype: str) -> float:
-    """Seconds of one layer's causal attention alone over `rows` x `length` tokens, in `dtype`: the kernel our
-    prefill runs (`causal_forward_attention`, no padding mask), on random q / k / v of the layer's head shapes."""
+def layer_attention(cfg, rows: int, length: int, dtype: str):
+    """A call of one layer's causal attention alone over `rows` x `length` tokens, in `dtype`: the kernel our
+    prefill runs (`causal_forward_attention`, no padding mask), on random q / k / v of the layer's head shapes;
+    compiled and run once."""
     import jax
     import jax.numpy as jnp
 
@@ -103,7 +104,7 @@ def layer_attention_seconds(cfg, rows: int, length: int, repeats: int, dtype: st
                for heads in (cfg.num_heads, cfg.num_kv_heads, cfg.num_kv_heads))
     attend = jax.jit(causal_forward_attention)
     jax.block_until_ready(attend(q, k, v))
-    return median_time(lambda: jax.block_until_ready(attend(q, k, v)), max(repeats, 5))
+    return lambda: jax.block_until_ready(attend(q, k, v))
 
 
 def main() -> None:
@@ -161,12 +162,14 @@ def main() -> None:
             batch = prompts(pre.tokenizer, rows, length)
             firsts = {"ours": ours(batch), "transformers": theirs(batch)}  # compile + warm-up
             row = {"shape": f"{rows}x{length}", "tokens": rows * length, "gflop": model_flops(cfg, rows, length) / 1e9}
-            fns = {"ours": lambda: ours(batch), "transformers": lambda: theirs(batch)}
+            fns = {"ours": lambda: ours(batch), "transformers": lambda: theirs(batch),
+                   "dots": layer_dots(cfg, rows * length, args.dtype),
+                   "attention": layer_attention(cfg, rows, length, args.dtype)}
             if server is not None:
                 firsts["SGLang"] = [o["output_ids"][0] for o in server.generate(batch, 1)]
                 fns["sglang"] = lambda: server.generate(batch, 1)
             row.update({f"{name}_s": t for name, t in interleaved_medians(fns, args.repeats).items()})
-            dot_s = layer_dot_seconds(cfg, rows * length, args.repeats, args.dtype)
+            dot_s = row["dots_s"]
             row["matmul_gflops"] = 2 * rows * length * sum(
                 a * b for a, b in [(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim),
                                    (cfg.num_heads * cfg.head_dim, cfg.hidden_size),
@@ -174,8 +177,7 @@ def main() -> None:
             row["matmul_fraction"] = row["gflop"] / row["ours_s"] / row["matmul_gflops"]
             # where our prefill's time goes: the layers' matmuls and their attention, each timed alone
             row["matmul_share"] = cfg.num_layers * dot_s / row["ours_s"]
-            row["attention_share"] = cfg.num_layers * layer_attention_seconds(
-                cfg, rows, length, args.repeats, args.dtype) / row["ours_s"]
+            row["attention_share"] = cfg.num_layers * row["attention_s"] / row["ours_s"]
             row["same_first_tokens"] = {name: ids == firsts["ours"] for name, ids in firsts.items() if name != "ours"}
             results.append(row)
             logger.warning("%s done", row["shape"])
