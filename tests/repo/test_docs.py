@@ -258,6 +258,8 @@ def command_problems(path: Path, text: str) -> list[str]:
             source = file.read_text()
             if script.startswith("launch/"):
                 source += (ROOT / "launch" / "common.sh").read_text()
+            if script.startswith("bench/"):       # the flags every benchmark shares (--no-sglang, --dtype, ...)
+                source += (ROOT / "bench" / "references.py").read_text()
             if script.endswith(".py") or "-m openclaw_jax." in source:   # a script that hands its flags to our CLIs
                 source += _package_source()
             rest = toks[i + 1:]
