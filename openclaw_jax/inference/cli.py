@@ -166,16 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for flag in ("max_text_chars", "max_request_tokens"):
             if getattr(args, flag) is not None and getattr(args, flag) < 1:
                 raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
-        if args.prefix_cache_mb < 0:
+        if args.prefix_cache_mb < 0:  # checked here: EngineConfig sees bytes, not the flag's MiB
             raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the prefix cache off)")
-        for flag in ("prefix_refresh_tokens", "prefix_refresh_entries", "prefix_refresh_wait", "min_prefill_rows",
-                     "max_prefill_rows"):
-            if getattr(args, flag) < 0:
-                raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 0")
         image_limits = image_limits_from(args)
         args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         check_exposure(args.host, args.api_key)
-        engine_config = engine_config_from(args)  # its checks: the refresh chunk, the adapter flags
+        engine_config = engine_config_from(args)  # EngineConfig checks every engine flag (cache, refresh, rows, adapters)
         if args.lora_dir is not None and not Path(args.lora_dir).is_dir():
             raise ValueError(f"--lora-dir {args.lora_dir}: not a directory")
         for directory in args.weight_dir:
