@@ -64,12 +64,17 @@ def prompts(tokenizer, rows: int, length: int) -> list[list[int]]:
     return [tiled[r * 97:r * 97 + length] for r in range(rows)]
 
 
+def layer_matmul_flops(cfg) -> int:
+    """FLOPs of one layer's weight matmuls (q, k, v, o, gate, up, down) per token."""
+    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    return 2 * (h * (n + 2 * k) * d + n * d * h + 3 * h * i)
+
+
 def model_flops(cfg, rows: int, length: int) -> float:
     """Matmul FLOPs of one prefill: the layers' projections, causal attention, the last position's LM head."""
-    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-    per_token = 2 * (h * (n + 2 * k) * d + n * d * h + 3 * h * i)
-    attention = 4 * n * d * length * (length + 1) / 2  # per row: QK^T and PV over j <= i
-    return rows * (cfg.num_layers * (length * per_token + attention) + 2 * h * cfg.vocab_size)
+    attention = 4 * cfg.num_heads * cfg.head_dim * length * (length + 1) / 2  # per row: QK^T and PV over j <= i
+    return rows * (cfg.num_layers * (length * layer_matmul_flops(cfg) + attention)
+                   + 2 * cfg.hidden_size * cfg.vocab_size)
 
 
 def layer_dots(cfg, tokens: int, dtype: str):
@@ -170,10 +175,7 @@ def main() -> None:
                 fns["sglang"] = lambda: server.generate(batch, 1)
             row.update({f"{name}_s": t for name, t in interleaved_medians(fns, args.repeats).items()})
             dot_s = row["dots_s"]
-            row["matmul_gflops"] = 2 * rows * length * sum(
-                a * b for a, b in [(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim),
-                                   (cfg.num_heads * cfg.head_dim, cfg.hidden_size),
-                                   (cfg.hidden_size, 3 * cfg.intermediate_size)]) / dot_s / 1e9
+            row["matmul_gflops"] = rows * length * layer_matmul_flops(cfg) / dot_s / 1e9
             row["matmul_fraction"] = row["gflop"] / row["ours_s"] / row["matmul_gflops"]
             # where our prefill's time goes: the layers' matmuls and their attention, each timed alone
             row["matmul_share"] = cfg.num_layers * dot_s / row["ours_s"]
