@@ -5,6 +5,10 @@ reference numerically ("10", "10.0", "1,200" and "1200" are the same number; "-4
 sign). An answer that states no number is wrong. A reference that is not a number cannot be
 graded (`None`), so callers can leave such questions out of an accuracy instead of counting them
 as wrong.
+
+The last-number rule is lenient in one way a person is not: an answer that only restates the question
+("The answer is 2 - 1." for "What is 2 - 1?") is graded right when the question's last operand equals
+its result. `right_by_restatement` names those answers, so a measure can leave them out.
 """
 
 from __future__ import annotations
@@ -58,8 +62,35 @@ def format_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-# "What is 9 + 2?": the expression a correction can name
-_ASKED_EXPRESSION = re.compile(r"^\s*What is (-?\d+ [-+*] -?\d+)\?\s*$")
+# "What is 9 + 2?": the expression a correction can name (operands and operator)
+_ASKED_EXPRESSION = re.compile(r"^\s*What is (-?\d+) ([-+*]) (-?\d+)\?\s*$")
+
+
+def asked_expression(question: str | None) -> tuple[str, str, str] | None:
+    """The (operand, operator, operand) of a question "What is a op b?", else None (a word problem)."""
+    asked = _ASKED_EXPRESSION.match(question or "")
+    return (asked.group(1), asked.group(2), asked.group(3)) if asked else None
+
+
+def states_result(answer: str, question: str | None, reference: str | float | int | None) -> bool | None:
+    """Whether `answer` writes the reference number anywhere other than inside a restatement of the asked
+    expression ("2 - 1 = 1" states it; "The answer is 2 - 1." does not, for "What is 2 - 1?"); None when
+    `reference` is not a number. For a question without a plain expression, whether the answer writes it."""
+    ref = parse_reference(reference)
+    if ref is None:
+        return None
+    asked = asked_expression(question)
+    if asked is not None:
+        a, op, b = (re.escape(part) for part in asked)
+        # the expression as written, any spacing around the operator, not part of a longer number
+        answer = re.sub(rf"(?<![\w.]){a}\s*{op}\s*{b}(?!\d|\.\d)", " ", answer)
+    return any(same_number(n, ref) for n in numbers_in(answer))
+
+
+def right_by_restatement(answer: str, question: str | None, reference: str | float | int | None) -> bool:
+    """Whether `answer` is graded right (`is_correct`) only because it restates the asked expression:
+    its last number is the reference, but it never writes that number as a result of its own."""
+    return bool(is_correct(answer, reference)) and states_result(answer, question, reference) is False
 
 
 def correction(answer: str, question: str | None, reference: str | float | int | None
@@ -72,8 +103,8 @@ def correction(answer: str, question: str | None, reference: str | float | int |
         return None
     stated = final_number(answer)
     expected = format_number(parse_reference(reference))
-    asked = _ASKED_EXPRESSION.match(question or "")
-    subject = asked.group(1) if asked else "The answer"
+    asked = asked_expression(question)
+    subject = " ".join(asked) if asked else "The answer"
     instruction = (f"{subject} should be {expected}, not {format_number(stated)}." if stated is not None
                    else f"{subject} should be {expected}.")
     wrong = "" if right else (f"states {format_number(stated)}, but the answer is {expected}" if stated is not None

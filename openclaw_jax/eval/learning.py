@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from openclaw_jax.envs.grading import right_by_restatement
 from openclaw_jax.envs.sessions import STABLE_RUN, describe_stable, sessions_to_stable
 from openclaw_jax.eval.compare import finished, method_overrides, read_evals, run_training
 from openclaw_jax.logs import configure_logging
@@ -130,6 +131,19 @@ def step_seconds_per_sample(run_dir: Path) -> float | None:
     return ratios[len(ratios) // 2] if ratios else None
 
 
+def preference_without_restatements(heldout: Path) -> float | None:
+    """One evaluation's held-out preference (`heldout/step_<N>.jsonl`: the fraction of answers that satisfied
+    the person) not counting the satisfied answers graded right only because they restate the question
+    ("The answer is 2 - 1." for "What is 2 - 1?": `envs/grading.py`); None when the file is missing."""
+    if not heldout.is_file():
+        return None
+    rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
+    if not rows:
+        return None
+    kept = [r["satisfied"] and not right_by_restatement(r["answer"], r["question"], r["reference"]) for r in rows]
+    return sum(kept) / len(rows)
+
+
 def run_result(run_dir: Path, person: str | None = None) -> dict[str, Any]:
     """Sessions to a stable effect and the held-out numbers of one finished run (of `person`, in a household)."""
     satisfied = read_sessions(run_dir, person)
@@ -139,12 +153,16 @@ def run_result(run_dir: Path, person: str | None = None) -> dict[str, Any]:
     if person:   # the household's records hold each person's numbers under `people`
         first, last = first.get("people", {}).get(person, {}), last.get("people", {}).get(person, {})
         last = {**last, "step": evals[-1]["step"]} if evals else last
+    heldout = (run_dir / "people" / person if person else run_dir) / "heldout"
+    first_step, last_step = (evals[0]["step"], evals[-1]["step"]) if evals else (None, None)
     return {
         "sessions": len(satisfied),
         "sessions_satisfied": sum(satisfied),
         "sessions_to_stable": sessions_to_stable(satisfied, STABLE_RUN),
         "base_preference": first.get("preference_score"), "final_preference": last.get("preference_score"),
         "base_accuracy": first.get("accuracy"), "final_accuracy": last.get("accuracy"),
+        "base_preference_unrestated": preference_without_restatements(heldout / f"step_{first_step}.jsonl"),
+        "final_preference_unrestated": preference_without_restatements(heldout / f"step_{last_step}.jsonl"),
         "final_step": last.get("step"), "wall_time_s": summary.get("wall_time_s"),
         "step_s_per_sample": step_seconds_per_sample(run_dir),
     }
@@ -161,6 +179,8 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     stable = [r["sessions_to_stable"] for r in results]
     gain = [None if r["final_preference"] is None or r["base_preference"] is None
             else r["final_preference"] - r["base_preference"] for r in results]
+    gain_unrestated = [None if r["final_preference_unrestated"] is None or r["base_preference_unrestated"] is None
+                       else r["final_preference_unrestated"] - r["base_preference_unrestated"] for r in results]
     acc_change = [None if r["final_accuracy"] is None or r["base_accuracy"] is None
                   else r["final_accuracy"] - r["base_accuracy"] for r in results]
     return {
@@ -173,6 +193,7 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "final_preference": _mean([r["final_preference"] for r in results]),
         "preference_gain": _mean(gain),
         "every_seed_above_base": all(g is not None and g > 0 for g in gain),
+        "preference_gain_unrestated": _mean(gain_unrestated),
         "base_accuracy": _mean([r["base_accuracy"] for r in results]),
         "final_accuracy": _mean([r["final_accuracy"] for r in results]),
         "accuracy_change": _mean(acc_change),
@@ -196,9 +217,11 @@ def _stable_cell(agg: dict[str, Any]) -> str:
 def markdown_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     lines = [f"Sessions to a stable effect (first of {STABLE_RUN} satisfied sessions in a row; per seed, mean when "
              f"every seed reached it) and held-out preference / accuracy (first -> last evaluation, mean over seeds "
-             f"{', '.join(map(str, seeds))}).", "",
+             f"{', '.join(map(str, seeds))}). \"Restatements not counted\": the gain without the satisfied held-out "
+             f"answers graded right only because they restate the question (envs/grading.py).", "",
              "| persona | method | sessions to stable | sessions | held-out preference | gain | every seed up | "
-             "accuracy | step s/sample | run min |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "gain, restatements not counted | accuracy | step s/sample | run min |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         a = r["aggregate"]
         lines.append(
@@ -206,6 +229,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
             f"{_fmt(a['base_preference'])} -> {_fmt(a['final_preference'])} | "
             f"{_fmt(a['preference_gain'], '+')} | "
             f"{'yes' if a['every_seed_above_base'] else 'no'} | "
+            f"{_fmt(a['preference_gain_unrestated'], '+')} | "
             f"{_fmt(a['base_accuracy'])} -> {_fmt(a['final_accuracy'])} | "
             f"{_fmt(a['step_s_per_sample'], digits=1)} | "
             f"{', '.join(_fmt(None if w is None else w / 60, digits=0) for w in a['wall_time_s'])} |")

@@ -35,6 +35,23 @@ def test_is_correct_by_hand(answer, reference, expected):
     assert G.is_correct(answer, reference) is expected
 
 
+@pytest.mark.parametrize("answer, question, reference, states, by_restatement", [
+    ("2 - 1 = 1", "What is 2 - 1?", "1", True, False),              # the result written after the expression
+    ("The answer is 2 - 1.", "What is 2 - 1?", "1", False, True),   # right by the last-number rule only
+    ("2-1", "What is 2 - 1?", "1", False, True),                    # any spacing around the operator
+    ("0 + 9\n\nThe answer is 0 + 9.", "What is 0 + 9?", "9", False, True),
+    ("The answer is 9.", "What is 0 + 9?", "9", True, False),
+    ("2 - 1 is 3.", "What is 2 - 1?", "1", False, False),            # wrong, not a restatement that passed
+    ("12 - 10 = 2", "What is 2 - 10?", "-8", False, False),          # "2 - 10" inside "12 - 10" is not the question
+    ("Instead of 1 + 0, please add 1.", "What is 1 + 0?", "1", True, False),   # a 1 outside the expression
+    ("She has 10.", "Ann has 6 apples and gets 4 more. How many?", "10", True, False),   # a word problem
+    ("2 - 1", "What is 2 - 1?", "one", None, False),                 # a reference that is not a number
+])
+def test_states_result_and_right_by_restatement_by_hand(answer, question, reference, states, by_restatement):
+    assert G.states_result(answer, question, reference) is states
+    assert G.right_by_restatement(answer, question, reference) is by_restatement
+
+
 def test_accuracy_leaves_ungradable_out():
     assert G.accuracy([True, False, None, True]) == pytest.approx(2 / 3)
     assert math.isnan(G.accuracy([None, None]))

@@ -29,6 +29,23 @@ def _write(out):
             (run / "summary.json").write_text(json.dumps({"interrupted": False, "preference": [{}], "wall_time_s": 60.0}))
 
 
+# the held-out answers of combine's seed 0 (preference 0.25 -> 0.75 of 4): one satisfied answer at each step
+# only restates "What is 2 - 1?", so without it the preference is 0 -> 0.5 (a gain of +0.5, as with it)
+HELDOUT = {
+    0: [("What is 2 - 1?", "1", "The answer is 2 - 1.", True), ("What is 3 + 4?", "7", "3 + 5 = 8", False),
+        ("What is 6 - 2?", "4", "6 - 2", False), ("What is 5 + 5?", "10", "Ten.", False)],
+    4: [("What is 2 - 1?", "1", "2 - 1", True), ("What is 3 + 4?", "7", "3 + 4 = 7", True),
+        ("What is 6 - 2?", "4", "The answer is 4.", True), ("What is 5 + 5?", "10", "Ten.", False)],
+}
+
+
+def _write_heldout(run):
+    for step, rows in HELDOUT.items():
+        (run / "heldout").mkdir(exist_ok=True)
+        (run / "heldout" / f"step_{step}.jsonl").write_text("".join(
+            json.dumps({"question": q, "reference": ref, "answer": a, "satisfied": sat}) + "\n" for q, ref, a, sat in rows))
+
+
 def test_dry_run_memory_and_losses_share_seeds_and_budget(capsys, tmp_path):
     argv = ["--persona", f"arith={CONFIG}", "--methods", "memory,rl,rl@trainer.reward_baseline=none", "--seeds", "2",
             "--out", str(tmp_path), "--dry-run", "trainer.max_steps=6"]
@@ -54,6 +71,20 @@ def test_bad_arguments_exit_2(argv, tmp_path):
 
 def test_table_from_finished_runs(tmp_path):
     _write(tmp_path)
+    _write_heldout(L.run_dir_for(tmp_path, "arith", L.Method.parse("combine"), 0))
+    # seed 1 (preference 0.25 -> 0.5): one right answer at step 0; at step 4 one right answer and one ("0 + 7")
+    # right only by restating, so 0.25 -> 0.25 without restatements
+    run1 = L.run_dir_for(tmp_path, "arith", L.Method.parse("combine"), 1)
+    _write_heldout(run1)
+    step4 = (run1 / "heldout" / "step_4.jsonl").read_text().splitlines()
+    step4[0] = json.dumps({"question": "What is 2 - 1?", "reference": "1", "answer": "2 - 1 = 1", "satisfied": True})
+    step4[2] = json.dumps({"question": "What is 6 - 2?", "reference": "4", "answer": "6 - 2", "satisfied": False})
+    step4[1] = json.dumps({"question": "What is 0 + 7?", "reference": "7", "answer": "0 + 7", "satisfied": True})
+    (run1 / "heldout" / "step_4.jsonl").write_text("\n".join(step4) + "\n")
+    (run1 / "heldout" / "step_0.jsonl").write_text(json.dumps(
+        {"question": "What is 1 + 1?", "reference": "2", "answer": "2", "satisfied": True}) + "\n" + "".join(
+        json.dumps({"question": "What is 1 + 1?", "reference": "2", "answer": "3", "satisfied": False}) + "\n"
+        for _ in range(3)))
     assert L.main(["--persona", f"arith={CONFIG}", "--methods", "memory,combine", "--seeds", "2",
                    "--out", str(tmp_path), "--table-only"]) == 0
     rows = {r["method"]: r for r in json.loads((tmp_path / "learning.json").read_text())["rows"]}
@@ -67,10 +98,16 @@ def test_table_from_finished_runs(tmp_path):
     assert combine["sessions_to_stable"] == [1, 2] and combine["sessions_to_stable_mean"] == pytest.approx(1.5)
     assert combine["preference_gain"] == pytest.approx(0.375) and combine["every_seed_above_base"] is True
     assert combine["accuracy_change"] == pytest.approx(0.125)
+    # without restatements: seed 0 goes 0 -> 0.5, seed 1 0.25 -> 0.25 ("0 + 7" is right only by restating)
+    seed0, seed1 = rows["combine"]["runs"]
+    assert (seed0["base_preference_unrestated"], seed0["final_preference_unrestated"]) == (0.0, 0.5)
+    assert (seed1["base_preference_unrestated"], seed1["final_preference_unrestated"]) == (0.25, 0.25)
+    assert combine["preference_gain_unrestated"] == pytest.approx(0.25)
+    assert memory["preference_gain_unrestated"] is None   # the memory runs here kept no held-out answers (NaN)
     table = (tmp_path / "learning.md").read_text()
-    assert "| arith | memory | 4, not within 4 | 7, 4 | 0.250 -> 0.375 | +0.125 | no | 0.375 -> 0.500 | n/a | 1, 1 |" \
+    assert "| arith | memory | 4, not within 4 | 7, 4 | 0.250 -> 0.375 | +0.125 | no | n/a | 0.375 -> 0.500 | n/a | 1, 1 |" \
         in table
-    assert "| arith | combine | 1.5 (1, 2) | 3, 4 | 0.250 -> 0.625 | +0.375 | yes | 0.375 -> 0.500 |" in table
+    assert "| arith | combine | 1.5 (1, 2) | 3, 4 | 0.250 -> 0.625 | +0.375 | yes | +0.250 | 0.375 -> 0.500 |" in table
 
 
 # a household run: person -> (sessions as 0/1, [(preference, accuracy) at steps 0 and 4])
