@@ -41,6 +41,7 @@ from openclaw_jax.envs.sessions import STABLE_RUN, describe_stable, sessions_to_
 from openclaw_jax.eval.compare import finished, method_overrides, read_evals, run_training
 from openclaw_jax.logs import configure_logging
 from openclaw_jax.losses import available_losses
+from openclaw_jax.notebook.run_inspection import load_samples, read_jsonl
 from openclaw_jax.notebook.tb_reader import read_scalars
 
 log = logging.getLogger("openclaw_jax.eval.learning")
@@ -131,6 +132,19 @@ def step_seconds_per_sample(run_dir: Path) -> float | None:
     return ratios[len(ratios) // 2] if ratios else None
 
 
+def step_rewards(run_dir: Path) -> list[str]:
+    """Each trained step's samples by their reward, in the order the trainer read them: "+" satisfied, "-"
+    corrected, "0" neither (`steps.jsonl`'s first window per step, the samples in `samples/`). With
+    `trainer.reward_baseline: batch_mean` a step whose samples are all "-" gives GRPO no advantage."""
+    windows: dict[int, tuple[int, int]] = {}
+    for record in read_jsonl(run_dir / "steps.jsonl") if (run_dir / "steps.jsonl").is_file() else []:
+        windows.setdefault(int(record["step"]), (int(record["start_offset"]), int(record["end_offset"])))
+    if not windows or not (run_dir / "samples").is_dir():
+        return []
+    return ["".join("+" if s.reward > 0 else "-" if s.reward < 0 else "0" for s in load_samples(run_dir, *windows[step]))
+            for step in sorted(windows)]
+
+
 def preference_without_restatements(heldout: Path) -> float | None:
     """One evaluation's held-out preference (`heldout/step_<N>.jsonl`: the fraction of answers that satisfied
     the person) not counting the satisfied answers graded right only because they restate the question
@@ -165,6 +179,7 @@ def run_result(run_dir: Path, person: str | None = None) -> dict[str, Any]:
         "final_preference_unrestated": preference_without_restatements(heldout / f"step_{last_step}.jsonl"),
         "final_step": last.get("step"), "wall_time_s": summary.get("wall_time_s"),
         "step_s_per_sample": step_seconds_per_sample(run_dir),
+        "step_rewards": step_rewards(run_dir),
     }
 
 

@@ -138,3 +138,19 @@ def test_household_runs_give_a_row_per_person(tmp_path):
     table = (tmp_path / "learning.md").read_text()
     assert "| home: alice | combine@trainer.personalize=per_person | 2.0 (2) | 5 | 0.250 -> 0.750 | +0.500 | yes |" \
         in table
+
+
+def test_step_rewards_read_each_trained_window_from_the_store(tmp_path):
+    from openclaw_jax.samples import Sample, SampleStore
+
+    rewards = [1, -1, -1, -1, 0, 1, -1, 1, -1]   # 0: a hint-only sample, neither satisfied nor corrected
+    with SampleStore(tmp_path / "samples") as store:
+        for i, r in enumerate(rewards):
+            hinted = {"hints": ["Be brief."], "hint_prompt_ids": [[1, 2, 4]]} if r == 0 else {}
+            store.append(Sample(session_id=f"s{i}", turn_index=0, kind="opd" if r == 0 else "rl", reward=float(r),
+                                prompt_ids=[1, 2], response_ids=[3], rollout_logprobs=[-0.5], **hinted))
+    # steps.jsonl: the first record of a step is its trained window; a later one with the same number was dropped
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps({"step": s, "start_offset": a, "end_offset": b}) + "\n"
+                                                  for s, a, b in [(1, 0, 3), (2, 3, 5), (2, 5, 8)]))
+    assert L.step_rewards(tmp_path) == ["+--", "-0"]
+    assert L.step_rewards(tmp_path / "missing") == []
