@@ -188,16 +188,18 @@ def _mean(xs: Sequence[float | None]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
+def _changes(results: Sequence[dict[str, Any]], name: str) -> list[float | None]:
+    """Per run, `final_<name>` - `base_<name>` (None where either is missing)."""
+    return [None if r[f"final_{name}"] is None or r[f"base_{name}"] is None else r[f"final_{name}"] - r[f"base_{name}"]
+            for r in results]
+
+
 def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Over the seeds of one (persona, method): mean held-out numbers and their change, whether every seed
     ended above its base, and sessions to a stable effect (a mean only when every seed reached it)."""
     stable = [r["sessions_to_stable"] for r in results]
-    gain = [None if r["final_preference"] is None or r["base_preference"] is None
-            else r["final_preference"] - r["base_preference"] for r in results]
-    gain_unrestated = [None if r["final_preference_unrestated"] is None or r["base_preference_unrestated"] is None
-                       else r["final_preference_unrestated"] - r["base_preference_unrestated"] for r in results]
-    acc_change = [None if r["final_accuracy"] is None or r["base_accuracy"] is None
-                  else r["final_accuracy"] - r["base_accuracy"] for r in results]
+    gain = _changes(results, "preference")
+    acc_change = _changes(results, "accuracy")
     return {
         "seeds": len(results),
         "sessions": [r["sessions"] for r in results],
@@ -208,7 +210,7 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "final_preference": _mean([r["final_preference"] for r in results]),
         "preference_gain": _mean(gain),
         "every_seed_above_base": all(g is not None and g > 0 for g in gain),
-        "preference_gain_unrestated": _mean(gain_unrestated),
+        "preference_gain_unrestated": _mean(_changes(results, "preference_unrestated")),
         "base_accuracy": _mean([r["base_accuracy"] for r in results]),
         "final_accuracy": _mean([r["final_accuracy"] for r in results]),
         "accuracy_change": _mean(acc_change),
