@@ -411,6 +411,13 @@ async def _prepare(cfg: ExperimentConfig, run_dir: Path, t_start: float) -> tupl
     return r, checkpointer, resumed
 
 
+def _stop_on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+    # said at once: saving a checkpoint and the export can take a minute or more on a loaded CPU
+    log.info("%s: stopping; the trainer finishes its step, checkpoints and exports first (the final evaluation "
+             "is skipped)", sig.name)
+    stop.set()
+
+
 async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Run the whole loop; returns a summary (steps, preference scores, wall time)."""
     t_start = time.monotonic()
@@ -423,7 +430,7 @@ async def run(cfg: ExperimentConfig) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _stop_on_signal, sig, stop)
 
     r, checkpointer, resumed = await _prepare(cfg, run_dir, t_start)
     trainer, summary = r.trainer, r.summary

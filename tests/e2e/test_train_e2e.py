@@ -132,6 +132,7 @@ def test_sigterm_stops_everything_cleanly(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-4000:]
+    assert "SIGTERM: stopping" in err   # said when the signal came, before the checkpoint and export
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] is True
     assert max(_checkpoint_steps(run_dir)) == summary["end_step"] >= 1
