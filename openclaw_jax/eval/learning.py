@@ -145,13 +145,28 @@ def step_rewards(run_dir: Path) -> list[str]:
             for step in sorted(windows)]
 
 
+def _heldout_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def gain_standard_error(first: Path, last: Path) -> float | None:
+    """The standard error of the held-out preference gain between two evaluations of the same questions
+    (`heldout/step_<N>.jsonl`), paired by question: each question's change d in {-1, 0, +1} (satisfied at the
+    last evaluation, not the first: +1), s.e. = sqrt(sample variance of d / n). None without both files,
+    with other questions, or with fewer than 2."""
+    a, b = _heldout_rows(first), _heldout_rows(last)
+    if len(a) < 2 or [r["question"] for r in a] != [r["question"] for r in b]:
+        return None
+    d = [int(bool(y["satisfied"])) - int(bool(x["satisfied"])) for x, y in zip(a, b)]
+    mean = sum(d) / len(d)
+    return math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+
+
 def preference_without_restatements(heldout: Path) -> float | None:
     """One evaluation's held-out preference (`heldout/step_<N>.jsonl`: the fraction of answers that satisfied
     the person) not counting the satisfied answers graded right only because they restate the question
     ("The answer is 2 - 1." for "What is 2 - 1?": `envs/grading.py`); None when the file is missing."""
-    if not heldout.is_file():
-        return None
-    rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
+    rows = _heldout_rows(heldout)
     if not rows:
         return None
     kept = [r["satisfied"] and not right_by_restatement(r["answer"], r["question"], r["reference"]) for r in rows]
@@ -177,6 +192,8 @@ def run_result(run_dir: Path, person: str | None = None) -> dict[str, Any]:
         "base_accuracy": first.get("accuracy"), "final_accuracy": last.get("accuracy"),
         "base_preference_unrestated": preference_without_restatements(heldout / f"step_{first_step}.jsonl"),
         "final_preference_unrestated": preference_without_restatements(heldout / f"step_{last_step}.jsonl"),
+        "preference_gain_se": gain_standard_error(heldout / f"step_{first_step}.jsonl",
+                                                  heldout / f"step_{last_step}.jsonl"),
         "final_step": last.get("step"), "wall_time_s": summary.get("wall_time_s"),
         "step_s_per_sample": step_seconds_per_sample(run_dir),
         "step_rewards": step_rewards(run_dir),
@@ -209,6 +226,9 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "base_preference": _mean([r["base_preference"] for r in results]),
         "final_preference": _mean([r["final_preference"] for r in results]),
         "preference_gain": _mean(gain),
+        # of the mean over seeds (independent runs): sqrt(sum of s.e.^2) / seeds, when every run has one
+        "preference_gain_se": (math.sqrt(sum(r["preference_gain_se"] ** 2 for r in results)) / len(results)
+                               if results and all(r["preference_gain_se"] is not None for r in results) else None),
         "every_seed_above_base": all(g is not None and g > 0 for g in gain),
         "preference_gain_unrestated": _mean(_changes(results, "preference_unrestated")),
         "base_accuracy": _mean([r["base_accuracy"] for r in results]),
@@ -234,17 +254,18 @@ def _stable_cell(agg: dict[str, Any]) -> str:
 def markdown_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     lines = [f"Sessions to a stable effect (first of {STABLE_RUN} satisfied sessions in a row; per seed, mean when "
              f"every seed reached it) and held-out preference / accuracy (first -> last evaluation, mean over seeds "
-             f"{', '.join(map(str, seeds))}). \"Restatements not counted\": the gain without the satisfied held-out "
-             f"answers graded right only because they restate the question (envs/grading.py).", "",
-             "| persona | method | sessions to stable | sessions | held-out preference | gain | every seed up | "
+             f"{', '.join(map(str, seeds))}). \"s.e.\": the gain's standard error, paired by held-out question. "
+             "\"Restatements not counted\": the gain without the satisfied held-out answers graded right only "
+             "because they restate the question (envs/grading.py).", "",
+             "| persona | method | sessions to stable | sessions | held-out preference | gain | s.e. | every seed up | "
              "gain, restatements not counted | accuracy | step s/sample | run min |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         a = r["aggregate"]
         lines.append(
             f"| {r['persona']} | {r['method']} | {_stable_cell(a)} | {', '.join(map(str, a['sessions']))} | "
             f"{_fmt(a['base_preference'])} -> {_fmt(a['final_preference'])} | "
-            f"{_fmt(a['preference_gain'], '+')} | "
+            f"{_fmt(a['preference_gain'], '+')} | {_fmt(a['preference_gain_se'])} | "
             f"{'yes' if a['every_seed_above_base'] else 'no'} | "
             f"{_fmt(a['preference_gain_unrestated'], '+')} | "
             f"{_fmt(a['base_accuracy'])} -> {_fmt(a['final_accuracy'])} | "

@@ -81,10 +81,9 @@ def test_table_from_finished_runs(tmp_path):
     step4[2] = json.dumps({"question": "What is 6 - 2?", "reference": "4", "answer": "6 - 2", "satisfied": False})
     step4[1] = json.dumps({"question": "What is 0 + 7?", "reference": "7", "answer": "0 + 7", "satisfied": True})
     (run1 / "heldout" / "step_4.jsonl").write_text("\n".join(step4) + "\n")
-    (run1 / "heldout" / "step_0.jsonl").write_text(json.dumps(
-        {"question": "What is 1 + 1?", "reference": "2", "answer": "2", "satisfied": True}) + "\n" + "".join(
-        json.dumps({"question": "What is 1 + 1?", "reference": "2", "answer": "3", "satisfied": False}) + "\n"
-        for _ in range(3)))
+    step0 = [json.loads(line) for line in step4]   # the same questions, only the first one satisfied
+    step0 = [{**r, "answer": "1" if i == 0 else "3", "satisfied": i == 0} for i, r in enumerate(step0)]
+    (run1 / "heldout" / "step_0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in step0))
     assert L.main(["--persona", f"arith={CONFIG}", "--methods", "memory,combine", "--seeds", "2",
                    "--out", str(tmp_path), "--table-only"]) == 0
     rows = {r["method"]: r for r in json.loads((tmp_path / "learning.json").read_text())["rows"]}
@@ -103,11 +102,18 @@ def test_table_from_finished_runs(tmp_path):
     assert (seed0["base_preference_unrestated"], seed0["final_preference_unrestated"]) == (0.0, 0.5)
     assert (seed1["base_preference_unrestated"], seed1["final_preference_unrestated"]) == (0.25, 0.25)
     assert combine["preference_gain_unrestated"] == pytest.approx(0.25)
+    # the gain's standard error, paired by question: seed 0's changes (0, +1, +1, 0) have sample variance 1/3,
+    # s.e. sqrt(1/3 / 4); seed 1's (0, +1, 0, 0) variance 1/4, s.e. 1/4; their mean's sqrt(1/12 + 1/16) / 2
+    assert seed0["preference_gain_se"] == pytest.approx((1 / 12) ** 0.5)
+    assert seed1["preference_gain_se"] == pytest.approx(0.25)
+    assert combine["preference_gain_se"] == pytest.approx((1 / 12 + 1 / 16) ** 0.5 / 2)
+    assert memory["preference_gain_se"] is None
     assert memory["preference_gain_unrestated"] is None   # the memory runs here kept no held-out answers (NaN)
     table = (tmp_path / "learning.md").read_text()
-    assert "| arith | memory | 4, not within 4 | 7, 4 | 0.250 -> 0.375 | +0.125 | no | n/a | 0.375 -> 0.500 | n/a | 1, 1 |" \
+    assert ("| arith | memory | 4, not within 4 | 7, 4 | 0.250 -> 0.375 | +0.125 | n/a | no | n/a | 0.375 -> 0.500 | n/a "
+            "| 1, 1 |") in table
+    assert "| arith | combine | 1.5 (1, 2) | 3, 4 | 0.250 -> 0.625 | +0.375 | 0.191 | yes | +0.250 | 0.375 -> 0.500 |" \
         in table
-    assert "| arith | combine | 1.5 (1, 2) | 3, 4 | 0.250 -> 0.625 | +0.375 | yes | +0.250 | 0.375 -> 0.500 |" in table
 
 
 # a household run: person -> (sessions as 0/1, [(preference, accuracy) at steps 0 and 4])
@@ -136,7 +142,7 @@ def test_household_runs_give_a_row_per_person(tmp_path):
     assert bob["accuracy_change"] == pytest.approx(0.25) and bob["every_seed_above_base"] is False
     assert rows["home: bob"]["runs"][0]["final_step"] == 4
     table = (tmp_path / "learning.md").read_text()
-    assert "| home: alice | combine@trainer.personalize=per_person | 2.0 (2) | 5 | 0.250 -> 0.750 | +0.500 | yes |" \
+    assert "| home: alice | combine@trainer.personalize=per_person | 2.0 (2) | 5 | 0.250 -> 0.750 | +0.500 | n/a | yes |" \
         in table
 
 
@@ -154,3 +160,14 @@ def test_step_rewards_read_each_trained_window_from_the_store(tmp_path):
                                                   for s, a, b in [(1, 0, 3), (2, 3, 5), (2, 5, 8)]))
     assert L.step_rewards(tmp_path) == ["+--", "-0"]
     assert L.step_rewards(tmp_path / "missing") == []
+
+
+def test_gain_standard_error_pairs_the_same_questions_only(tmp_path):
+    def write(name, rows):
+        (tmp_path / name).write_text("".join(json.dumps({"question": q, "satisfied": sat}) + "\n" for q, sat in rows))
+    write("a.jsonl", [("q1", False), ("q2", False), ("q3", True)])
+    write("b.jsonl", [("q1", True), ("q2", False), ("q3", False)])   # changes +1, 0, -1: mean 0, variance 1
+    assert L.gain_standard_error(tmp_path / "a.jsonl", tmp_path / "b.jsonl") == pytest.approx((1 / 3) ** 0.5)
+    write("c.jsonl", [("q1", True), ("q3", False), ("q2", False)])   # another order: not paired
+    assert L.gain_standard_error(tmp_path / "a.jsonl", tmp_path / "c.jsonl") is None
+    assert L.gain_standard_error(tmp_path / "a.jsonl", tmp_path / "missing.jsonl") is None
