@@ -137,7 +137,7 @@ def step_rewards(run_dir: Path) -> list[str]:
     corrected, "0" neither (`steps.jsonl`'s first window per step, the samples in `samples/`). With
     `trainer.reward_baseline: batch_mean` a step whose samples are all "-" gives GRPO no advantage."""
     windows: dict[int, tuple[int, int]] = {}
-    for record in read_jsonl(run_dir / "steps.jsonl") if (run_dir / "steps.jsonl").is_file() else []:
+    for record in read_jsonl(run_dir / "steps.jsonl"):
         windows.setdefault(int(record["step"]), (int(record["start_offset"]), int(record["end_offset"])))
     if not windows or not (run_dir / "samples").is_dir():
         return []
@@ -145,16 +145,12 @@ def step_rewards(run_dir: Path) -> list[str]:
             for step in sorted(windows)]
 
 
-def _heldout_rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
 def gain_standard_error(first: Path, last: Path) -> float | None:
     """The standard error of the held-out preference gain between two evaluations of the same questions
     (`heldout/step_<N>.jsonl`), paired by question: each question's change d in {-1, 0, +1} (satisfied at the
     last evaluation, not the first: +1), s.e. = sqrt(sample variance of d / n). None without both files,
     with other questions, or with fewer than 2."""
-    a, b = _heldout_rows(first), _heldout_rows(last)
+    a, b = read_jsonl(first), read_jsonl(last)
     if len(a) < 2 or [r["question"] for r in a] != [r["question"] for r in b]:
         return None
     d = [int(bool(y["satisfied"])) - int(bool(x["satisfied"])) for x, y in zip(a, b)]
@@ -166,7 +162,7 @@ def preference_without_restatements(heldout: Path) -> float | None:
     """One evaluation's held-out preference (`heldout/step_<N>.jsonl`: the fraction of answers that satisfied
     the person) not counting the satisfied answers graded right only because they restate the question
     ("The answer is 2 - 1." for "What is 2 - 1?": `envs/grading.py`); None when the file is missing."""
-    rows = _heldout_rows(heldout)
+    rows = read_jsonl(heldout)
     if not rows:
         return None
     kept = [r["satisfied"] and not right_by_restatement(r["answer"], r["question"], r["reference"]) for r in rows]
