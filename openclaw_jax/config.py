@@ -299,6 +299,11 @@ class TrainerConfig:
     # GRPO advantage of a conversation turn: its reward ("none", docs/design.md §6), or the reward minus
     # the mean reward of the step's evaluated turns ("batch_mean"; see trainer/advantages.py)
     reward_baseline: Literal["none", "batch_mean"] = "none"
+    # a step whose samples carry no learning signal (every advantage 0, e.g. all corrected under
+    # batch_mean, and no hint teacher in the batch) leaves the weights and the optimizer state as they
+    # are: otherwise Adam, which scales each update to about the learning rate whatever the gradient's
+    # size, turns the KL anchor's numerical noise into a full-size step (trainer/step.py)
+    skip_steps_without_signal: bool = False
     max_staleness: int = 4               # weight versions; older samples are dropped or corrected
     staleness_mode: Literal["drop", "importance"] = "drop"
     importance_cap: float = 2.0

@@ -88,8 +88,9 @@ def fused_train_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.S
     loss, metric_stats, grads, k_star = fused_loss_and_grads(
         graphdef, trainable, frozen, inputs, teacher_graphdef, teacher_state, teacher_inputs, settings,
         run_teacher=run_teacher, folded_reference=folded_reference, importance_cap=importance_cap)
+    signal = S.has_learning_signal(inputs.advantages, teacher_inputs.candidate_mask, settings)
     trainable, opt_state, metrics = S.apply_update(trainable, opt_state, loss, metric_stats, grads, optimizer,
-                                                   lr_schedule)
+                                                   lr_schedule, signal=signal)
     if not serve:
         return trainable, opt_state, metrics, k_star
     return trainable, opt_state, metrics, k_star, S.serving_state(graphdef, trainable, frozen, merge_lora=merge_lora,

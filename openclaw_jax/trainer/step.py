@@ -25,6 +25,7 @@ gathered back to `[B, T, H]` at once, so nothing after the forward sees the pack
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -127,6 +128,9 @@ class StepSettings:
     param_dtype: str = "float32"
     # the images of every row of a batch with `pixel_values` (a QwenVL model): one (t, h, w) per image
     image_grid: tuple[tuple[int, int, int], ...] = ()
+    # `trainer.skip_steps_without_signal`: a batch without a learning signal (`has_learning_signal`) leaves
+    # the trained params and the optimizer state unchanged
+    skip_without_signal: bool = False
 
     @property
     def top_k(self) -> int:
@@ -435,22 +439,46 @@ def update_step(graphdef: nnx.GraphDef, trainable: nnx.State, frozen: nnx.State,
                 ) -> tuple[nnx.State, Any, dict[str, jax.Array], jax.Array]:
     """Phase 7: one optimizer update; returns (new trainable, new opt state, metrics, k* [B, T])."""
     loss, stats, grads, k_star = loss_and_grads(trainable, graphdef, frozen, inputs, batch, settings)
-    return (*apply_update(trainable, opt_state, loss, stats, grads, optimizer, lr_schedule), k_star)
+    signal = has_learning_signal(batch.advantages, batch.candidate_mask, settings)
+    return (*apply_update(trainable, opt_state, loss, stats, grads, optimizer, lr_schedule, signal=signal), k_star)
+
+
+def has_learning_signal(advantages: jax.Array, candidate_mask: jax.Array, settings: StepSettings) -> jax.Array | None:
+    """With `settings.skip_without_signal`, whether a batch can teach anything (a scalar bool): a response
+    token with a nonzero advantage (GRPO), or a hint candidate for a loss that distils from the hint teacher,
+    or an entropy bonus; the KL anchor alone is not a signal. None without the setting (every step updates).
+
+    Why: Adam divides each update by the gradient's running scale, so a step whose gradient is only the KL
+    anchor's numerical noise (the policy still equal to its reference: a gradient norm of about 1e-6) moves
+    every weight by about the learning rate, as far as a step that learned (tests/trainer/test_signal.py)."""
+    if not settings.skip_without_signal:
+        return None
+    if settings.loss.entropy_coef != 0:
+        return jnp.asarray(True)
+    signal = jnp.any(advantages != 0)   # zero off the responses and in padding rows (trainer/batcher.py)
+    if settings.loss.uses_hints:
+        signal = signal | jnp.any(candidate_mask > 0)
+    return signal
 
 
 def apply_update(trainable: nnx.State, opt_state: Any, loss: jax.Array, stats: dict[str, MetricStat], grads: nnx.State,
-                 optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None
-                 ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+                 optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule | None = None, *,
+                 signal: jax.Array | None = None) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """The optax update from a step's gradients; returns (new trainable, new opt state, the step's metrics:
-    the loss's, `loss`, `grad_norm` and the learning rate used)."""
-    updates, opt_state = optimizer.update(grads, opt_state, trainable)
-    trainable = optax.apply_updates(trainable, updates)
+    the loss's, `loss`, `grad_norm` and the learning rate used). `signal` (`has_learning_signal`): when
+    False the params and the optimizer state stay as they were (metric `update_skipped` 1)."""
+    updates, new_opt_state = optimizer.update(grads, opt_state, trainable)
+    new_trainable = optax.apply_updates(trainable, updates)
     metrics = finalize_metrics(stats)
     metrics["loss"] = loss
     metrics["grad_norm"] = optax.global_norm(grads)
     if lr_schedule is not None:
-        metrics["lr"] = jnp.asarray(lr_schedule(_optimizer_count(opt_state) - 1), jnp.float32)
-    return trainable, opt_state, metrics
+        metrics["lr"] = jnp.asarray(lr_schedule(_optimizer_count(new_opt_state) - 1), jnp.float32)
+    if signal is None:
+        return new_trainable, new_opt_state, metrics
+    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(signal, new, old))
+    metrics["update_skipped"] = 1.0 - signal.astype(jnp.float32)
+    return keep(new_trainable, trainable), keep(new_opt_state, opt_state), metrics
 
 
 def _optimizer_count(opt_state: Any) -> jax.Array:

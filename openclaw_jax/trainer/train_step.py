@@ -51,7 +51,8 @@ def step_settings(cfg: ExperimentConfig, samples: SampleSpec) -> S.StepSettings:
     """The static settings of the jitted phases: the loss, tau (the samples' temperature), chunking, dtypes."""
     return S.StepSettings(loss=cfg.loss, temperature=samples.temperature, chunk_size=cfg.trainer.chunk_size,
                           micro_batch_size=cfg.trainer.micro_batch_size, dtype=cfg.model.dtype,
-                          param_dtype=cfg.model.param_dtype)
+                          param_dtype=cfg.model.param_dtype,
+                          skip_without_signal=cfg.trainer.skip_steps_without_signal)
 
 
 def batch_shards(samples_per_step: int, mesh: jax.sharding.Mesh) -> int:
