@@ -26,9 +26,9 @@ SETTINGS = S.StepSettings(loss=LossConfig(kl_coef=0.05), temperature=TAU, chunk_
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(settings: S.StepSettings):
-    """Each phase jitted once per module (a shape compiles once)."""
-    tx, schedule = S.make_optimizer(1e-2, eps=1e-3)
+def _jitted(settings: S.StepSettings, lr: float = 1e-2, eps: float = 1e-3):
+    """Each phase jitted once per module (a shape compiles once), with AdamW at `lr`, `eps`."""
+    tx, schedule = S.make_optimizer(lr, eps=eps)
     fused = functools.partial(F.fused_train_step, settings=settings, optimizer=tx, lr_schedule=schedule)
     return tx, dict(old=jax.jit(functools.partial(S.old_pass, settings=settings)),
                     teacher=jax.jit(functools.partial(S.teacher_pass, settings=settings)),

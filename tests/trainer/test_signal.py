@@ -10,7 +10,6 @@ here, where Adam's epsilon starts to count)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import numpy as np
@@ -20,12 +19,12 @@ from openclaw_jax.config import ExperimentConfig
 from openclaw_jax.configlib import load_config
 from openclaw_jax.losses import LossConfig
 from openclaw_jax.samples import SampleSpec
-from openclaw_jax.trainer import fused_step as F
 from openclaw_jax.trainer import step as S
 from openclaw_jax.trainer.advantages import apply_reward_baseline
 from openclaw_jax.trainer.batcher import pack
 from openclaw_jax.trainer.train_step import step_settings
 
+from tests.trainer.test_fused_step import _jitted as fused_jitted
 from tests.trainer.test_step_packing import _inputs, _models, _samples, _spec
 from tests.trainer.test_trainer_step import TAU
 
@@ -37,17 +36,9 @@ def _settings(loss: str, skip: bool, kl_coef: float = 0.05) -> S.StepSettings:
                           skip_without_signal=skip)
 
 
-@functools.lru_cache(maxsize=None)
 def _jitted(settings: S.StepSettings):
-    tx, schedule = S.make_optimizer(LR)   # the trainer's optimizer: AdamW, eps 1e-8, clip at norm 1
-    return tx, dict(old=jax.jit(functools.partial(S.old_pass, settings=settings)),
-                    teacher=jax.jit(functools.partial(S.teacher_pass, settings=settings)),
-                    old_at=jax.jit(functools.partial(S.old_logprobs_at, settings=settings)),
-                    ref=jax.jit(functools.partial(S.reference_pass, settings=settings)),
-                    train=jax.jit(functools.partial(S.update_step, settings=settings, optimizer=tx,
-                                                    lr_schedule=schedule)),
-                    fused=jax.jit(functools.partial(F.fused_train_step, settings=settings, optimizer=tx,
-                                                    lr_schedule=schedule), static_argnums=(8, 9)))
+    """The phases as test_fused_step jits them, with the trainer's AdamW (eps 1e-8, clip at norm 1)."""
+    return fused_jitted(settings, LR, 1e-8)
 
 
 def _leaves(tree) -> list[np.ndarray]:
