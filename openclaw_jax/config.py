@@ -302,7 +302,7 @@ class TrainerConfig:
     # a step whose samples carry no learning signal (every advantage 0, e.g. all corrected under
     # batch_mean, and no hint teacher in the batch) leaves the weights and the optimizer state as they
     # are: otherwise Adam, which scales each update to about the learning rate whatever the gradient's
-    # size, turns the KL anchor's numerical noise into a full-size step (trainer/step.py)
+    # size, turns the KL anchor's gradient alone, however small, into a sizeable step (trainer/step.py)
     skip_steps_without_signal: bool = False
     max_staleness: int = 4               # weight versions; older samples are dropped or corrected
     staleness_mode: Literal["drop", "importance"] = "drop"

@@ -449,8 +449,9 @@ def has_learning_signal(advantages: jax.Array, candidate_mask: jax.Array, settin
     or an entropy bonus; the KL anchor alone is not a signal. None without the setting (every step updates).
 
     Why: Adam divides each update by the gradient's running scale, so a step whose gradient is only the KL
-    anchor's numerical noise (the policy still equal to its reference: a gradient norm of about 1e-6) moves
-    every weight by about the learning rate, as far as a step that learned (tests/trainer/test_signal.py)."""
+    anchor's (under 1e-6 while the policy still equals its reference) still moves the weights a sizeable part
+    of the learning rate (tests/trainer/test_signal.py); a run of such steps through OpenClaw moved its
+    weights half as far as one that learned (docs/results/openclaw_learning.md, "The student person")."""
     if not settings.skip_without_signal:
         return None
     if settings.loss.entropy_coef != 0:
