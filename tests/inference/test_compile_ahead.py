@@ -9,15 +9,14 @@ import logging
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
 
-from openclaw_jax.inference import weight_swap  # noqa: E402
-from openclaw_jax.inference.engine import spec_for  # noqa: E402
-from openclaw_jax.inference.prefill import ShapeLog  # noqa: E402
-from openclaw_jax.inference.prefix_cache import PrefixCache  # noqa: E402
-from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
-from tests.conftest import make_tiny_qwen3_checkpoint  # noqa: E402
-from tests.inference.test_prefix_cache import BLOCK, make_engine, tokens  # noqa: E402
+from openclaw_jax.inference import weight_swap
+from openclaw_jax.inference.engine import spec_for
+from openclaw_jax.inference.prefill import ShapeLog
+from openclaw_jax.inference.prefix_cache import PrefixCache
+from openclaw_jax.models.weights import load_hf_checkpoint
+from tests.conftest import make_tiny_qwen3_checkpoint
+from tests.inference.test_prefix_cache import BLOCK, make_engine, tokens
 
 NEW = 6
 

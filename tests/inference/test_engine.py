@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from openclaw_jax.inference.engine import Engine, EngineConfig, bucket, spec_for  # noqa: E402
-from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
-from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
+from openclaw_jax.inference.engine import Engine, EngineConfig, bucket, spec_for
+from openclaw_jax.models.tokenizer import load_tokenizer
+from openclaw_jax.models.weights import load_hf_checkpoint
 
 PROMPTS = [
     [5, 17, 42, 99, 3],

@@ -13,12 +13,11 @@ import time
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-import jax.numpy as jnp  # noqa: E402
+import jax.numpy as jnp
 
-from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for  # noqa: E402
-from openclaw_jax.models.tokenizer import load_tokenizer  # noqa: E402
-from openclaw_jax.models.weights import load_hf_checkpoint  # noqa: E402
+from openclaw_jax.inference.engine import Engine, EngineConfig, spec_for
+from openclaw_jax.models.tokenizer import load_tokenizer
+from openclaw_jax.models.weights import load_hf_checkpoint
 
 BLOCK = 16
 NEW = 6

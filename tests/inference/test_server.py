@@ -250,7 +250,7 @@ def test_chat_and_completion_shapes(srv):
 
 
 def test_openai_package_chat_and_completions(srv):
-    openai = pytest.importorskip("openai")
+    import openai
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
     resp = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0,
@@ -327,7 +327,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 def test_tool_calls_become_openai_tool_calls(tiny_qwen3_dir):
-    openai = pytest.importorskip("openai")
+    import openai
     tok = load_tokenizer(tiny_qwen3_dir)
     text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     server = InferenceServer(ScriptedEngine(tok, text), tok, model_path="scripted")
@@ -430,7 +430,6 @@ def test_malformed_and_openai_bad_requests(srv):
 
 
 def test_fuzzed_requests_never_5xx(srv):
-    hypothesis = pytest.importorskip("hypothesis")
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
