@@ -43,11 +43,18 @@ def _params(tree) -> dict[str, np.ndarray]:
     return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def _phased(packed, settings: S.StepSettings):
-    """The step as the runner runs it without fusion: each phase its own jitted program."""
-    tx, fn = _jitted(settings)
+def updated_step(packed, settings: S.StepSettings, *, fused: bool, lr: float = 1e-2, eps: float = 1e-3):
+    """One step from fresh models and optimizer state, fused (one program) or phased (each phase its own
+    jitted program, as the runner runs it without fusion): (host metrics, params before, params after,
+    optimizer state before, after)."""
+    tx, fn = _jitted(settings, lr, eps)
     inputs, tinputs = _inputs(packed)
     (gd, trainable, frozen), (tgd, tstate) = _models()
+    opt_state = tx.init(trainable)
+    if fused:
+        new, new_opt, metrics, _ = fn["fused"](gd, trainable, frozen, opt_state, inputs, tgd, tstate, tinputs,
+                                               packed.has_teacher, "reference_offset" in packed.teacher)
+        return {k: float(v) for k, v in metrics.items()}, trainable, new, opt_state, new_opt
     old = fn["old"](gd, (trainable, frozen), inputs)
     b, c = packed.teacher["candidate_mask"].shape
     t, k = old.topk_ids.shape[1:]
@@ -61,17 +68,18 @@ def _phased(packed, settings: S.StepSettings):
     if settings.loss.kl_coef:
         ref = teach.reference_logprobs if "reference_offset" in packed.teacher else fn["ref"](tgd, tstate, inputs)
     batch = S.assemble_batch(inputs, tinputs, old, teach, old_at, None, ref)
-    new, _, metrics, _ = fn["train"](gd, trainable, frozen, tx.init(trainable), inputs, batch)
-    return {k: float(v) for k, v in metrics.items()}, _params(new)
+    new, new_opt, metrics, _ = fn["train"](gd, trainable, frozen, opt_state, inputs, batch)
+    return {k: float(v) for k, v in metrics.items()}, trainable, new, opt_state, new_opt
+
+
+def _phased(packed, settings: S.StepSettings):
+    metrics, _, new, _, _ = updated_step(packed, settings, fused=False)
+    return metrics, _params(new)
 
 
 def _fused(packed, settings: S.StepSettings):
-    tx, fn = _jitted(settings)
-    inputs, tinputs = _inputs(packed)
-    (gd, trainable, frozen), (tgd, tstate) = _models()
-    new, _, metrics, _ = fn["fused"](gd, trainable, frozen, tx.init(trainable), inputs, tgd, tstate, tinputs,
-                              packed.has_teacher, "reference_offset" in packed.teacher)
-    return {k: float(v) for k, v in metrics.items()}, _params(new), _params(trainable)
+    metrics, before, new, _, _ = updated_step(packed, settings, fused=True)
+    return metrics, _params(new), _params(before)
 
 
 def _check_same(packed, settings: S.StepSettings):

@@ -24,8 +24,8 @@ from openclaw_jax.trainer.advantages import apply_reward_baseline
 from openclaw_jax.trainer.batcher import pack
 from openclaw_jax.trainer.train_step import step_settings
 
-from tests.trainer.test_fused_step import _jitted as fused_jitted
-from tests.trainer.test_step_packing import _inputs, _models, _samples, _spec
+from tests.trainer.test_fused_step import updated_step
+from tests.trainer.test_step_packing import _samples, _spec
 from tests.trainer.test_trainer_step import TAU
 
 LR = 1e-3
@@ -36,39 +36,15 @@ def _settings(loss: str, skip: bool, kl_coef: float = 0.05) -> S.StepSettings:
                           skip_without_signal=skip)
 
 
-def _jitted(settings: S.StepSettings):
-    """The phases as test_fused_step jits them, with the trainer's AdamW (eps 1e-8, clip at norm 1)."""
-    return fused_jitted(settings, LR, 1e-8)
-
-
 def _leaves(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
 def _step(packed, settings: S.StepSettings, *, fused: bool = False):
-    """One step from fresh models and optimizer state: (metrics, params before, params after, opt state
-    before, opt state after)."""
-    tx, fn = _jitted(settings)
-    inputs, tinputs = _inputs(packed)
-    (gd, trainable, frozen), (tgd, tstate) = _models()
-    before, opt_state = _leaves(trainable), tx.init(trainable)
-    opt_before = _leaves(opt_state)
-    if fused:
-        new, new_opt, metrics, _ = fn["fused"](gd, trainable, frozen, opt_state, inputs, tgd, tstate, tinputs,
-                                               packed.has_teacher, "reference_offset" in packed.teacher)
-    else:
-        old = fn["old"](gd, (trainable, frozen), inputs)
-        b, c = packed.teacher["candidate_mask"].shape
-        if packed.has_teacher:
-            teach = fn["teacher"](tgd, tstate, tinputs, inputs.response_ids, old.topk_ids)
-            old_at = fn["old_at"](gd, (trainable, frozen), old.hidden, teach.topk_ids)
-        else:
-            teach = S.no_teacher_outputs(b, c, *old.topk_ids.shape[1:])
-            old_at = teach.logprobs_at_student_ids
-        ref = fn["ref"](tgd, tstate, inputs) if settings.loss.kl_coef else None
-        batch = S.assemble_batch(inputs, tinputs, old, teach, old_at, None, ref)
-        new, new_opt, metrics, _ = fn["train"](gd, trainable, frozen, opt_state, inputs, batch)
-    return ({k: float(v) for k, v in metrics.items()}, before, _leaves(new), opt_before, _leaves(new_opt))
+    """One step from fresh models with the trainer's AdamW (eps 1e-8, clip at norm 1): (metrics, params
+    before, params after, opt state before, opt state after) as lists of arrays."""
+    metrics, *trees = updated_step(packed, settings, fused=fused, lr=LR, eps=1e-8)
+    return (metrics, *map(_leaves, trees))
 
 
 def _turns(rewards: list[float], *, hints: bool = False):
