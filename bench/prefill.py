@@ -17,6 +17,10 @@ accumulation), in one process run:
     --dtype, as our layers run them: `openclaw_jax.models.matmul.contract`), timed in this process in the
     same rounds as the prefills (`XLA dot GFLOP/s`), and the fraction of it our prefill reaches (its model FLOPs per
     second over that rate; 1.0 = the whole prefill runs as fast as plain matmuls of the layer shapes);
+  * PyTorch's matmul rate for the same shapes and rows (`torch.matmul`, its oneDNN / MKL kernels, PyTorch's
+    threads: `torch mm GFLOP/s`), and the ceiling: the ours / transformers ratio a prefill would reach if all
+    of its model FLOPs ran at the better of the two matmul rates (`ceiling`). A target above the ceiling
+    needs matmuls faster than any this machine's libraries run in --dtype, not less overhead;
   * where our prefill's time goes: the share of it that the layers' matmuls (the dots above, times the layers)
     and their causal attention (`causal_forward_attention` alone on the layer's head shapes, times the layers)
     take when timed alone, in the same rounds as the prefills (their sum can pass 1: in the prefill XLA fuses
@@ -95,6 +99,24 @@ def layer_dots(cfg, tokens: int, dtype: str):
     return lambda: jax.block_until_ready(dots(xs, ws))
 
 
+def layer_torch_matmuls(cfg, tokens: int, dtype: str):
+    """The same matmuls as `layer_dots`, by PyTorch (`torch.matmul`: its oneDNN / MKL kernels and threads)."""
+    import torch
+
+    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    shapes = [(h, n * d), (h, k * d), (h, k * d), (n * d, h), (h, i), (h, i), (i, h)]
+    gen = torch.Generator().manual_seed(0)
+    torch_dtype = getattr(torch, dtype)
+    xs = [torch.randn(tokens, a, generator=gen).to(torch_dtype) for a, _ in shapes]
+    ws = [(torch.randn(*s, generator=gen) * 0.02).to(torch_dtype) for s in shapes]
+
+    def run():
+        with torch.inference_mode():
+            return [torch.matmul(x, w) for x, w in zip(xs, ws)]
+    run()
+    return run
+
+
 def layer_attention(cfg, rows: int, length: int, dtype: str):
     """A call of one layer's causal attention alone over `rows` x `length` tokens, in `dtype`: the kernel our
     prefill runs (`causal_forward_attention`, no padding mask), on random q / k / v of the layer's head shapes;
@@ -169,6 +191,7 @@ def main() -> None:
             row = {"shape": f"{rows}x{length}", "tokens": rows * length, "gflop": model_flops(cfg, rows, length) / 1e9}
             fns = {"ours": lambda: ours(batch), "transformers": lambda: theirs(batch),
                    "dots": layer_dots(cfg, rows * length, args.dtype),
+                   "torch_mm": layer_torch_matmuls(cfg, rows * length, args.dtype),
                    "attention": layer_attention(cfg, rows, length, args.dtype)}
             if server is not None:
                 firsts["SGLang"] = [o["output_ids"][0] for o in server.generate(batch, 1)]
@@ -177,6 +200,10 @@ def main() -> None:
             dot_s = row["dots_s"]
             row["matmul_gflops"] = rows * length * layer_matmul_flops(cfg) / dot_s / 1e9
             row["matmul_fraction"] = row["gflop"] / row["ours_s"] / row["matmul_gflops"]
+            row["torch_matmul_gflops"] = rows * length * layer_matmul_flops(cfg) / row["torch_mm_s"] / 1e9
+            # all of the prefill's model FLOPs at the better library's matmul rate, against transformers' time
+            best = max(row["matmul_gflops"], row["torch_matmul_gflops"])
+            row["ceiling_over_transformers"] = row["transformers_s"] / (row["gflop"] / best)
             # where our prefill's time goes: the layers' matmuls and their attention, each timed alone
             row["matmul_share"] = cfg.num_layers * dot_s / row["ours_s"]
             row["attention_share"] = cfg.num_layers * row["attention_s"] / row["ours_s"]
@@ -203,14 +230,15 @@ def report(results: list[dict], args, *, has_sg: bool, sglang_note: str | None) 
           f"median of {args.repeats}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     sg_head = f" {'SGLang':>8} {'ours/SGL':>8}" if has_sg else ""
     print(f"{'rows x tokens':>13} | {'tokens/s ours':>13} {'transformers':>12} {'ours/HF':>7}{sg_head} | "
-          f"{'ours GFLOP/s':>12} {'XLA dot GFLOP/s':>15} {'fraction':>8} | time in: {'matmuls':>7} {'attention':>9} "
-          f"{'sum':>5}")
+          f"{'ours GFLOP/s':>12} {'XLA dot GFLOP/s':>15} {'fraction':>8} {'torch mm GFLOP/s':>16} {'ceiling':>7} | "
+          f"time in: {'matmuls':>7} {'attention':>9} {'sum':>5}")
     for r in results:
         tps = {k: r["tokens"] / r[f"{k}_s"] for k in ("ours", "transformers", "sglang") if f"{k}_s" in r}
         sg = f" {tps['sglang']:>8.0f} {tps['ours'] / tps['sglang']:>7.2f}x" if has_sg else ""
         print(f"{r['shape']:>13} | {tps['ours']:>13.0f} {tps['transformers']:>12.0f} "
               f"{tps['ours'] / tps['transformers']:>6.2f}x{sg} | {r['gflop'] / r['ours_s']:>12.1f} "
-              f"{r['matmul_gflops']:>15.1f} {r['matmul_fraction']:>8.2f} |          {r['matmul_share']:>7.2f} "
+              f"{r['matmul_gflops']:>15.1f} {r['matmul_fraction']:>8.2f} {r['torch_matmul_gflops']:>16.1f} "
+              f"{r['ceiling_over_transformers']:>6.2f}x |          {r['matmul_share']:>7.2f} "
               f"{r['attention_share']:>9.2f} {r['matmul_share'] + r['attention_share']:>5.2f}")
     for r in results:
         for name, same in r["same_first_tokens"].items():
@@ -223,6 +251,9 @@ def report(results: list[dict], args, *, has_sg: bool, sglang_note: str | None) 
         out = {"isa": {"xla": isa["xla_isa"], "torch": isa["torch_isa"]}, "dtype": args.dtype,
                "ours_over_transformers": {r["shape"]: round(r["transformers_s"] / r["ours_s"], 3) for r in results},
                "fraction_of_matmul_rate": {r["shape"]: round(r["matmul_fraction"], 3) for r in results},
+               "matmul_gflops": {r["shape"]: {"xla": round(r["matmul_gflops"], 1),
+                                              "torch": round(r["torch_matmul_gflops"], 1)} for r in results},
+               "ceiling_over_transformers": {r["shape"]: round(r["ceiling_over_transformers"], 3) for r in results},
                "time_shares": {r["shape"]: {"matmuls": round(r["matmul_share"], 3),
                                             "attention": round(r["attention_share"], 3)} for r in results},
                "ours_tokens_per_s": {r["shape"]: round(r["tokens"] / r["ours_s"], 1) for r in results}}
