@@ -68,10 +68,15 @@ def prompts(tokenizer, rows: int, length: int) -> list[list[int]]:
     return [tiled[r * 97:r * 97 + length] for r in range(rows)]
 
 
+def layer_weight_shapes(cfg) -> list[tuple[int, int]]:
+    """(in, out) of one layer's weight matrices: q, k, v, o, gate, up, down."""
+    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    return [(h, n * d), (h, k * d), (h, k * d), (n * d, h), (h, i), (h, i), (i, h)]
+
+
 def layer_matmul_flops(cfg) -> int:
     """FLOPs of one layer's weight matmuls (q, k, v, o, gate, up, down) per token."""
-    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-    return 2 * (h * (n + 2 * k) * d + n * d * h + 3 * h * i)
+    return sum(2 * a * b for a, b in layer_weight_shapes(cfg))
 
 
 def model_flops(cfg, rows: int, length: int) -> float:
@@ -89,8 +94,7 @@ def layer_dots(cfg, tokens: int, dtype: str):
 
     from openclaw_jax.models.matmul import contract
 
-    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-    shapes = [(h, n * d), (h, k * d), (h, k * d), (n * d, h), (h, i), (h, i), (i, h)]
+    shapes = layer_weight_shapes(cfg)
     rng = np.random.default_rng(0)
     xs = [jnp.asarray(rng.standard_normal((tokens, a), np.float32), dtype) for a, _ in shapes]
     ws = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02, dtype) for s in shapes]
@@ -103,8 +107,7 @@ def layer_torch_matmuls(cfg, tokens: int, dtype: str):
     """The same matmuls as `layer_dots`, by PyTorch (`torch.matmul`: its oneDNN / MKL kernels and threads)."""
     import torch
 
-    h, n, k, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-    shapes = [(h, n * d), (h, k * d), (h, k * d), (n * d, h), (h, i), (h, i), (i, h)]
+    shapes = layer_weight_shapes(cfg)
     gen = torch.Generator().manual_seed(0)
     torch_dtype = getattr(torch, dtype)
     xs = [torch.randn(tokens, a, generator=gen).to(torch_dtype) for a, _ in shapes]

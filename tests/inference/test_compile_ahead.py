@@ -9,7 +9,6 @@ import logging
 import numpy as np
 import pytest
 
-
 from openclaw_jax.inference import weight_swap
 from openclaw_jax.inference.engine import spec_for
 from openclaw_jax.inference.prefill import ShapeLog
