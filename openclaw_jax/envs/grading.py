@@ -93,11 +93,13 @@ def right_by_restatement(answer: str, question: str | None, reference: str | flo
     return bool(is_correct(answer, reference)) and states_result(answer, question, reference) is False
 
 
-def correction(answer: str, question: str | None, reference: str | float | int | None
-               ) -> tuple[bool, str, str] | None:
+def correction(answer: str, question: str | None, reference: str | float | int | None, *,
+               restatement_right: bool = True) -> tuple[bool, str, str] | None:
     """(right, what is wrong, the correction a person gives) for `answer`; None when `reference` is not a
     number. The correction names what was asked when it can ("9 + 2 should be 11, not 12."), else only
-    the result ("The answer should be 11."); "should" makes it an instruction a judge takes as the hint."""
+    the result ("The answer should be 11."); "should" makes it an instruction a judge takes as the hint.
+    With `restatement_right=False` an answer right only by restating the question (`right_by_restatement`)
+    is wrong, and the correction names the restatement: "2 - 1 should be 1, not 2 - 1."."""
     right = is_correct(answer, reference)
     if right is None:
         return None
@@ -105,6 +107,10 @@ def correction(answer: str, question: str | None, reference: str | float | int |
     expected = format_number(parse_reference(reference))
     asked = asked_expression(question)
     subject = " ".join(asked) if asked else "The answer"
+    if right and not restatement_right and states_result(answer, question, reference) is False:
+        # only an asked expression can be restated, so `asked` is known here
+        return (False, "restates the question instead of stating its result",
+                f"{subject} should be {expected}, not {subject}.")
     instruction = (f"{subject} should be {expected}, not {format_number(stated)}." if stated is not None
                    else f"{subject} should be {expected}.")
     wrong = "" if right else (f"states {format_number(stated)}, but the answer is {expected}" if stated is not None

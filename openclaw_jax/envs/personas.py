@@ -23,6 +23,15 @@ import random
 import re
 from typing import Any, Callable, Sequence
 
+from openclaw_jax.envs.answer_text import (
+    LIST_PATTERNS,
+    MARKUP_PATTERNS,
+    TERMINAL_PUNCT_RE,
+    extract_numbers,
+    nonempty_lines,
+    split_sentences,
+    word_count,
+)
 from openclaw_jax.envs.grading import correction
 from openclaw_jax.registry import Registry
 
@@ -84,44 +93,6 @@ class PreferenceVerdict:
         }
 
 
-# ----------------------------------------------------------------------------- text helpers
-
-_NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
-_SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
-_WORD_RE = re.compile(r"[A-Za-z]+")
-
-
-def extract_numbers(text: str) -> list[str]:
-    """Numbers in `text`, normalised ("1,200" -> "1200", "3.50" -> "3.5", "7.0" -> "7"), in order."""
-    out = []
-    for match in _NUMBER_RE.finditer(text):
-        raw = match.group(0).replace(",", "")
-        if "." in raw:
-            raw = raw.rstrip("0").rstrip(".")
-        if raw in ("-0", ""):
-            raw = "0"
-        out.append(raw.lstrip("-") or "0")
-    return out
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences of `text`: split after . ! ? and at line breaks; empty pieces dropped."""
-    pieces = []
-    for line in text.splitlines():
-        for part in _SENTENCE_SPLIT_RE.split(line.strip()):
-            if part.strip():
-                pieces.append(part.strip())
-    return pieces
-
-
-def _word_count(text: str) -> int:
-    return len(_WORD_RE.findall(text))
-
-
-def _nonempty_lines(text: str) -> list[str]:
-    return [ln.strip() for ln in text.splitlines() if ln.strip()]
-
-
 # ----------------------------------------------------------------------------- base class
 
 _THANKS = (
@@ -164,17 +135,26 @@ _WRONG_CLOSERS = ("Can you redo it?", "Could you try again?", "Can you fix that?
 CORRECT_RULE = "correct"
 
 
-def correctness_rule(answer: str, question: str | None, reference: str | None) -> RuleResult | None:
+def correctness_rule(answer: str, question: str | None, reference: str | None, *,
+                     result_stated: bool = False) -> RuleResult | None:
     """The rule "the result is right" (`envs.grading.correction`: its instruction is the correction a
-    person gives, "9 + 2 should be 11, not 12."); None when `reference` is not a number."""
-    found = correction(answer, question, reference)
+    person gives, "9 + 2 should be 11, not 12."); None when `reference` is not a number. With
+    `result_stated`, an answer that only restates the question ("The answer is 2 - 1.") is not right."""
+    found = correction(answer, question, reference, restatement_right=not result_stated)
     return None if found is None else RuleResult(CORRECT_RULE, *found)
 
 
-def _check_flag(persona: str, value: object) -> bool:
+def _check_flag(persona: str, value: object, option: str = "correct") -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{persona}: correct must be true or false, got {value!r}")
+        raise ValueError(f"{persona}: {option} must be true or false, got {value!r}")
     return value
+
+
+def _check_result_stated(persona: str, result_stated: object, correct: bool) -> bool:
+    """`result_stated` (refuse an answer that only restates the question) refines `correct`."""
+    if _check_flag(persona, result_stated, "result_stated") and not correct:
+        raise ValueError(f"{persona}: result_stated=true refines the correctness rule; set correct=true as well")
+    return bool(result_stated)
 
 
 PersonaFactory = Callable[..., "Persona"]
@@ -252,23 +232,6 @@ class Persona:
 
 # ----------------------------------------------------------------------------- rich personas
 
-# Markup that a "natural prose" reader does not want. Each entry: (regex, description).
-_MARKUP_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"#"), "uses '#' headings or markers"),
-    (re.compile(r"\*"), "uses '*' (markdown bold, italics or bullets, or * for times)"),
-    (re.compile(r"__|~~"), "uses underscore/strike-through emphasis"),
-    (re.compile(r"`"), "uses code formatting (backticks or code fences)"),
-    (re.compile(r"^\s*\|", re.M), "uses a table"),
-    # LaTeX is markup too; a student who wants natural prose cannot read "\frac{a}{b}".
-    (re.compile(r"\\[A-Za-z]+|\$\$|\\\(|\\\["), "uses LaTeX markup"),
-)
-_LIST_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"^\s*[-+\u2022]\s", re.M), "uses bullet points"),
-    (re.compile(r"^\s*\(?\d+[.)]\s", re.M), "uses a numbered list"),
-    (re.compile(r"^\s*step\s*\d+\s*[:.)\-]", re.M | re.I), "labels lines as 'Step N:' like a list"),
-)
-_TERMINAL_PUNCT_RE = re.compile(r"[.!?:][\"')\]]*$")
-
 
 @register_persona("student_prose")
 class StudentProse(Persona):
@@ -283,7 +246,8 @@ class StudentProse(Persona):
          (when the question is known) at least one number that is not in the question, i.e. a
          computed intermediate or final value;
       5. with `correct=True`, right: the final number is the question's known answer (checked first;
-         a wrong result draws the correction a person gives, see `Concise`).
+         a wrong result draws the correction a person gives, see `Concise`); with `result_stated=True`
+         as well, an answer that only restates the question is not right (see `Concise`).
     """
 
     description = "A student who wants natural prose with every step and no markdown."
@@ -293,7 +257,8 @@ class StudentProse(Persona):
         "bullet points, no numbered lists, no code blocks, no LaTeX."
     )
 
-    def __init__(self, min_sentences: int = 2, min_step_sentences: int = 2, correct: bool = False):
+    def __init__(self, min_sentences: int = 2, min_step_sentences: int = 2, correct: bool = False,
+                 result_stated: bool = False):
         if min_sentences < 1 or min_step_sentences < 1:
             raise ValueError(
                 f"min_sentences and min_step_sentences must be >= 1, got {min_sentences}, {min_step_sentences}"
@@ -301,17 +266,18 @@ class StudentProse(Persona):
         self.min_sentences = min_sentences
         self.min_step_sentences = min_step_sentences
         self.correct = _check_flag("student_prose", correct)
+        self.result_stated = _check_result_stated("student_prose", result_stated, self.correct)
         if correct:
-            self.preference += " And the result must be right."
+            self.preference += " And the result must be right" + (", stated as a result." if result_stated else ".")
 
     def rules(self, answer: str, question: str | None, finish_reason: str | None,
               reference: str | None = None) -> list[RuleResult]:
-        markup = [desc for pat, desc in _MARKUP_PATTERNS if pat.search(answer)]
-        lists = [desc for pat, desc in _LIST_PATTERNS if pat.search(answer)]
+        markup = [desc for pat, desc in MARKUP_PATTERNS if pat.search(answer)]
+        lists = [desc for pat, desc in LIST_PATTERNS if pat.search(answer)]
         sentences = split_sentences(answer)
-        long_sentences = [s for s in sentences if _word_count(s) >= 4]
-        lines = _nonempty_lines(answer)
-        unterminated = [ln for ln in lines if not _TERMINAL_PUNCT_RE.search(ln)]
+        long_sentences = [s for s in sentences if word_count(s) >= 4]
+        lines = nonempty_lines(answer)
+        unterminated = [ln for ln in lines if not TERMINAL_PUNCT_RE.search(ln)]
         is_prose = len(long_sentences) >= self.min_sentences and not unterminated
         step_sentences = [s for s in sentences if extract_numbers(s)]
         computed_ok = True
@@ -325,7 +291,8 @@ class StudentProse(Persona):
             if len(long_sentences) < self.min_sentences
             else f"has {len(unterminated)} line(s) that are not sentences"
         )
-        right = correctness_rule(answer, question, reference) if self.correct else None
+        right = (correctness_rule(answer, question, reference, result_stated=self.result_stated)
+                 if self.correct else None)
         return ([right] if right is not None else []) + [
             RuleResult(
                 "no_markdown",
@@ -428,7 +395,7 @@ class TeacherFriendly(Persona):
             refers = len(set(answer_numbers)) >= self.min_problem_numbers
             example = "the given values"
             specific = bool(answer_numbers)
-        sentences = [s for s in split_sentences(answer) if _word_count(s) >= 4]
+        sentences = [s for s in split_sentences(answer) if word_count(s) >= 4]
         return [
             RuleResult(
                 "friendly",
@@ -500,6 +467,11 @@ class Concise(Persona):
     question's known answer (`reference`, see `envs.grading`); without a numeric reference that
     rule is not applied.
 
+    The last-number rule grades "The answer is 2 - 1." right for "What is 2 - 1?" (its last number is
+    the result); a person does not. `result_stated=True` (with `correct=True`) refuses such an answer,
+    right only by restating the question (`envs.grading.right_by_restatement`), with "2 - 1 should be 1,
+    not 2 - 1.".
+
     A wrong answer draws a correction the way a person gives one: "No, that's wrong. The answer
     should be 10, not 12." -- the second sentence is the instruction (the judge's hint), and it
     carries the right result. A long or cut-off one draws the brevity instruction.
@@ -507,21 +479,24 @@ class Concise(Persona):
 
     description = "A user who wants short, complete answers."
 
-    def __init__(self, max_chars: int = 40, correct: bool = False):
+    def __init__(self, max_chars: int = 40, correct: bool = False, result_stated: bool = False):
         if max_chars < 1:
             raise ValueError(f"concise: max_chars must be >= 1, got {max_chars}")
         self.max_chars = max_chars
         self.correct = _check_flag("concise", correct)
+        self.result_stated = _check_result_stated("concise", result_stated, self.correct)
         if correct:
             self.description = "A user who wants short, complete and right answers."
-            self.preference = (f"I want short answers that are right: the correct result, in at most {max_chars} "
+            result = "the correct result, stated, not the question repeated," if result_stated else "the correct result,"
+            self.preference = (f"I want short answers that are right: {result} in at most {max_chars} "
                                "characters, finished, not cut off.")
         else:
             self.preference = f"I want short answers: at most {max_chars} characters, and finished, not cut off."
 
     def rules(self, answer: str, question: str | None, finish_reason: str | None,
               reference: str | None = None) -> list[RuleResult]:
-        right = correctness_rule(answer, question, reference) if self.correct else None
+        right = (correctness_rule(answer, question, reference, result_stated=self.result_stated)
+                 if self.correct else None)
         results = [right] if right is not None else []
         length = len(answer.strip())
         results.append(

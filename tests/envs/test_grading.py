@@ -90,6 +90,47 @@ def test_concise_correct_rules_and_scores():
         P.make_persona("concise", correct="yes")
 
 
+@pytest.mark.parametrize("spec", ["concise:max_chars=60,correct=true,result_stated=true",
+                                  "student_prose:correct=true,min_sentences=1,min_step_sentences=1,result_stated=true"])
+def test_a_person_who_wants_the_result_stated_refuses_a_restated_question(spec):
+    from openclaw_jax.gateway.judge import NextState, RuleJudge
+
+    strict = P.persona_from_spec(spec)
+    lenient = P.persona_from_spec(spec.replace(",result_stated=true", ""))
+    q, ref = "What is 2 - 1?", "1"
+    for restated in ("The answer is 2 - 1.", "2 - 1\n\nThe answer is 2 - 1."):
+        # the last-number rule grades it right; the person who wants the result refuses it, naming the restatement
+        assert [r.name for r in lenient.check(restated, q, finish_reason="stop", reference=ref).rules
+                if not r.passed and r.name == "correct"] == []
+        verdict = strict.check(restated, q, finish_reason="stop", reference=ref)
+        assert not verdict.satisfied
+        assert verdict.instructions[0] == "2 - 1 should be 1, not 2 - 1."
+        assert "restates the question" in verdict.violations[0]
+        text = strict.react(q, restated, verdict, random.Random(0))
+        judged = RuleJudge().judge_now(restated, NextState("user", text))
+        assert judged.eval_score == -1 and judged.hints[0].startswith("2 - 1 should be 1, not 2 - 1.")
+    # a result written as a result passes the rule for both; a wrong one draws the usual correction from both
+    def correct_rule(persona, answer):
+        verdict = persona.check(answer, q, finish_reason="stop", reference=ref)
+        return next(r for r in verdict.rules if r.name == "correct")
+    assert correct_rule(strict, "So 2 - 1 = 1.").passed and correct_rule(lenient, "So 2 - 1 = 1.").passed
+    for persona in (strict, lenient):
+        wrong = persona.check("2 - 1 = 3.", q, finish_reason="stop", reference=ref)
+        assert wrong.instructions[0] == "2 - 1 should be 1, not 3."
+    # a word problem cannot be restated: its result is the only number an answer can end on
+    story = strict.check("She has 10 apples in all now.", "Ann has 6 apples and gets 4 more. How many?",
+                         finish_reason="stop", reference="10")
+    assert [r.passed for r in story.rules if r.name == "correct"] == [True]
+    assert "stated" in strict.preference
+
+
+def test_result_stated_needs_the_correctness_rule():
+    with pytest.raises(ValueError, match="set correct=true"):
+        P.persona_from_spec("concise:max_chars=60,result_stated=true")
+    with pytest.raises(ValueError, match="result_stated must be true or false"):
+        P.make_persona("student_prose", correct=True, result_stated="yes")
+
+
 def test_wrong_answer_draws_a_correction_with_the_result_that_the_judge_turns_into_reward_and_hint():
     from openclaw_jax.gateway.judge import NextState, RuleJudge
 
