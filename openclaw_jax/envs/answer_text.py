@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-_NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
+from openclaw_jax.envs.grading import NUMBER_RE
+
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 _WORD_RE = re.compile(r"[A-Za-z]+")
 
@@ -15,7 +16,7 @@ _WORD_RE = re.compile(r"[A-Za-z]+")
 def extract_numbers(text: str) -> list[str]:
     """Numbers in `text`, normalised ("1,200" -> "1200", "3.50" -> "3.5", "7.0" -> "7"), in order."""
     out = []
-    for match in _NUMBER_RE.finditer(text):
+    for match in NUMBER_RE.finditer(text):
         raw = match.group(0).replace(",", "")
         if "." in raw:
             raw = raw.rstrip("0").rstrip(".")

@@ -20,12 +20,12 @@ from typing import Iterable
 # A number not glued to a word or a decimal point before it: "x2" and ".5." are not numbers,
 # "-4", "1,200", "3.50" are. A minus sign counts only when it touches the digits ("= -4"), so
 # the operator in "7 - 3" is not a sign.
-_NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
+NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
 def numbers_in(text: str) -> list[float]:
     """Every number written in `text`, in order, as floats ("1,200" -> 1200.0, "-4" -> -4.0)."""
-    return [float(m.group(0).replace(",", "")) for m in _NUMBER_RE.finditer(text)]
+    return [float(m.group(0).replace(",", "")) for m in NUMBER_RE.finditer(text)]
 
 
 def final_number(text: str) -> float | None:
