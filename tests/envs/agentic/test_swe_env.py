@@ -97,7 +97,7 @@ def test_the_table_refuses_ambiguous_bugs():
 
 def test_draws_cover_every_repository_before_repeating():
     env = SWEEnv()
-    train_pool, held_pool = swe_repos.repositories("train"), swe_repos.repositories("heldout")
+    train_pool = swe_repos.repositories("train")
 
     def keys(tasks):
         return ["/".join(t.task_id.split("/")[2:4]) for t in tasks]
