@@ -201,9 +201,10 @@ def main() -> None:
                 fns["sglang"] = lambda: server.generate(batch, 1)
             row.update({f"{name}_s": t for name, t in interleaved_medians(fns, args.repeats).items()})
             dot_s = row["dots_s"]
-            row["matmul_gflops"] = rows * length * layer_matmul_flops(cfg) / dot_s / 1e9
+            layer_gflop = rows * length * layer_matmul_flops(cfg) / 1e9
+            row["matmul_gflops"] = layer_gflop / dot_s
             row["matmul_fraction"] = row["gflop"] / row["ours_s"] / row["matmul_gflops"]
-            row["torch_matmul_gflops"] = rows * length * layer_matmul_flops(cfg) / row["torch_mm_s"] / 1e9
+            row["torch_matmul_gflops"] = layer_gflop / row["torch_mm_s"]
             # all of the prefill's model FLOPs at the better library's matmul rate, against transformers' time
             best = max(row["matmul_gflops"], row["torch_matmul_gflops"])
             row["ceiling_over_transformers"] = row["transformers_s"] / (row["gflop"] / best)

@@ -152,9 +152,10 @@ def _check_flag(persona: str, value: object, option: str = "correct") -> bool:
 
 def _check_result_stated(persona: str, result_stated: object, correct: bool) -> bool:
     """`result_stated` (refuse an answer that only restates the question) refines `correct`."""
-    if _check_flag(persona, result_stated, "result_stated") and not correct:
+    stated = _check_flag(persona, result_stated, "result_stated")
+    if stated and not correct:
         raise ValueError(f"{persona}: result_stated=true refines the correctness rule; set correct=true as well")
-    return bool(result_stated)
+    return stated
 
 
 PersonaFactory = Callable[..., "Persona"]

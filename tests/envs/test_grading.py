@@ -98,10 +98,14 @@ def test_a_person_who_wants_the_result_stated_refuses_a_restated_question(spec):
     strict = P.persona_from_spec(spec)
     lenient = P.persona_from_spec(spec.replace(",result_stated=true", ""))
     q, ref = "What is 2 - 1?", "1"
+
+    def correct_rule(persona, answer):
+        verdict = persona.check(answer, q, finish_reason="stop", reference=ref)
+        return next(r for r in verdict.rules if r.name == "correct")
+
     for restated in ("The answer is 2 - 1.", "2 - 1\n\nThe answer is 2 - 1."):
         # the last-number rule grades it right; the person who wants the result refuses it, naming the restatement
-        assert [r.name for r in lenient.check(restated, q, finish_reason="stop", reference=ref).rules
-                if not r.passed and r.name == "correct"] == []
+        assert correct_rule(lenient, restated).passed
         verdict = strict.check(restated, q, finish_reason="stop", reference=ref)
         assert not verdict.satisfied
         assert verdict.instructions[0] == "2 - 1 should be 1, not 2 - 1."
@@ -110,9 +114,6 @@ def test_a_person_who_wants_the_result_stated_refuses_a_restated_question(spec):
         judged = RuleJudge().judge_now(restated, NextState("user", text))
         assert judged.eval_score == -1 and judged.hints[0].startswith("2 - 1 should be 1, not 2 - 1.")
     # a result written as a result passes the rule for both; a wrong one draws the usual correction from both
-    def correct_rule(persona, answer):
-        verdict = persona.check(answer, q, finish_reason="stop", reference=ref)
-        return next(r for r in verdict.rules if r.name == "correct")
     assert correct_rule(strict, "So 2 - 1 = 1.").passed and correct_rule(lenient, "So 2 - 1 = 1.").passed
     for persona in (strict, lenient):
         wrong = persona.check("2 - 1 = 3.", q, finish_reason="stop", reference=ref)
